@@ -1,0 +1,1 @@
+"""Thin CLI shells over the library API, one verb per file."""
