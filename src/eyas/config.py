@@ -1,0 +1,123 @@
+"""Typed configuration: one normalized ModelConfig for every supported target architecture."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eyas.errors import EyasError
+
+# HF architecture string -> family flags. One decoder implementation serves all of them.
+ARCHITECTURES = {
+    "LlamaForCausalLM": dict(family="llama"),
+    "MistralForCausalLM": dict(family="mistral"),
+    "Qwen2ForCausalLM": dict(family="qwen2", attention_bias=True),
+    "Qwen3ForCausalLM": dict(family="qwen3", qk_norm=True),
+}
+
+
+@dataclass
+class ModelConfig:
+    """What the decoder needs to know, normalized from an HF `config.json`."""
+
+    architecture: str
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+    torch_dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise EyasError(f"num_attention_heads {self.num_heads} is not a multiple of num_key_value_heads {self.num_kv_heads}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise EyasError(f"config field {name} must be positive, got {getattr(self, name)}")
+        rope_type = (self.rope_scaling or {}).get("rope_type", "default")
+        if rope_type not in ("default", "linear", "llama3"):
+            raise EyasError(f"unsupported rope scaling type '{rope_type}'")
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "ModelConfig":
+        archs = hf.get("architectures") or []
+        arch = next((a for a in archs if a in ARCHITECTURES), None)
+        if arch is None:
+            supported = ", ".join(ARCHITECTURES)
+            raise EyasError(f"unsupported architecture {archs or hf.get('model_type')!r}; supported: {supported}")
+        flags = dict(ARCHITECTURES[arch])
+        heads = hf["num_attention_heads"]
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+        rope_theta, rope_scaling = _rope(hf)
+        eos = hf.get("eos_token_id")
+        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        return cls(
+            architecture=arch,
+            family=flags.pop("family"),
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=bool(hf.get("attention_bias", flags.pop("attention_bias", False))),
+            qk_norm=flags.pop("qk_norm", False),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            torch_dtype=str(hf.get("torch_dtype") or hf.get("dtype") or "float32"),
+        )
+
+    @classmethod
+    def from_dir(cls, path: Path) -> "ModelConfig":
+        return cls.from_hf(read_config_json(path))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _rope(hf: dict) -> tuple[float, dict | None]:
+    """transformers 5 folds rope settings into `rope_parameters`; older configs use rope_theta + rope_scaling."""
+    params = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or None
+    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    if scaling is None and params.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    if scaling is not None:
+        scaling = dict(scaling)
+        scaling.setdefault("rope_type", scaling.pop("type", "default"))
+    return float(theta), scaling
+
+
+def read_config_json(path: Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise EyasError(f"model directory not found: {path}")
+    if not path.is_dir():
+        raise EyasError(f"not a model directory: {path}")
+    cfg = path / "config.json"
+    if not cfg.exists():
+        raise EyasError(f"no config.json in {path}")
+    try:
+        return json.loads(cfg.read_text())
+    except json.JSONDecodeError as e:
+        raise EyasError(f"config.json in {path} is not valid JSON: {e.msg} at line {e.lineno}") from None

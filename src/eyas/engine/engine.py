@@ -1,0 +1,123 @@
+"""Engine: the library API. Tokens in, tokens out, plain or speculative.
+
+    engine = Engine("demo", dtype="fp32", device="cpu")
+    [seq] = engine.generate([prompt_ids], SamplingParams(max_tokens=64))
+
+Requests join between steps while cache slots are free and leave when finished: the same loop
+serves `eyas generate` and the server's continuous batching.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+import torch
+
+from eyas.dist.parallel import SINGLE, TPContext
+from eyas.engine.runner import ModelRunner
+from eyas.engine.sequence import Sequence
+from eyas.errors import EyasError
+from eyas.layers.sampling import SamplingParams, adjusted_probs, sample_from
+from eyas.models.loader import load_model, parse_dtype
+
+
+class Engine:
+    def __init__(self, model: str, dtype="bf16", device="cpu", draft: str | None = None, spec=None,
+                 max_batch: int = 8, max_len: int = 2048, tp: TPContext = SINGLE, cuda_graphs: bool = True,
+                 profiler=None):
+        self.model_path = model
+        self.device = torch.device(device)
+        self.dtype = parse_dtype(dtype)
+        self.target = load_model(self.model_path, self.dtype, self.device, tp, max_positions=max_len)
+        self.config = self.target.config
+        self.max_len = max_len
+        self.runner = ModelRunner(self.target, max_batch, max_len, self.device)
+        self.eos_ids = set(self.config.eos_token_ids)
+        self.profiler = profiler
+        self._ids = itertools.count()
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.spec = None
+        if draft is not None:
+            from eyas.engine.speculative import SpeculativeDecoder
+
+            self.spec = SpeculativeDecoder(self, draft, spec)
+        if cuda_graphs and self.device.type == "cuda":
+            from eyas.engine.graphs import enable_cuda_graphs
+
+            enable_cuda_graphs(self)
+
+    # -- requests -------------------------------------------------------------------------------
+    def add(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        if not prompt_ids:
+            raise EyasError("the prompt is empty")
+        margin = self.spec.lookahead if self.spec else 1
+        if len(prompt_ids) + params.max_tokens + margin > self.max_len:
+            raise EyasError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                            f"context of {self.max_len - margin} tokens")
+        seq = Sequence(next(self._ids), list(prompt_ids), params)
+        if params.seed is not None:
+            seq.generator = torch.Generator(self.device).manual_seed(params.seed)
+        self.waiting.append(seq)
+        return seq
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def step(self) -> list[Sequence]:
+        """Admit waiting requests, run one decode step or speculative cycle; returns finished sequences."""
+        while self.waiting and self.runner.kv.free_slots:
+            seq = self.waiting.popleft()
+            seq.slot = self.runner.kv.allocate()
+            self._prefill(seq)
+            self.running.append(seq)
+        live = [s for s in self.running if not s.finished]
+        if live:
+            (self.spec.cycle if self.spec else self._decode)(live)
+        done = [s for s in self.running if s.finished]
+        for s in done:
+            self.runner.kv.free(s.slot)
+            if self.spec:
+                self.spec.release(s)
+        self.running = [s for s in self.running if not s.finished]
+        return done
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Sequence]:
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        seqs = [self.add(p, sp) for p, sp in zip(prompts, params)]
+        while self.has_work():
+            self.step()
+        return seqs
+
+    # -- forwards -------------------------------------------------------------------------------
+    def _prefill(self, seq: Sequence):
+        ids = torch.tensor([seq.prompt_ids], device=self.device)
+        pos = torch.arange(len(seq.prompt_ids), device=self.device)[None]
+        if self.spec:
+            return self.spec.prefill(seq, ids, pos)
+        out = self.runner.forward(ids, pos, [seq.slot], [0])
+        seq.cached = len(seq.prompt_ids)
+        token = self.sample(self.target.logits(out.hidden[:, -1]), [seq])
+        seq.append(token.tolist(), self.eos_ids)
+
+    def _decode(self, seqs: list[Sequence]):
+        ids = torch.tensor([[s.output_ids[-1]] for s in seqs], device=self.device)
+        starts = [s.cached for s in seqs]
+        pos = torch.tensor(starts, device=self.device)[:, None]
+        out = self.runner.forward(ids, pos, [s.slot for s in seqs], starts)
+        tokens = self.sample(self.target.logits(out.hidden[:, -1]), seqs).tolist()
+        for s, t in zip(seqs, tokens):
+            s.cached += 1
+            s.verify_passes += 1
+            s.append([t], self.eos_ids)
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """logits [B, V] -> tokens [B]; greedy rows batched, sampled rows with their own generators."""
+        tokens = logits.argmax(-1)
+        for i, s in enumerate(seqs):
+            p = s.params
+            if not p.greedy:
+                probs = adjusted_probs(logits[i], p.temperature, p.top_p, p.top_k)
+                tokens[i] = sample_from(probs, s.generator)
+        return tokens

@@ -1,0 +1,52 @@
+"""KV cache: one row ("slot") per live sequence, all layers in one tensor.
+
+Designed for speculation: a forward appends T tokens at once at positions [start, start+T) of each
+slot; rollback is free (the engine just keeps the shorter length: stale entries past it are masked
+and later overwritten); `compact` moves the accepted nodes of a verified tree to contiguous positions.
+Slot accounting (`allocate`/`free`) lets the scheduler admit requests only while rows are free.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int, num_slots: int, max_len: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device):
+        shape = (num_layers, num_slots, kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.num_slots = num_slots
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    # -- slot accounting ----------------------------------------------------------------------
+    def allocate(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def free(self, slot: int):
+        self._free.append(slot)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def bytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    # -- tensor operations --------------------------------------------------------------------
+    def write(self, layer: int, slots: torch.Tensor, write_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """k, v: [B, T, kv_heads, D] written at rows `slots` [B], columns `write_pos` [B, T]."""
+        rows = slots[:, None].expand_as(write_pos)
+        self.k[layer][rows, :, write_pos] = k
+        self.v[layer][rows, :, write_pos] = v
+
+    def read(self, layer: int, slots: torch.Tensor, kv_len: int):
+        """[B, kv_heads, kv_len, D] views (a gather copy when the slots are not a plain range)."""
+        return self.k[layer, slots, :, :kv_len], self.v[layer, slots, :, :kv_len]
+
+    def compact(self, slot: int, src: torch.Tensor, dst: torch.Tensor):
+        """Move cache columns `src` to `dst` of one slot in every layer (accepted tree nodes)."""
+        self.k[:, slot, :, dst] = self.k[:, slot, :, src]
+        self.v[:, slot, :, dst] = self.v[:, slot, :, src]

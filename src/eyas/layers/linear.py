@@ -1,0 +1,95 @@
+"""Tensor-parallel linears that own their sharding and weight loading.
+
+At tp.size == 1 they are plain linears. `load(param, tensor, shard)` receives the full checkpoint
+tensor and copies this rank's slice into place; `shard` names a sub-block of a fused weight
+(q/k/v of qkv_proj, 0/1 of gate_up_proj).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eyas.dist.parallel import SINGLE, TPContext
+from eyas.errors import EyasError
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, what: str):
+    if dst.shape != src.shape:
+        raise EyasError(f"weight {what} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+    dst.copy_(src)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T with W's output rows split across ranks; `out_sizes` are the full sizes of fused blocks."""
+
+    def __init__(self, in_features: int, out_sizes: dict | list, bias: bool, tp: TPContext = SINGLE):
+        super().__init__()
+        sizes = out_sizes if isinstance(out_sizes, dict) else dict(enumerate(out_sizes))
+        self.tp = tp
+        self.local = {k: tp.shard(n, f"output block {k}") for k, n in sizes.items()}
+        self.offsets, off = {}, 0
+        for k, n in self.local.items():
+            self.offsets[k] = off
+            off += n
+        self.weight = nn.Parameter(torch.empty(off, in_features))
+        self.bias = nn.Parameter(torch.empty(off)) if bias else None
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+    def load(self, param: str, tensor: torch.Tensor, shard=None):
+        key = 0 if shard is None else shard
+        n, off = self.local[key], self.offsets[key]
+        part = tensor.narrow(0, self.tp.rank * n, n)
+        _copy(getattr(self, param).data.narrow(0, off, n), part, f"{param}[{key}]")
+
+
+class RowParallelLinear(nn.Module):
+    """y = x W^T with W's input columns split across ranks; partial sums are all-reduced."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TPContext = SINGLE):
+        super().__init__()
+        self.tp = tp
+        self.weight = nn.Parameter(torch.empty(out_features, tp.shard(in_features, "input features")))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def forward(self, x):
+        y = self.tp.all_reduce(F.linear(x, self.weight))
+        return y + self.bias if self.bias is not None else y
+
+    def load(self, param: str, tensor: torch.Tensor, shard=None):
+        if param == "bias":
+            return _copy(self.bias.data, tensor, "bias")
+        n = self.weight.shape[1]
+        _copy(self.weight.data, tensor.narrow(1, self.tp.rank * n, n), "weight")
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding rows split across ranks; each rank looks up its own rows and the results are summed."""
+
+    def __init__(self, vocab: int, dim: int, tp: TPContext = SINGLE):
+        super().__init__()
+        self.tp = tp
+        self.per_rank = tp.shard(vocab, "vocabulary size")
+        self.start = tp.rank * self.per_rank
+        self.weight = nn.Parameter(torch.empty(self.per_rank, dim))
+
+    def forward(self, ids):
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        inside = (local >= 0) & (local < self.per_rank)
+        out = F.embedding(local.clamp(0, self.per_rank - 1), self.weight) * inside.unsqueeze(-1)
+        return self.tp.all_reduce(out)
+
+    def load(self, param: str, tensor: torch.Tensor, shard=None):
+        _copy(self.weight.data, tensor.narrow(0, self.start, self.per_rank), "embedding")
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """Output projection with vocabulary rows split across ranks; logits are gathered on every rank."""
+
+    def forward(self, hidden):
+        return self.tp.all_gather_last_dim(F.linear(hidden, self.weight))

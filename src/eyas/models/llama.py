@@ -1,0 +1,121 @@
+"""The target decoder: Llama 2/3/3.x, Mistral, Qwen2/2.5 (qkv bias) and Qwen3 (q/k norm), one implementation.
+
+Only math lives here. Per-forward metadata arrives in an AttentionBatch. For EAGLE-3 the model
+returns, as a named value, the residual stream entering the layers listed in `capture_layers`,
+concatenated low-mid-high.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eyas.config import ModelConfig
+from eyas.dist.parallel import SINGLE, TPContext
+from eyas.layers.attention import AttentionBatch, attend
+from eyas.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
+from eyas.layers.norm import RMSNorm
+from eyas.layers.rotary import RotaryEmbedding
+
+
+@dataclass
+class ModelOutput:
+    hidden: torch.Tensor              # [B, T, H] after the final norm
+    aux_hidden: torch.Tensor | None   # [B, T, len(capture_layers) * H], the EAGLE-3 features
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TPContext):
+        super().__init__()
+        self.layer = layer
+        self.heads = tp.shard(cfg.num_heads, "attention heads")
+        self.kv_heads = tp.shard(cfg.num_kv_heads, "key/value heads")
+        self.head_dim = cfg.head_dim
+        d = cfg.head_dim
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, {"q": cfg.num_heads * d, "k": cfg.num_kv_heads * d,
+                                                               "v": cfg.num_kv_heads * d}, cfg.attention_bias, tp)
+        self.o_proj = RowParallelLinear(cfg.num_heads * d, cfg.hidden_size, False, tp)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+
+    def forward(self, x, positions, batch: AttentionBatch, rotary: RotaryEmbedding):
+        B, T, _ = x.shape
+        d = self.head_dim
+        q, k, v = self.qkv_proj(x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        q, k, v = q.view(B, T, self.heads, d), k.view(B, T, self.kv_heads, d), v.view(B, T, self.kv_heads, d)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(q, k, positions)
+        return self.o_proj(attend(q, k, v, self.layer, batch, d ** -0.5))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPContext):
+        super().__init__()
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, False, tp)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, False, tp)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TPContext):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer, tp)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg, tp)
+
+    def forward(self, h, positions, batch, rotary):
+        h = h + self.self_attn(self.input_layernorm(h), positions, batch, rotary)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, tp: TPContext, max_positions: int):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
+
+
+def default_capture_layers(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's default: the inputs of layers 2, L//2 and L-3 (low, mid, high)."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+class CausalLM(nn.Module):
+    """Decoder + LM head. HF parameter names are kept (with fused qkv_proj / gate_up_proj)."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPContext = SINGLE, max_positions: int | None = None):
+        super().__init__()
+        self.config = cfg
+        self.tp = tp
+        self.model = Decoder(cfg, tp, max_positions or cfg.max_position_embeddings)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp)
+        self.capture_layers: tuple[int, ...] = ()
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(self, input_ids, positions, batch: AttentionBatch) -> ModelOutput:
+        batch.prepare(input_ids.shape[1])
+        h = self.embed(input_ids)
+        captured = []
+        for i, layer in enumerate(self.model.layers):
+            if i in self.capture_layers:
+                captured.append(h)
+            h = layer(h, positions, batch, self.model.rotary)
+        aux = torch.cat(captured, dim=-1) if captured else None
+        return ModelOutput(self.model.norm(h), aux)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
