@@ -121,3 +121,103 @@ def read_config_json(path: Path) -> dict:
         return json.loads(cfg.read_text())
     except json.JSONDecodeError as e:
         raise EyasError(f"config.json in {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+
+
+@dataclass
+class DraftConfig:
+    """An EAGLE-3 draft head, normalized from the EAGLE, SGLang/SpecForge or vLLM speculators config.json."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int                 # the target's vocabulary
+    draft_vocab_size: int
+    target_hidden_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0     # EAGLE's default when the config has none (not the target's theta)
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    aux_layer_ids: list[int] | None = None  # SGLang meaning: "output of layer id" (captured input of id + 1)
+    norm_before_residual: bool = False      # speculators option; vanilla EAGLE-3 is False
+    layout: str = "sglang"                  # where it came from: eagle | sglang | speculators
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise EyasError(f"draft num_attention_heads {self.num_heads} is not a multiple of num_key_value_heads {self.num_kv_heads}")
+        if not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise EyasError(f"draft_vocab_size {self.draft_vocab_size} must be in 1..vocab_size ({self.vocab_size})")
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> "DraftConfig":
+        if "speculators_config" in hf or "transformer_layer_config" in hf:
+            layer = hf.get("transformer_layer_config") or {}
+            merged = {**layer, **{k: v for k, v in hf.items() if k != "transformer_layer_config"}}
+            merged.setdefault("vocab_size", hf.get("target_vocab_size", layer.get("vocab_size")))
+            layout, aux = "speculators", hf.get("eagle_aux_hidden_state_layer_ids")
+            # speculators ids are layer *inputs*; we store SGLang's "output of layer" meaning.
+            aux = [i - 1 for i in aux] if aux else None
+            nbr = bool(hf.get("norm_before_residual", True))
+        else:
+            merged = hf
+            arch = (hf.get("architectures") or [""])[0]
+            layout = "sglang" if arch.endswith("Eagle3") else "eagle"
+            aux = (hf.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+            nbr = bool(hf.get("norm_before_residual", False))
+        try:
+            heads = merged["num_attention_heads"]
+            theta, scaling = _rope(merged)
+            return cls(
+                hidden_size=merged["hidden_size"],
+                intermediate_size=merged["intermediate_size"],
+                num_heads=heads,
+                num_kv_heads=merged.get("num_key_value_heads") or heads,
+                head_dim=merged.get("head_dim") or merged["hidden_size"] // heads,
+                vocab_size=merged["vocab_size"],
+                draft_vocab_size=merged.get("draft_vocab_size") or merged["vocab_size"],
+                target_hidden_size=merged.get("target_hidden_size") or merged["hidden_size"],
+                rms_norm_eps=merged.get("rms_norm_eps", 1e-6),
+                rope_theta=theta,
+                rope_scaling=scaling,
+                max_position_embeddings=merged.get("max_position_embeddings", 2048),
+                aux_layer_ids=aux,
+                norm_before_residual=nbr,
+                layout=layout,
+            )
+        except KeyError as e:
+            raise EyasError(f"draft config.json lacks required field {e.args[0]!r}") from None
+
+    def capture_layers(self, target_layers: int) -> tuple[int, ...]:
+        """Target layers whose *input* feeds the draft (SGLang: explicit id + 1; default 2, L//2, L-3)."""
+        if self.aux_layer_ids:
+            return tuple(i + 1 for i in self.aux_layer_ids)
+        return (2, target_layers // 2, target_layers - 3)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class SpecConfig:
+    """SGLang's knobs with SGLang's meaning: draft depth, branching, tokens sent to verify (root included)."""
+
+    steps: int = 3
+    topk: int = 1
+    draft_tokens: int | None = None
+
+    def __post_init__(self):
+        if self.steps < 1:
+            raise EyasError(f"--spec-steps must be >= 1, got {self.steps}")
+        if self.topk < 1:
+            raise EyasError(f"--spec-topk must be >= 1, got {self.topk}")
+        if self.topk == 1:
+            # A chain has exactly one node per step: SGLang forces steps + 1 tokens.
+            self.draft_tokens = self.steps + 1
+            return
+        most = 1 + self.topk + (self.steps - 1) * self.topk ** 2
+        if self.draft_tokens is None:
+            self.draft_tokens = min(self.steps * self.topk + 1, most)
+        if not 2 <= self.draft_tokens <= most:
+            raise EyasError(f"--spec-draft-tokens {self.draft_tokens} is impossible with {self.steps} steps and topk "
+                            f"{self.topk}: it must be between 2 and {most} (1 + topk + (steps-1)*topk^2)")

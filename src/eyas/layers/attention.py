@@ -22,7 +22,8 @@ class AttentionBatch:
     slots: torch.Tensor            # [B] cache row of each sequence
     starts: torch.Tensor           # [B] tokens already cached before this forward
     kv_len: int                    # cache columns attended over; >= max(starts) + T
-    new_mask: torch.Tensor | None = None  # [B, T, T] which new tokens each new token sees; None = causal
+    new_mask: torch.Tensor | None = None  # [B, T, starts - visible + T] which recent columns each token sees
+    visible: torch.Tensor | None = None   # [B] columns always visible; default = starts (causal/tree verify)
     mask: torch.Tensor | None = None      # [B, 1, T, kv_len], filled by prepare()
     write_pos: torch.Tensor | None = None  # [B, T]
 
@@ -31,13 +32,18 @@ class AttentionBatch:
         t = torch.arange(num_new, device=device)
         self.write_pos = self.starts[:, None] + t[None, :]
         cols = torch.arange(self.kv_len, device=device)
-        rel = cols[None, None, :] - self.starts[:, None, None]          # [B, 1, kv_len]
-        past = rel < 0
         if self.new_mask is None:
+            rel = cols[None, None, :] - self.starts[:, None, None]          # [B, 1, kv_len]
+            past = rel < 0
             new = (rel >= 0) & (rel <= t[None, :, None])
         else:
-            inside = (rel >= 0) & (rel < num_new)
-            idx = rel.clamp(0, num_new - 1).expand(-1, num_new, -1)
+            # Columns from `visible` on (earlier draft-tree nodes and the new tokens) follow new_mask.
+            visible = self.starts if self.visible is None else self.visible
+            width = self.new_mask.shape[-1]
+            rel = cols[None, None, :] - visible[:, None, None]
+            past = rel < 0
+            inside = (rel >= 0) & (rel < width)
+            idx = rel.clamp(0, width - 1).expand(-1, num_new, -1)
             new = inside & torch.gather(self.new_mask, 2, idx)
         self.mask = (past | new).unsqueeze(1)
         return self

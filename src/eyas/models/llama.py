@@ -109,12 +109,13 @@ class CausalLM(nn.Module):
     def forward(self, input_ids, positions, batch: AttentionBatch) -> ModelOutput:
         batch.prepare(input_ids.shape[1])
         h = self.embed(input_ids)
-        captured = []
+        captured = {}
         for i, layer in enumerate(self.model.layers):
             if i in self.capture_layers:
-                captured.append(h)
+                captured[i] = h
             h = layer(h, positions, batch, self.model.rotary)
-        aux = torch.cat(captured, dim=-1) if captured else None
+        # Small models can list one layer twice (L=5 gives 2, 2, 2): index, don't filter.
+        aux = torch.cat([captured[i] for i in self.capture_layers], dim=-1) if self.capture_layers else None
         return ModelOutput(self.model.norm(h), aux)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

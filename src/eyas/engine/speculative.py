@@ -1,0 +1,180 @@
+"""EAGLE-3 speculative decoding: draft -> verify -> accept -> commit, batched, chain and tree alike.
+
+Bookkeeping per sequence with `c = seq.cached` target tokens in the target cache and the last
+output token x_c pending (the tree root):
+- the draft cache holds the pairs (feature f_i, token x_{i+1}) at positions i < c, and the draft's
+  output at position c-1 (its hidden and log-probs) is kept in `seq.draft_state`;
+- drafting feeds candidate nodes at positions c, c+1, ... (storage columns past c, a tree mask over them);
+- verify runs the whole tree through the target in one forward at columns c..c+N-1;
+- commit compacts the accepted path's target KV to c..c+m and re-runs the draft on the accepted
+  pairs with the target's fresh features (overwriting the speculative draft entries).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eyas.config import SpecConfig
+from eyas.engine.kv_cache import KVCache
+from eyas.engine.profile import NullProfiler
+from eyas.engine.tree import accept_greedy, accept_sampled, select_tree
+from eyas.layers.attention import AttentionBatch
+from eyas.layers.sampling import adjusted_probs
+from eyas.models.draft_io import load_draft
+from eyas.models.eagle3 import Eagle3Draft
+
+
+@dataclass
+class DraftState:
+    hidden: torch.Tensor   # [H] the draft's pre-norm output at position c-1
+    logp: torch.Tensor     # [draft_vocab] its log-probabilities for x_{c+1}
+
+
+class SpeculativeDecoder:
+    def __init__(self, engine, draft_path, spec: SpecConfig | None):
+        self.engine = engine
+        self.spec = spec or SpecConfig()
+        self.target = engine.target
+        dtype = next(self.target.parameters()).dtype
+        s, k = self.spec.steps, self.spec.topk
+        if isinstance(draft_path, Eagle3Draft):  # an in-memory draft (tests, training-time evaluation)
+            self.draft = draft_path.to(device=engine.device, dtype=dtype)
+        else:
+            self.draft = load_draft(draft_path, self.target.config, dtype, engine.device,
+                                    max_positions=engine.max_len + s * k + 8)
+        self.target.capture_layers = self.draft.config.capture_layers(self.target.config.num_layers)
+        dcfg = self.draft.config
+        self.kv = KVCache(1, engine.runner.kv.num_slots, engine.max_len + s * k + 8, dcfg.num_kv_heads,
+                          dcfg.head_dim, dtype, engine.device)
+
+    @property
+    def lookahead(self) -> int:
+        return self.spec.draft_tokens + 1
+
+    @property
+    def profiler(self):
+        return self.engine.profiler or NullProfiler()
+
+    def release(self, seq):
+        seq.draft_state = None
+
+    # -- draft forwards ---------------------------------------------------------------------------
+    def _draft_forward(self, embeds, hidden, positions, slots, starts, fuse=False, new_mask=None, visible=None):
+        dev = self.engine.device
+        T = embeds.shape[1]
+        width = 0 if new_mask is None else new_mask.shape[-1]
+        need = max(max(starts) + T, (max(visible) + width) if visible else 0)
+        batch = AttentionBatch(kv=self.kv, slots=torch.tensor(slots, device=dev), starts=torch.tensor(starts, device=dev),
+                               kv_len=min(self.kv.max_len, need), new_mask=new_mask,
+                               visible=None if visible is None else torch.tensor(visible, device=dev))
+        return self.draft(embeds, hidden, positions, batch, fuse=fuse)
+
+    def _extend(self, seqs, token_rows: list[list[int]], feature_rows: torch.Tensor, starts: list[int]):
+        """Run the draft over accepted (feature, next token) pairs; keep its last output per sequence.
+
+        feature_rows: [B, L, 3H] padded; token_rows: per sequence the tokens following each feature."""
+        dev = self.engine.device
+        L = feature_rows.shape[1]
+        ids = torch.tensor([r + [r[-1]] * (L - len(r)) for r in token_rows], device=dev)
+        pos = torch.tensor(starts, device=dev)[:, None] + torch.arange(L, device=dev)[None]
+        out = self._draft_forward(self.target.embed(ids), feature_rows, pos, [s.slot for s in seqs], starts, fuse=True)
+        last = torch.tensor([len(r) - 1 for r in token_rows], device=dev)
+        h = out[torch.arange(len(seqs), device=dev), last]
+        logp = torch.log_softmax(self.draft.logits(h), dim=-1)
+        for i, s in enumerate(seqs):
+            s.draft_state = DraftState(h[i], logp[i])
+
+    # -- prefill ---------------------------------------------------------------------------------
+    def prefill(self, seq, ids, pos):
+        eng = self.engine
+        out = eng.runner.forward(ids, pos, [seq.slot], [0])
+        seq.cached = ids.shape[1]
+        token = eng.sample(self.target.logits(out.hidden[:, -1]), [seq]).tolist()
+        seq.append(token, eng.eos_ids)
+        self._extend([seq], [seq.prompt_ids[1:] + token], out.aux_hidden, [0])
+
+    # -- one cycle -------------------------------------------------------------------------------
+    def cycle(self, seqs):
+        eng, prof, dev = self.engine, self.profiler, self.engine.device
+        S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
+        B = len(seqs)
+        c = [s.cached for s in seqs]
+        slots = [s.slot for s in seqs]
+        c_t = torch.tensor(c, device=dev)
+        with prof.phase("draft"):
+            tree = self._draft_tree(seqs, c, c_t, slots, S, k, N)
+        with prof.phase("verify"):
+            pos = c_t[:, None] + tree.depth
+            out = eng.runner.forward(tree.tokens, pos, slots, c, new_mask=tree.mask)
+            logits = self.target.logits(out.hidden)                          # [B, N, V]
+        with prof.phase("accept"):
+            host = torch.cat([tree.tokens, tree.parents, logits.argmax(-1)], dim=1).tolist()  # the cycle's one sync
+            paths, bonus = [], []
+            for i, s in enumerate(seqs):
+                toks, parents, argmax = host[i][:N], host[i][N:2 * N], host[i][2 * N:]
+                if s.params.greedy:
+                    path, b = accept_greedy(toks, parents, argmax)
+                else:
+                    p = s.params
+                    probs = adjusted_probs(logits[i], p.temperature, p.top_p, p.top_k)
+                    path, b = accept_sampled(toks, parents, probs, s.generator)
+                paths.append(path)
+                bonus.append(b)
+        with prof.phase("commit"):
+            token_rows, L = [], max(len(p) for p in paths)
+            feats = out.aux_hidden.new_zeros(B, L, out.aux_hidden.shape[-1])
+            for i, s in enumerate(seqs):
+                path = paths[i]
+                if path != list(range(len(path))):
+                    eng.runner.kv.compact(s.slot, c_t[i] + torch.tensor(path, device=dev),
+                                          c_t[i] + torch.arange(len(path), device=dev))
+                new = [host[i][j] for j in path[1:]] + [bonus[i]]
+                feats[i, :len(path)] = out.aux_hidden[i, path]
+                token_rows.append(new)
+                prof.record_accept(len(path) - 1, S)
+                s.cached += len(path)
+                s.verify_passes += 1
+                s.append(new, eng.eos_ids)
+            self._extend(seqs, token_rows, feats, c)
+
+    def _draft_tree(self, seqs, c, c_t, slots, S, k, N):
+        """EAGLE-2 dynamic tree: expand the top-k frontier by cumulative log-prob for S steps, then rerank."""
+        dev = self.engine.device
+        B = len(seqs)
+        logp0 = torch.stack([s.draft_state.logp for s in seqs])             # [B, Vd]
+        hidden = torch.stack([s.draft_state.hidden for s in seqs])[:, None].expand(B, k, -1)
+        scores, ids = logp0.topk(k, dim=-1)                                 # [B, k]
+        pool_tokens, pool_scores = [ids], [scores]
+        pool_parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
+        pool_depth = [torch.ones((B, k), dtype=torch.long, device=dev)]
+        frontier = torch.arange(k, device=dev).expand(B, k)                 # pool index of each frontier node
+        ancestors = torch.zeros((B, k, 0), dtype=torch.bool, device=dev)    # over drafted columns so far
+        eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
+        rows = torch.arange(B, device=dev)[:, None]
+        for step in range(2, S + 1):
+            embeds = self.target.embed(self.draft.to_target_ids(ids))
+            pos = (c_t + step - 2)[:, None].expand(B, k)
+            starts = [ci + (step - 2) * k for ci in c]
+            mask = torch.cat([ancestors, eye], dim=-1)
+            out = self._draft_forward(embeds, hidden, pos, slots, starts, new_mask=mask, visible=c)
+            lp = torch.log_softmax(self.draft.logits(out), dim=-1)         # [B, k, Vd]
+            child_scores, child_ids = lp.topk(k, dim=-1)
+            cum = (scores[..., None] + child_scores).flatten(1)            # [B, k*k]
+            base = sum(t.shape[1] for t in pool_tokens)
+            pool_tokens.append(child_ids.flatten(1))
+            pool_scores.append(cum)
+            pool_parents.append(frontier[..., None].expand(B, k, k).flatten(1))
+            pool_depth.append(torch.full((B, k * k), step, dtype=torch.long, device=dev))
+            scores, best = cum.topk(k, dim=-1)                             # next frontier
+            parent_local = best // k
+            ids = child_ids.flatten(1).gather(1, best)
+            hidden = out[rows, parent_local]
+            frontier = base + best
+            ancestors = torch.cat([ancestors[rows, parent_local], eye[rows, parent_local]], dim=-1)
+        root = torch.tensor([s.output_ids[-1] for s in seqs], device=dev)
+        tree = select_tree(root, torch.cat(pool_tokens, 1), torch.cat(pool_scores, 1), torch.cat(pool_parents, 1),
+                           torch.cat(pool_depth, 1), N)
+        tree.tokens[:, 1:] = self.draft.to_target_ids(tree.tokens[:, 1:])
+        return tree

@@ -1,0 +1,90 @@
+"""Draft trees: from the pool of drafted candidates to the verify tree, and acceptance along it.
+
+Nodes are numbered root first, then candidates in pool order (pool order is depth order, so every
+parent precedes its children). A chain is the tree with topk = 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    tokens: torch.Tensor     # [B, N] target token ids, root first
+    parents: torch.Tensor    # [B, N] parent node index (-1 for the root)
+    depth: torch.Tensor      # [B, N]
+    mask: torch.Tensor       # [B, N, N] node i sees node j iff j is i or an ancestor of i
+
+
+def select_tree(root: torch.Tensor, pool_tokens: torch.Tensor, pool_scores: torch.Tensor,
+                pool_parents: torch.Tensor, pool_depth: torch.Tensor, num_nodes: int) -> DraftTree:
+    """Keep the num_nodes-1 candidates with the highest cumulative log-probability.
+
+    pool_*: [B, P]; pool_parents indexes the pool (-1 = child of the root). A tiny depth penalty
+    breaks exact ties toward shallower nodes, so a kept node's parent is always kept too.
+    """
+    B = root.shape[0]
+    keyed = pool_scores - 1e-6 * pool_depth
+    chosen = keyed.topk(num_nodes - 1, dim=-1).indices.sort(dim=-1).values          # [B, N-1] pool order
+    parent_pool = pool_parents.gather(1, chosen)
+    # pool index -> node index (chosen is sorted, so searchsorted finds the parent's node slot)
+    parent_node = torch.searchsorted(chosen, parent_pool.clamp_min(0)) + 1
+    parent_node = torch.where(parent_pool < 0, torch.zeros_like(parent_node), parent_node)
+    parents = torch.cat([torch.full((B, 1), -1, dtype=torch.long, device=root.device), parent_node], dim=1)
+    depth = torch.cat([torch.zeros((B, 1), dtype=torch.long, device=root.device), pool_depth.gather(1, chosen)], dim=1)
+    tokens = torch.cat([root[:, None], pool_tokens.gather(1, chosen)], dim=1)
+    eye = torch.eye(num_nodes, dtype=torch.bool, device=root.device).expand(B, -1, -1)
+    mask = eye.clone()
+    rows = torch.arange(B, device=root.device)
+    for i in range(1, num_nodes):
+        mask[:, i] |= mask[rows, parents[:, i]]
+    return DraftTree(tokens, parents, depth, mask)
+
+
+def accept_greedy(tokens: list[int], parents: list[int], target_argmax: list[int]) -> tuple[list[int], int]:
+    """Longest root-to-node path whose every token equals the target's argmax at its parent.
+
+    Returns (path node indices starting at the root, bonus token)."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        if p >= 0:
+            children.setdefault(p, []).append(i)
+    path = [0]
+    while True:
+        want = target_argmax[path[-1]]
+        nxt = next((c for c in children.get(path[-1], []) if tokens[c] == want), None)
+        if nxt is None:
+            return path, want
+        path.append(nxt)
+
+
+def accept_sampled(tokens: list[int], parents: list[int], probs: torch.Tensor,
+                   generator: torch.Generator | None) -> tuple[list[int], int]:
+    """Lossless acceptance for deterministic (top-k) proposals: at each node try its distinct children in
+    order, accepting child x with probability p(x) under the current residual; a rejected token's
+    mass is removed and the rest renormalized; the bonus token is drawn from the final residual.
+
+    probs: [N, V] target probabilities (after temperature/top-p/top-k) at every node."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        if p >= 0:
+            children.setdefault(p, []).append(i)
+    path = [0]
+    while True:
+        p = probs[path[-1]].clone()
+        moved = False
+        for c in children.get(path[-1], []):
+            total = p.sum()
+            u = torch.rand((), device=p.device, generator=generator)
+            if total > 0 and u * total < p[tokens[c]]:
+                path.append(c)
+                moved = True
+                break
+            p[tokens[c]] = 0.0
+        if not moved:
+            from eyas.layers.sampling import sample_from
+
+            return path, int(sample_from(p / p.sum(), generator))

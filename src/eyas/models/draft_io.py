@@ -1,0 +1,150 @@
+"""EAGLE-3 draft checkpoints in and out: the EAGLE, SGLang/SpecForge and vLLM speculators layouts.
+
+One name table converts between them: EAGLE and SGLang use our module names as they are;
+speculators calls the decoder layer `layers.0` instead of `midlayer`. The embedding is never part
+of a draft we save (serving reuses the target's), and is ignored when a checkpoint carries one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from eyas.config import DraftConfig, read_config_json
+from eyas.errors import EyasError
+from eyas.models.eagle3 import Eagle3Draft
+
+LAYOUTS = ("sglang", "eagle", "speculators")
+SKIPPED = ("embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight")
+
+
+def _to_ours(key: str) -> str:
+    key = key[len("model."):] if key.startswith("model.") and "lm_head" not in key else key
+    return "midlayer." + key[len("layers.0."):] if key.startswith("layers.0.") else key
+
+
+def _from_ours(key: str, layout: str) -> str:
+    if layout == "speculators" and key.startswith("midlayer."):
+        return "layers.0." + key[len("midlayer."):]
+    return key
+
+
+def read_draft_tensors(path: Path) -> dict[str, torch.Tensor]:
+    if (path / "model.safetensors").exists():
+        files = [path / "model.safetensors"]
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    try:
+        if files:
+            out = {}
+            for f in files:
+                out.update(load_file(str(f)))
+            return out
+        if (path / "pytorch_model.bin").exists():
+            # weights_only: a checkpoint must never be able to run code on load.
+            return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise EyasError(f"cannot read draft weights in {path}: {str(e).splitlines()[0]}") from None
+    raise EyasError(f"no draft weights (model.safetensors or pytorch_model.bin) in {path}")
+
+
+def load_draft(path: str | Path, target_config=None, dtype=torch.float32, device="cpu",
+               max_positions: int | None = None) -> Eagle3Draft:
+    """Load a draft in any supported layout; refuse one that does not fit the target."""
+    path = Path(path)
+    cfg = DraftConfig.from_hf(read_config_json(path))
+    if target_config is not None:
+        if cfg.target_hidden_size != target_config.hidden_size:
+            raise EyasError(f"draft expects target hidden size {cfg.target_hidden_size}, the target has {target_config.hidden_size}")
+        if cfg.hidden_size != target_config.hidden_size:
+            raise EyasError(f"draft hidden size {cfg.hidden_size} differs from the target's {target_config.hidden_size}; "
+                            "the draft reads the target's embeddings, so they must agree")
+        if cfg.vocab_size != target_config.vocab_size:
+            raise EyasError(f"draft vocabulary ({cfg.vocab_size}) does not match the target's ({target_config.vocab_size})")
+    tensors = {_to_ours(k): v for k, v in read_draft_tensors(path).items() if not k.endswith(SKIPPED)}
+    if "d2t" not in tensors and cfg.draft_vocab_size == cfg.vocab_size:
+        tensors["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
+        tensors.setdefault("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
+    draft = Eagle3Draft(cfg, max_positions)
+    own = draft.state_dict()
+    missing = sorted(set(own) - set(tensors))
+    unexpected = sorted(set(tensors) - set(own))
+    if missing:
+        raise EyasError(f"draft checkpoint {path} is missing '{missing[0]}'")
+    if unexpected:
+        raise EyasError(f"draft checkpoint {path} has unexpected weight '{unexpected[0]}'")
+    for k, v in tensors.items():
+        if own[k].shape != v.shape:
+            raise EyasError(f"draft weight {k} has shape {tuple(v.shape)}, expected {tuple(own[k].shape)}")
+    draft.load_state_dict({k: v if k in ("d2t", "t2d") else v.float() for k, v in tensors.items()})
+    draft.d2t.copy_(tensors["d2t"].long())
+    draft.t2d.copy_(tensors["t2d"].bool())
+    return draft.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def _llama_fields(cfg: DraftConfig) -> dict:
+    out = dict(model_type="llama", hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+               num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+               num_hidden_layers=1, rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
+               max_position_embeddings=cfg.max_position_embeddings, vocab_size=cfg.vocab_size,
+               hidden_act="silu", tie_word_embeddings=False, torch_dtype="bfloat16")
+    if cfg.rope_scaling:
+        out["rope_scaling"] = cfg.rope_scaling
+    return out
+
+
+def draft_config_json(cfg: DraftConfig, layout: str, verifier: str | None = None) -> dict:
+    if layout == "speculators":
+        return {
+            "architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3", "speculators_version": "0.7.0",
+            "draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
+            "norm_before_residual": cfg.norm_before_residual, "norm_before_fc": False, "norm_output": True,
+            # speculators ids are layer inputs; ours mean "output of layer id".
+            **({"eagle_aux_hidden_state_layer_ids": [i + 1 for i in cfg.aux_layer_ids]} if cfg.aux_layer_ids else {}),
+            "transformer_layer_config": {**_llama_fields(cfg), "architectures": ["LlamaForCausalLM"]},
+            "speculators_config": {
+                "algorithm": "eagle3", "default_proposal_method": "greedy",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3, "accept_tolerance": 0.0,
+                                      "verifier_accept_k": 1}],
+                "verifier": {"name_or_path": verifier or "", "architectures": ["LlamaForCausalLM"]},
+            },
+        }
+    if cfg.norm_before_residual:
+        raise EyasError("this draft uses norm_before_residual, which the EAGLE and SGLang layouts cannot express; export as speculators")
+    arch = "LlamaForCausalLMEagle3" if layout == "sglang" else "LlamaForCausalLM"
+    out = {"architectures": [arch], **_llama_fields(cfg), "draft_vocab_size": cfg.draft_vocab_size,
+           "target_hidden_size": cfg.target_hidden_size}
+    if cfg.aux_layer_ids:
+        out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids)}
+    return out
+
+
+def save_draft(draft: Eagle3Draft, out_dir: str | Path, layout: str = "sglang", verifier: str | None = None,
+               dtype=torch.bfloat16) -> Path:
+    """Write config.json + model.safetensors atomically (a crash leaves the old directory untouched)."""
+    if layout not in LAYOUTS:
+        raise EyasError(f"unknown draft layout '{layout}'; use one of {', '.join(LAYOUTS)}")
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for k, v in draft.state_dict().items():
+        v = v.detach().cpu()
+        tensors[_from_ours(k, layout)] = v if k in ("d2t", "t2d") else v.to(dtype).contiguous()
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    save_file(tensors, str(tmp / "model.safetensors"))
+    (tmp / "config.json").write_text(json.dumps(draft_config_json(draft.config, layout, verifier), indent=2))
+    if out_dir.exists():
+        old = out_dir.with_name(out_dir.name + ".old")
+        os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    else:
+        os.replace(tmp, out_dir)
+    return out_dir

@@ -1,0 +1,96 @@
+"""The EAGLE-3 draft head: fc over fused target features, one decoder layer, norm, reduced-vocab lm_head.
+
+Module names are the checkpoints' own (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`), so the
+SGLang layout loads by identity. The embedding is the target's, passed in as token embeddings.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eyas.config import DraftConfig
+from eyas.layers.attention import AttentionBatch, attend
+from eyas.layers.norm import RMSNorm
+from eyas.layers.rotary import RotaryEmbedding
+
+
+class DraftAttention(nn.Module):
+    """Attention whose q/k/v read the 2H-wide [norm(embedding), norm(hidden)] input."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
+        self.q_proj = nn.Linear(2 * h, cfg.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(2 * h, cfg.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(2 * h, cfg.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+
+    def forward(self, x, positions, batch: AttentionBatch, rotary):
+        B, T, _ = x.shape
+        d = self.head_dim
+        q = self.q_proj(x).view(B, T, self.heads, d)
+        k = self.k_proj(x).view(B, T, self.kv_heads, d)
+        v = self.v_proj(x).view(B, T, self.kv_heads, d)
+        q, k = rotary(q, k, positions)
+        return self.o_proj(attend(q, k, v, 0, batch, d ** -0.5))
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DraftAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = DraftMLP(cfg)
+        self.norm_before_residual = cfg.norm_before_residual
+
+    def forward(self, embeds, hidden, positions, batch, rotary):
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
+        h = residual + self.self_attn(x, positions, batch, rotary)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, cfg: DraftConfig, max_positions: int | None = None):
+        super().__init__()
+        self.config = cfg
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = MidLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
+                                      max_positions or max(cfg.max_position_embeddings, 2048))
+
+    def forward(self, embeds, hidden, positions, batch: AttentionBatch, fuse: bool = False) -> torch.Tensor:
+        """embeds, hidden: [B, T, H] (hidden is [B, T, 3*Ht] target features when `fuse`). Returns the
+        pre-norm output, which is both the next step's hidden input and the input of `logits`."""
+        batch.prepare(embeds.shape[1])
+        if fuse:
+            hidden = self.fc(hidden.to(self.fc.weight.dtype))
+        return self.midlayer(embeds.to(hidden.dtype), hidden, positions, batch, self.rotary)
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary (fp32)."""
+        return self.lm_head(self.norm(out)).float()
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]

@@ -1,0 +1,37 @@
+"""Tiny random models for tests, built with transformers' own config classes."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+from eyas.config import DraftConfig
+from eyas.models.eagle3 import Eagle3Draft
+
+
+def tiny_llama(path, vocab=64, layers=5, hidden=64, seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                                   num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                   max_position_embeddings=512, eos_token_id=None, bos_token_id=None, **kw)
+    model = transformers.LlamaForCausalLM(cfg)
+    model.save_pretrained(path)
+    return model
+
+
+def random_draft(target_hidden: int, vocab: int, draft_vocab: int | None = None, seed=0) -> Eagle3Draft:
+    torch.manual_seed(seed)
+    draft_vocab = draft_vocab or vocab
+    hidden = target_hidden  # the embedding is the target's, so the widths agree
+    cfg = DraftConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_heads=4, num_kv_heads=2, head_dim=16,
+                      vocab_size=vocab, draft_vocab_size=draft_vocab, target_hidden_size=target_hidden)
+    draft = Eagle3Draft(cfg, max_positions=1024)
+    with torch.no_grad():
+        for n, p in draft.named_parameters():
+            if n.endswith("norm.weight") or "layernorm" in n:
+                p.normal_(1.0, 0.1)
+        used = torch.randperm(vocab)[:draft_vocab].sort().values
+        draft.d2t.copy_(used - torch.arange(draft_vocab))
+        draft.t2d.zero_()
+        draft.t2d[used] = True
+    return draft
