@@ -28,6 +28,11 @@ class KVCache:
     def free(self, slot: int):
         self._free.append(slot)
 
+    def allocate_scratch(self) -> int:
+        """Reserve the highest row for writes nobody reads (padding of fixed-shape batches)."""
+        self._free.remove(self.num_slots - 1)
+        return self.num_slots - 1
+
     @property
     def free_slots(self) -> int:
         return len(self._free)

@@ -23,7 +23,9 @@ class ModelRunner:
         self.max_len = max_len
         kv_heads = cfg.num_kv_heads // model.tp.size
         dtype = next(model.parameters()).dtype
-        self.kv = KVCache(cfg.num_layers, num_slots, max_len, kv_heads, cfg.head_dim, dtype, self.device)
+        # One extra row that no sequence owns: CUDA-graph padding rows write there.
+        self.kv = KVCache(cfg.num_layers, num_slots + 1, max_len, kv_heads, cfg.head_dim, dtype, self.device)
+        self.scratch_slot = self.kv.allocate_scratch()
         self.graphs = None  # set by enable_cuda_graphs()
 
     def kv_len_for(self, starts: list[int], num_new: int) -> int:

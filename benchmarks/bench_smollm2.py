@@ -1,0 +1,207 @@
+"""SmolLM2-135M on one GPU: eyas plain vs eyas EAGLE-3 vs HF transformers, phase costs, and losslessness.
+
+Usage: python benchmarks/bench_smollm2.py --draft DIR|random --out results.json [--prompts 10] [--lossless 80]
+
+Sections, all in one process so the numbers are side by side:
+  speed      batch-1 greedy decode of 256 new tokens on MT-bench prompts: eyas plain, eyas + draft (chain 3/1/4
+             and tree 5/4/8), HF `generate` with a static cache, HF prompt-lookup decoding (bf16)
+  phases     one target decode step vs a verify pass of 4 and 8 tokens vs one draft step (CUDA events)
+  lossless   fp32 (TF32 off): speculative greedy == plain greedy on the MT-bench first turns, chain and tree
+  bf16       share of identical outputs in bf16; every divergence's top-2 logit gap in the plain run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import torch
+
+from eyas.bench.datasets import load_prompts
+from eyas.config import SpecConfig
+from eyas.engine.engine import Engine
+from eyas.engine.profile import Profiler
+from eyas.layers.sampling import SamplingParams
+from eyas.models.demo import demo_model_path
+from eyas.models.tokenizer import encode_messages, load_tokenizer
+
+CHAIN, TREE = SpecConfig(3, 1), SpecConfig(5, 4, 8)
+NEAR_TIE = 0.5  # bf16 logits: a top-2 gap below this is within a verify-vs-decode rounding difference
+
+
+def sync():
+    torch.cuda.synchronize()
+
+
+def prompts_ids(tok, n):
+    return [encode_messages(tok, p.messages) for p in load_prompts("mt-bench")[:n]]
+
+
+def draft_arg(args, model_path):
+    if args.draft != "random":
+        return args.draft
+    import sys
+    sys.path.insert(0, ".")
+    from tests.helpers import random_draft
+    from eyas.config import ModelConfig
+    cfg = ModelConfig.from_dir(model_path)
+    return random_draft(cfg.hidden_size, cfg.vocab_size, draft_vocab=8192)
+
+
+def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=256):
+    prof = Profiler("cuda") if draft is not None else None
+    eng = Engine(str(model_path), dtype=dtype, device="cuda", draft=draft, spec=spec, max_batch=1, max_len=2048,
+                 profiler=prof)
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    eng.generate([prompts[0]], SamplingParams(max_tokens=32, ignore_eos=True))  # warm-up + graph capture
+    toks, secs, passes = 0, 0.0, 0
+    for p in prompts:
+        sync()
+        t0 = time.perf_counter()
+        [s] = eng.generate([p], params)
+        sync()
+        secs += time.perf_counter() - t0
+        toks += len(s.output_ids)
+        passes += s.verify_passes
+    out = dict(tok_s=toks / secs, tokens=toks, seconds=secs)
+    if draft is not None:
+        out["accept_length"] = (toks - len(prompts)) / passes
+        out["profile"] = prof.summary()
+    return out, eng
+
+
+def hf_speed(model_path, prompts, new_tokens=256, lookup=False):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.bfloat16).cuda().eval()
+    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    kw.update(prompt_lookup_num_tokens=10) if lookup else kw.update(cache_implementation="static")
+    ids0 = torch.tensor([prompts[0]], device="cuda")
+    model.generate(ids0, **{**kw, "max_new_tokens": 16, "min_new_tokens": 16})
+    toks, secs = 0, 0.0
+    for p in prompts:
+        ids = torch.tensor([p], device="cuda")
+        sync()
+        t0 = time.perf_counter()
+        out = model.generate(ids, **kw)
+        sync()
+        secs += time.perf_counter() - t0
+        toks += out.shape[1] - ids.shape[1]
+    return dict(tok_s=toks / secs, tokens=toks, seconds=secs)
+
+
+def time_cuda(fn, reps=50):
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        sync()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def phase_costs(eng, context=300):
+    """Median ms of a target decode step, verify passes of 4 and 8 tokens, and one draft step, at one context."""
+    r = eng.runner
+    res = {}
+    for T in (1, 4, 8):
+        ids = torch.randint(0, 1000, (1, T), device="cuda")
+        pos = torch.arange(context, context + T, device="cuda")[None]
+        mask = None if T == 1 else torch.tril(torch.ones(T, T, dtype=torch.bool, device="cuda"))[None]
+        res[f"target_T{T}_ms"] = time_cuda(lambda: eng.target.logits(r.forward(ids, pos, [0], [context], new_mask=mask).hidden))
+    spec = eng.spec
+    if spec is not None:
+        H = eng.config.hidden_size
+        emb = torch.randn(1, 1, H, device="cuda", dtype=eng.dtype)
+        pos = torch.tensor([[context]], device="cuda")
+        mask = torch.ones(1, 1, 1, dtype=torch.bool, device="cuda")
+        res["draft_step_ms"] = time_cuda(lambda: spec.draft.logits(spec._draft_forward(emb, emb, pos, [0], [context], new_mask=mask, visible=[context])).log_softmax(-1).topk(4))
+    res["verify4_over_decode"] = res["target_T4_ms"] / res["target_T1_ms"]
+    res["verify8_over_decode"] = res["target_T8_ms"] / res["target_T1_ms"]
+    if "draft_step_ms" in res:
+        res["draft_over_target"] = res["draft_step_ms"] / res["target_T1_ms"]
+    return res
+
+
+def lossless(model_path, prompts, draft, new_tokens=256, batch=16, dtype="fp32"):
+    params = SamplingParams(max_tokens=new_tokens)
+    plain = Engine(str(model_path), dtype=dtype, device="cuda", max_batch=batch, max_len=2048)
+    want = [s.output_ids for s in plain.generate(prompts, params)]
+    res = {}
+    for name, spec in (("chain", CHAIN), ("tree", TREE)):
+        eng = Engine(str(model_path), dtype=dtype, device="cuda", draft=draft, spec=spec, max_batch=batch, max_len=2048)
+        seqs = eng.generate(prompts, params)
+        got = [s.output_ids for s in seqs]
+        same = sum(a == b for a, b in zip(got, want))
+        toks = sum(len(g) - 1 for g in got)
+        passes = sum(s.verify_passes for s in seqs)
+        entry = dict(identical=same, total=len(prompts), accept_length=toks / max(passes, 1))
+        if same != len(prompts):
+            entry["divergences"] = divergence_gaps(plain, prompts, want, got)
+        res[name] = entry
+        del eng
+    return res
+
+
+def divergence_gaps(plain, prompts, want, got):
+    """For each differing output: the first differing index and the plain model's top-2 logit gap there."""
+    out = []
+    for p, w, g in zip(prompts, want, got):
+        if w == g:
+            continue
+        d = next((i for i, (a, b) in enumerate(zip(w, g)) if a != b), min(len(w), len(g)))
+        ids = torch.tensor([p + w[:d]], device="cuda")
+        pos = torch.arange(ids.shape[1], device="cuda")[None]
+        r = plain.runner
+        logits = plain.target.logits(r.forward(ids, pos, [0], [0]).hidden[:, -1])[0]
+        top2 = logits.topk(2).values
+        out.append(dict(index=d, gap=float(top2[0] - top2[1])))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--draft", default="random")
+    ap.add_argument("--prompts", type=int, default=10)
+    ap.add_argument("--lossless", type=int, default=80)
+    ap.add_argument("--sections", default="speed,phases,lossless,bf16")
+    ap.add_argument("--out", default="bench_smollm2.json")
+    args = ap.parse_args()
+    sections = set(args.sections.split(","))
+    path = demo_model_path()
+    tok = load_tokenizer(path)
+    results = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version(),
+                   date=time.strftime("%Y-%m-%d"), draft=args.draft)
+    draft = draft_arg(args, path)
+    prompts = prompts_ids(tok, max(args.prompts, args.lossless))
+    if "speed" in sections:
+        sp = {}
+        sp["eyas_plain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16")
+        sp["eyas_chain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
+        sp["eyas_tree"], eng = eyas_speed(path, prompts[:args.prompts], "bf16", draft, TREE)
+        sp["hf_static"] = hf_speed(path, prompts[:args.prompts])
+        sp["hf_prompt_lookup"] = hf_speed(path, prompts[:args.prompts], lookup=True)
+        results["speed"] = sp
+        print(json.dumps({k: round(v["tok_s"], 1) for k, v in sp.items()}), flush=True)
+        if "phases" in sections:
+            results["phases"] = phase_costs(eng)
+            print(json.dumps(results["phases"]), flush=True)
+    if "lossless" in sections:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        results["lossless_fp32"] = lossless(path, prompts[:args.lossless], draft)
+        print(json.dumps(results["lossless_fp32"])[:2000], flush=True)
+    if "bf16" in sections:
+        results["lossless_bf16"] = lossless(path, prompts[:args.lossless], draft, dtype="bf16")
+        print(json.dumps(results["lossless_bf16"])[:2000], flush=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""CUDA graphs for decode-shaped target forwards (plain decode, chain and tree verify).
+
+One graph per (batch bucket, new tokens, tree mask or not, KV-length bucket), captured lazily on
+first use into one shared memory pool. Inputs are copied into static buffers; rows past the real
+batch are padded to point at a scratch cache slot, so padding never touches a live sequence.
+An eager run and a graph run give identical tokens (tests/engine/test_graphs.py on CUDA).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eyas.layers.attention import AttentionBatch
+from eyas.models.llama import ModelOutput
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
+MAX_GRAPH_TOKENS = 64
+
+
+def kv_bucket(need: int, max_len: int) -> int:
+    b = 256
+    while b < need:
+        b *= 2
+    return min(b, max_len)
+
+
+class _Graph:
+    def __init__(self, runner, B, T, tree, kv_len, pool):
+        dev = runner.device
+        self.B, self.T = B, T
+        self.ids = torch.zeros((B, T), dtype=torch.long, device=dev)
+        self.pos = torch.zeros((B, T), dtype=torch.long, device=dev)
+        self.slots = torch.full((B,), runner.scratch_slot, dtype=torch.long, device=dev)
+        self.starts = torch.zeros((B,), dtype=torch.long, device=dev)
+        self.mask = torch.eye(T, dtype=torch.bool, device=dev).expand(B, T, T).clone() if tree else None
+        self.batch = AttentionBatch(kv=runner.kv, slots=self.slots, starts=self.starts, kv_len=kv_len, new_mask=self.mask)
+        model = runner.model
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside capture (allocator, lazy kernels)
+                model(self.ids, self.pos, self.batch)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = model(self.ids, self.pos, self.batch)
+
+    def run(self, ids, pos, slots, starts, new_mask, scratch):
+        n = ids.shape[0]
+        self.ids[:n].copy_(ids)
+        self.pos[:n].copy_(pos)
+        self.slots.fill_(scratch)
+        self.slots[:n].copy_(slots, non_blocking=True)
+        self.starts.zero_()
+        self.starts[:n].copy_(starts, non_blocking=True)
+        if self.mask is not None:
+            self.mask[:n].copy_(new_mask)
+        self.graph.replay()
+        aux = self.out.aux_hidden[:n] if self.out.aux_hidden is not None else None
+        return ModelOutput(self.out.hidden[:n], aux)
+
+
+class CudaGraphs:
+    def __init__(self, runner):
+        self.runner = runner
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple, _Graph] = {}
+        self.max_batch = max(b for b in BATCH_BUCKETS if b <= max(runner.kv.num_slots, 1)) if runner.kv.num_slots else 0
+
+    def can_run(self, B: int, T: int) -> bool:
+        return T <= MAX_GRAPH_TOKENS and B <= self.max_batch and B <= BATCH_BUCKETS[-1]
+
+    def run(self, ids, pos, slots: list[int], starts: list[int], new_mask):
+        B, T = ids.shape
+        bucket = next(b for b in BATCH_BUCKETS if b >= B)
+        kv_len = kv_bucket(max(starts) + T, self.runner.max_len)
+        key = (bucket, T, new_mask is not None, kv_len)
+        g = self.graphs.get(key)
+        if g is None:
+            g = self.graphs[key] = _Graph(self.runner, bucket, T, new_mask is not None, kv_len, self.pool)
+        dev = self.runner.device
+        slots_t = torch.tensor(slots, dtype=torch.long, device=dev)
+        starts_t = torch.tensor(starts, dtype=torch.long, device=dev)
+        return g.run(ids, pos, slots_t, starts_t, new_mask, self.runner.scratch_slot)
+
+
+def enable_cuda_graphs(engine):
+    engine.runner.graphs = CudaGraphs(engine.runner)
