@@ -1,0 +1,191 @@
+"""Capture what determines a result besides the command line: environment, versions, hardware, weights.
+
+Usage: filtered_env(os.environ); versions(); hardware(); path_fingerprint("/models/llama")
+
+The 94 tok/s run was fast because of six NCCL variables nobody wrote down. Every capture here must run on a
+machine without a GPU, git or torch and never crash: a missing piece is recorded as absent, not raised.
+torch is imported only inside versions(), so importing this module (and `eyas runs list`) stays fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import platform
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+from eyas.errors import EyasError
+from eyas.paths import eyas_home
+
+REDACTED = "<redacted>"
+
+_KEEP_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "EYAS_", "OMP_", "MKL_", "HF_", "TRANSFORMERS_",
+                  "SGLANG_", "VLLM_", "NVIDIA_")
+_KEEP_NAMES = {"LD_LIBRARY_PATH", "PYTHONPATH", "TOKENIZERS_PARALLELISM"}
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "CREDENTIALS", "PASSWD")
+
+# Files whose bytes decide what a model computes; logs and optimizer dumps next to them only get name + size,
+# so a growing log file does not change a checkpoint's identity.
+_CONTENT_SUFFIXES = {".json", ".safetensors", ".bin", ".pt", ".pth", ".gguf", ".model", ".txt", ".py", ".jinja",
+                     ".tiktoken"}
+
+
+def is_secret(key: str) -> bool:
+    """HF_TOKEN, EYAS_API_KEY, NCCL_IB_PKEY are secrets; TOKENIZERS_PARALLELISM is not.
+
+    Matched per `_`-separated part (a part that ends with a secret word), because plain substring matching would
+    redact TOKENIZERS_PARALLELISM, one of the variables we most want to see.
+    """
+    return any(part.endswith(_SECRET_WORDS) for part in key.upper().split("_"))
+
+
+def filtered_env(environ: dict[str, str] | os._Environ | None = None) -> dict[str, str]:
+    """The variables that can change a result, with secret values replaced by "<redacted>"."""
+    environ = os.environ if environ is None else environ
+    out = {}
+    for key in sorted(environ):
+        if key.startswith(_KEEP_PREFIXES) or key in _KEEP_NAMES:
+            out[key] = REDACTED if is_secret(key) else environ[key]
+    return out
+
+
+def _run(argv: list[str], timeout: float = 10.0) -> str | None:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _dist_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit(path: Path) -> tuple[str | None, bool]:
+    """(commit, dirty) of the git checkout containing `path`, or (None, False) when it is not one."""
+    root = next((p for p in [path, *path.parents] if (p / ".git").exists()), None)
+    if root is None or shutil.which("git") is None:
+        return None, False
+    commit = _run(["git", "-C", str(root), "rev-parse", "HEAD"])
+    status = _run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"])
+    return (commit.strip() if commit else None), bool(status and status.strip())
+
+
+def versions() -> dict[str, str]:
+    """Python, torch (+CUDA, NCCL), inference libraries, eyas version and commit; absent ones are left out."""
+    import eyas
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in ("transformers", "tokenizers", "safetensors", "triton", "flashinfer-python", "sglang", "vllm"):
+        out[dist] = _dist_version(dist)
+    try:
+        import torch  # lazy: a second of import time that `eyas runs list` must not pay
+
+        out["torch"] = torch.__version__
+        out["torch_cuda"] = torch.version.cuda
+        if torch.version.cuda:
+            nccl = torch.cuda.nccl.version()
+            out["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    except Exception:  # a broken torch install is a fact to record, not a reason to lose the run
+        out.setdefault("torch", _dist_version("torch"))
+    out["eyas"] = eyas.__version__
+    commit, dirty = git_commit(Path(eyas.__file__).resolve().parent)
+    if commit:
+        out["eyas_commit"] = commit + ("-dirty" if dirty else "")
+    return {k: v for k, v in out.items() if v}
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def hardware() -> dict:
+    """Host, CPU, memory and, when nvidia-smi exists, GPUs, driver and the `nvidia-smi topo -m` matrix."""
+    out: dict = {"hostname": platform.node(), "kernel": platform.release(), "cpu_model": _cpu_model(),
+                 "cpu_count": os.cpu_count(), "memory_gib": _memory_gib()}
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        fields = ["index", "name", "memory.total", "driver_version", "pci.bus_id"]
+        text = _run([smi, f"--query-gpu={','.join(fields)}", "--format=csv,noheader"])
+        rows = [[c.strip() for c in line.split(",")] for line in (text or "").splitlines() if line.strip()]
+        gpus = [dict(zip(fields, row, strict=False)) for row in rows]
+        out["gpus"] = gpus
+        out["gpu_count"] = len(gpus)
+        out["gpu_names"] = ", ".join(sorted({g.get("name", "?") for g in gpus}))
+        out["driver"] = ", ".join(sorted({g.get("driver_version", "?") for g in gpus}))
+        out["gpu_topology"] = _run([smi, "topo", "-m"])
+    return {k: v for k, v in out.items() if v not in (None, "", [])}
+
+
+def _hash_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class _DigestCache:
+    """sha256 per file keyed by (resolved path, size, mtime_ns): re-fingerprinting a 600 GB checkpoint is free."""
+
+    def __init__(self, directory: Path):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(directory / "fingerprints.db", timeout=30, isolation_level=None)
+        self.conn.execute("PRAGMA busy_timeout=30000")
+        self.conn.execute("CREATE TABLE IF NOT EXISTS digests (path TEXT PRIMARY KEY, size INTEGER, "
+                          "mtime_ns INTEGER, sha256 TEXT)")
+
+    def digest(self, path: Path, st: os.stat_result) -> str:
+        key = str(path.resolve())
+        row = self.conn.execute("SELECT size, mtime_ns, sha256 FROM digests WHERE path = ?", (key,)).fetchone()
+        if row and row[0] == st.st_size and row[1] == st.st_mtime_ns:
+            return row[2]
+        digest = _hash_file(path)
+        self.conn.execute("INSERT OR REPLACE INTO digests VALUES (?, ?, ?, ?)", (key, st.st_size, st.st_mtime_ns,
+                                                                               digest))
+        return digest
+
+
+def path_fingerprint(path: str | Path, cache_dir: Path | None = None) -> str:
+    """A sha256 naming the contents of a model or draft directory (or one file); hidden files are ignored."""
+    root = Path(path)
+    if not root.exists():
+        raise EyasError(f"cannot fingerprint {path}: no such file or directory")
+    if root.is_file():
+        files = [(root.name, root)]
+    else:
+        files = sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*")
+                       if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    cache = _DigestCache(cache_dir or eyas_home())
+    h = hashlib.sha256()
+    try:
+        for rel, p in files:
+            st = p.stat()
+            content = cache.digest(p, st) if p.suffix in _CONTENT_SUFFIXES else ""
+            h.update(f"{rel}\0{st.st_size}\0{content}\n".encode())
+    finally:
+        cache.conn.close()
+    return h.hexdigest()
