@@ -65,6 +65,7 @@ class CudaGraphs:
         self.runner = runner
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple, _Graph] = {}
+        self.functions = FunctionGraphs(self.pool)
         self.max_batch = max(b for b in BATCH_BUCKETS if b <= max(runner.kv.num_slots, 1)) if runner.kv.num_slots else 0
 
     def can_run(self, B: int, T: int) -> bool:
@@ -86,3 +87,35 @@ class CudaGraphs:
 
 def enable_cuda_graphs(engine):
     engine.runner.graphs = CudaGraphs(engine.runner)
+
+
+class FunctionGraphs:
+    """CUDA graphs of arbitrary tensor functions (the draft phases), keyed by the caller.
+
+    The caller pads inputs to a fixed shape; inputs are copied into static buffers and outputs are
+    the graph's static tensors (valid until the next replay of the same key).
+    """
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.graphs = {}
+
+    def run(self, key, fn, inputs):
+        entry = self.graphs.get(key)
+        if entry is None:
+            static = [x.clone() for x in inputs]
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    fn(*static)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                outs = fn(*static)
+            entry = self.graphs[key] = (graph, static, outs)
+        graph, static, outs = entry
+        for buf, x in zip(static, inputs):
+            buf.copy_(x)
+        graph.replay()
+        return outs

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from eyas.config import SpecConfig
+from eyas.engine.graphs import BATCH_BUCKETS, kv_bucket
 from eyas.engine.kv_cache import KVCache
 from eyas.engine.profile import NullProfiler
 from eyas.engine.tree import accept_greedy, accept_sampled, select_tree
@@ -57,32 +58,90 @@ class SpeculativeDecoder:
     def profiler(self):
         return self.engine.profiler or NullProfiler()
 
+    @property
+    def graphs(self):
+        g = self.engine.runner.graphs
+        return None if g is None else g.functions
+
     def release(self, seq):
         seq.draft_state = None
 
-    # -- draft forwards ---------------------------------------------------------------------------
-    def _draft_forward(self, embeds, hidden, positions, slots, starts, fuse=False, new_mask=None, visible=None):
-        dev = self.engine.device
-        T = embeds.shape[1]
-        width = 0 if new_mask is None else new_mask.shape[-1]
-        need = max(max(starts) + T, (max(visible) + width) if visible else 0)
-        batch = AttentionBatch(kv=self.kv, slots=torch.tensor(slots, device=dev), starts=torch.tensor(starts, device=dev),
-                               kv_len=min(self.kv.max_len, need), new_mask=new_mask,
-                               visible=None if visible is None else torch.tensor(visible, device=dev))
+    # -- draft forwards (tensor-only, fixed shapes: CUDA-graph capturable) -----------------------------
+    def _draft_forward(self, embeds, hidden, positions, slots, starts, kv_len, fuse=False, new_mask=None, visible=None):
+        batch = AttentionBatch(kv=self.kv, slots=slots, starts=starts, kv_len=kv_len, new_mask=new_mask, visible=visible)
         return self.draft(embeds, hidden, positions, batch, fuse=fuse)
 
-    def _extend(self, seqs, token_rows: list[list[int]], feature_rows: torch.Tensor, starts: list[int]):
-        """Run the draft over accepted (feature, next token) pairs; keep its last output per sequence.
+    def _extend_fn(self, ids, feats, last, starts, slots, kv_len):
+        """Draft over (feature, next token) pairs at positions starts..starts+L; returns the output at `last`."""
+        L = ids.shape[1]
+        pos = starts[:, None] + torch.arange(L, device=ids.device)[None]
+        out = self._draft_forward(self.target.embed(ids), feats, pos, slots, starts, kv_len, fuse=True)
+        h = out.gather(1, last[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0]
+        return h, torch.log_softmax(self.draft.logits(h), dim=-1)
 
-        feature_rows: [B, L, 3H] padded; token_rows: per sequence the tokens following each feature."""
+    def _tree_fn(self, logp0, hidden0, root, c, slots, kv_len):
+        """EAGLE-2 dynamic tree: expand the top-k frontier by cumulative log-prob for S steps, then rerank."""
+        S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
+        dev, B = root.device, root.shape[0]
+        hidden = hidden0[:, None].expand(B, k, -1)
+        scores, ids = logp0.topk(k, dim=-1)                                 # [B, k]
+        pool_tokens, pool_scores = [ids], [scores]
+        pool_parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
+        pool_depth = [torch.ones((B, k), dtype=torch.long, device=dev)]
+        frontier = torch.arange(k, device=dev).expand(B, k)                 # pool index of each frontier node
+        ancestors = torch.zeros((B, k, 0), dtype=torch.bool, device=dev)    # over drafted columns so far
+        eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
+        rows = torch.arange(B, device=dev)[:, None]
+        for step in range(2, S + 1):
+            embeds = self.target.embed(self.draft.to_target_ids(ids))
+            pos = (c + step - 2)[:, None].expand(B, k)
+            mask = torch.cat([ancestors, eye], dim=-1)
+            out = self._draft_forward(embeds, hidden, pos, slots, c + (step - 2) * k, kv_len, new_mask=mask, visible=c)
+            child_scores, child_ids = torch.log_softmax(self.draft.logits(out), dim=-1).topk(k, dim=-1)
+            cum = (scores[..., None] + child_scores).flatten(1)            # [B, k*k]
+            base = sum(t.shape[1] for t in pool_tokens)
+            pool_tokens.append(child_ids.flatten(1))
+            pool_scores.append(cum)
+            pool_parents.append(frontier[..., None].expand(B, k, k).flatten(1))
+            pool_depth.append(torch.full((B, k * k), step, dtype=torch.long, device=dev))
+            scores, best = cum.topk(k, dim=-1)                             # next frontier
+            parent_local = best // k
+            ids = child_ids.flatten(1).gather(1, best)
+            hidden = out[rows, parent_local]
+            frontier = base + best
+            ancestors = torch.cat([ancestors[rows, parent_local], eye[rows, parent_local]], dim=-1)
+        tree = select_tree(root, torch.cat(pool_tokens, 1), torch.cat(pool_scores, 1), torch.cat(pool_parents, 1),
+                           torch.cat(pool_depth, 1), N)
+        tokens = torch.cat([tree.tokens[:, :1], self.draft.to_target_ids(tree.tokens[:, 1:])], dim=1)
+        return tokens, tree.parents, tree.depth, tree.mask
+
+    def _run(self, name, fn, B, kv_need, inputs, pads):
+        """Run `fn` on inputs padded to a batch bucket; replayed from a CUDA graph when the engine has them."""
+        kv_len = kv_bucket(kv_need, self.kv.max_len)
+        graphs = self.graphs
+        Bp = B if graphs is None else next((b for b in BATCH_BUCKETS if b >= B), B)
+        if Bp > B:
+            inputs = [torch.cat([x, torch.full((Bp - B,) + x.shape[1:], pad, dtype=x.dtype, device=x.device)])
+                      for x, pad in zip(inputs, pads)]
+        if graphs is None:
+            outs = fn(*inputs, kv_len)
+        else:
+            outs = graphs.run((name, Bp, kv_len, tuple(x.shape[1:] for x in inputs)), lambda *xs: fn(*xs, kv_len), inputs)
+        return [o[:B] for o in outs]
+
+    def _extend(self, seqs, token_rows: list[list[int]], feats: torch.Tensor, starts: list[int]):
+        """Run the draft over accepted pairs (padded to a fixed length); keep its last output per sequence."""
         dev = self.engine.device
-        L = feature_rows.shape[1]
+        L = feats.shape[1]
         ids = torch.tensor([r + [r[-1]] * (L - len(r)) for r in token_rows], device=dev)
-        pos = torch.tensor(starts, device=dev)[:, None] + torch.arange(L, device=dev)[None]
-        out = self._draft_forward(self.target.embed(ids), feature_rows, pos, [s.slot for s in seqs], starts, fuse=True)
         last = torch.tensor([len(r) - 1 for r in token_rows], device=dev)
-        h = out[torch.arange(len(seqs), device=dev), last]
-        logp = torch.log_softmax(self.draft.logits(h), dim=-1)
+        st = torch.tensor(starts, device=dev)
+        slots = torch.tensor([s.slot for s in seqs], device=dev)
+        scratch = self.engine.runner.scratch_slot
+        h, logp = self._run("extend", self._extend_fn, len(seqs), max(starts) + L,
+                            [ids, feats, last, st, slots], [0, 0, 0, 0, scratch])
+        # Copies: under CUDA graphs h and logp are static buffers that the next replay overwrites.
+        h, logp = h.clone(), logp.clone()
         for i, s in enumerate(seqs):
             s.draft_state = DraftState(h[i], logp[i])
 
@@ -93,7 +152,16 @@ class SpeculativeDecoder:
         seq.cached = ids.shape[1]
         token = eng.sample(self.target.logits(out.hidden[:, -1]), [seq]).tolist()
         seq.append(token, eng.eos_ids)
-        self._extend([seq], [seq.prompt_ids[1:] + token], out.aux_hidden, [0])
+        dev = eng.device
+        # Prompt lengths vary, so this pass runs eagerly; the features pair with the tokens that follow them.
+        ids = torch.tensor([seq.prompt_ids[1:] + token], device=dev)
+        out_d = self._draft_forward(self.target.embed(ids), out.aux_hidden, pos, torch.tensor([seq.slot], device=dev),
+                                    torch.zeros(1, dtype=torch.long, device=dev), self._kv_len(ids.shape[1]), fuse=True)
+        h = out_d[:, -1]
+        seq.draft_state = DraftState(h[0], torch.log_softmax(self.draft.logits(h), dim=-1)[0])
+
+    def _kv_len(self, need: int) -> int:
+        return kv_bucket(need, self.kv.max_len)
 
     # -- one cycle -------------------------------------------------------------------------------
     def cycle(self, seqs):
@@ -104,27 +172,32 @@ class SpeculativeDecoder:
         slots = [s.slot for s in seqs]
         c_t = torch.tensor(c, device=dev)
         with prof.phase("draft"):
-            tree = self._draft_tree(seqs, c, c_t, slots, S, k, N)
+            logp0 = torch.stack([s.draft_state.logp for s in seqs])
+            hidden0 = torch.stack([s.draft_state.hidden for s in seqs])
+            root = torch.tensor([s.output_ids[-1] for s in seqs], device=dev)
+            tokens, parents, depth, mask = self._run(
+                "tree", self._tree_fn, B, max(c) + (S - 1) * k, [logp0, hidden0, root, c_t, torch.tensor(slots, device=dev)],
+                [0, 0, 0, 0, eng.runner.scratch_slot])
         with prof.phase("verify"):
-            pos = c_t[:, None] + tree.depth
-            out = eng.runner.forward(tree.tokens, pos, slots, c, new_mask=tree.mask)
+            out = eng.runner.forward(tokens, c_t[:, None] + depth, slots, c, new_mask=mask)
             logits = self.target.logits(out.hidden)                          # [B, N, V]
         with prof.phase("accept"):
-            host = torch.cat([tree.tokens, tree.parents, logits.argmax(-1)], dim=1).tolist()  # the cycle's one sync
+            host = torch.cat([tokens, parents, logits.argmax(-1)], dim=1).tolist()  # the cycle's one sync
             paths, bonus = [], []
             for i, s in enumerate(seqs):
-                toks, parents, argmax = host[i][:N], host[i][N:2 * N], host[i][2 * N:]
+                toks, par, argmax = host[i][:N], host[i][N:2 * N], host[i][2 * N:]
                 if s.params.greedy:
-                    path, b = accept_greedy(toks, parents, argmax)
+                    path, b = accept_greedy(toks, par, argmax)
                 else:
                     p = s.params
                     probs = adjusted_probs(logits[i], p.temperature, p.top_p, p.top_k)
-                    path, b = accept_sampled(toks, parents, probs, s.generator)
+                    path, b = accept_sampled(toks, par, probs, s.generator)
                 paths.append(path)
                 bonus.append(b)
         with prof.phase("commit"):
-            token_rows, L = [], max(len(p) for p in paths)
-            feats = out.aux_hidden.new_zeros(B, L, out.aux_hidden.shape[-1])
+            token_rows = []
+            # Fixed length S+1 (the longest possible path), so the extend pass keeps one graph shape.
+            feats = out.aux_hidden.new_zeros(B, S + 1, out.aux_hidden.shape[-1])
             for i, s in enumerate(seqs):
                 path = paths[i]
                 if path != list(range(len(path))):
@@ -138,43 +211,3 @@ class SpeculativeDecoder:
                 s.verify_passes += 1
                 s.append(new, eng.eos_ids)
             self._extend(seqs, token_rows, feats, c)
-
-    def _draft_tree(self, seqs, c, c_t, slots, S, k, N):
-        """EAGLE-2 dynamic tree: expand the top-k frontier by cumulative log-prob for S steps, then rerank."""
-        dev = self.engine.device
-        B = len(seqs)
-        logp0 = torch.stack([s.draft_state.logp for s in seqs])             # [B, Vd]
-        hidden = torch.stack([s.draft_state.hidden for s in seqs])[:, None].expand(B, k, -1)
-        scores, ids = logp0.topk(k, dim=-1)                                 # [B, k]
-        pool_tokens, pool_scores = [ids], [scores]
-        pool_parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
-        pool_depth = [torch.ones((B, k), dtype=torch.long, device=dev)]
-        frontier = torch.arange(k, device=dev).expand(B, k)                 # pool index of each frontier node
-        ancestors = torch.zeros((B, k, 0), dtype=torch.bool, device=dev)    # over drafted columns so far
-        eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
-        rows = torch.arange(B, device=dev)[:, None]
-        for step in range(2, S + 1):
-            embeds = self.target.embed(self.draft.to_target_ids(ids))
-            pos = (c_t + step - 2)[:, None].expand(B, k)
-            starts = [ci + (step - 2) * k for ci in c]
-            mask = torch.cat([ancestors, eye], dim=-1)
-            out = self._draft_forward(embeds, hidden, pos, slots, starts, new_mask=mask, visible=c)
-            lp = torch.log_softmax(self.draft.logits(out), dim=-1)         # [B, k, Vd]
-            child_scores, child_ids = lp.topk(k, dim=-1)
-            cum = (scores[..., None] + child_scores).flatten(1)            # [B, k*k]
-            base = sum(t.shape[1] for t in pool_tokens)
-            pool_tokens.append(child_ids.flatten(1))
-            pool_scores.append(cum)
-            pool_parents.append(frontier[..., None].expand(B, k, k).flatten(1))
-            pool_depth.append(torch.full((B, k * k), step, dtype=torch.long, device=dev))
-            scores, best = cum.topk(k, dim=-1)                             # next frontier
-            parent_local = best // k
-            ids = child_ids.flatten(1).gather(1, best)
-            hidden = out[rows, parent_local]
-            frontier = base + best
-            ancestors = torch.cat([ancestors[rows, parent_local], eye[rows, parent_local]], dim=-1)
-        root = torch.tensor([s.output_ids[-1] for s in seqs], device=dev)
-        tree = select_tree(root, torch.cat(pool_tokens, 1), torch.cat(pool_scores, 1), torch.cat(pool_parents, 1),
-                           torch.cat(pool_depth, 1), N)
-        tree.tokens[:, 1:] = self.draft.to_target_ids(tree.tokens[:, 1:])
-        return tree

@@ -1,0 +1,74 @@
+"""Draft checkpoints: every layout round-trips to identical logits; official EAGLE files load; misfits are refused."""
+
+import json
+
+import pytest
+import torch
+
+from eyas.config import DraftConfig, ModelConfig
+from eyas.engine.kv_cache import KVCache
+from eyas.errors import EyasError
+from eyas.layers.attention import AttentionBatch
+from eyas.models.draft_io import load_draft, save_draft
+from tests.helpers import random_draft
+
+H, V = 64, 96
+
+
+def draft_logits(draft, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    emb = torch.randn(1, 5, H, generator=g)
+    feats = torch.randn(1, 5, 3 * H, generator=g)
+    kv = KVCache(1, 1, 16, draft.config.num_kv_heads, draft.config.head_dim, torch.float32, "cpu")
+    batch = AttentionBatch(kv=kv, slots=torch.tensor([0]), starts=torch.tensor([0]), kv_len=16)
+    return draft.logits(draft(emb, feats, torch.arange(5)[None], batch, fuse=True))
+
+
+def target_cfg(hidden=H, vocab=V):
+    return ModelConfig(architecture="LlamaForCausalLM", family="llama", vocab_size=vocab, hidden_size=hidden,
+                       intermediate_size=128, num_layers=6, num_heads=4, num_kv_heads=2, head_dim=16)
+
+
+@pytest.mark.parametrize("layout", ["sglang", "eagle", "speculators"])
+def test_layouts_round_trip_to_identical_logits(tmp_path, layout):
+    draft = random_draft(H, V, draft_vocab=40)
+    draft.config.aux_layer_ids = [1, 2, 3]
+    save_draft(draft, tmp_path / layout, layout=layout, dtype=torch.float32)
+    back = load_draft(tmp_path / layout, target_cfg())
+    assert back.config.layout == layout
+    assert back.config.capture_layers(6) == (2, 3, 4)  # explicit ids kept with SGLang's meaning across layouts
+    assert torch.equal(back.d2t, draft.d2t) and torch.equal(back.t2d, draft.t2d)
+    assert torch.equal(draft_logits(back), draft_logits(draft))
+    cfg = json.loads((tmp_path / layout / "config.json").read_text())
+    if layout == "sglang":
+        assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    if layout == "speculators":
+        assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4] and cfg["norm_before_residual"] is False
+
+
+def test_official_eagle_checkpoint_loads(tmp_path):
+    """EAGLE's own files: LlamaForCausalLM, no rope_theta (so 10000), pytorch_model.bin, no embed in the weights."""
+    draft = random_draft(H, V, draft_vocab=40)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H, "intermediate_size": 2 * H,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1, "max_position_embeddings": 2048,
+           "rms_norm_eps": 1e-6, "vocab_size": V, "draft_vocab_size": 40, "tie_word_embeddings": False,
+           "torch_dtype": "float16"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    torch.save(draft.state_dict(), tmp_path / "pytorch_model.bin")
+    back = load_draft(tmp_path, target_cfg())
+    assert back.config.layout == "eagle" and back.config.rope_theta == 10000.0 and back.config.head_dim == 16
+    assert torch.equal(draft_logits(back), draft_logits(draft))
+
+
+def test_draft_that_does_not_fit_is_refused(tmp_path):
+    save_draft(random_draft(H, V, draft_vocab=40), tmp_path / "d")
+    with pytest.raises(EyasError, match="hidden size"):
+        load_draft(tmp_path / "d", target_cfg(hidden=128))
+    with pytest.raises(EyasError, match="vocabulary"):
+        load_draft(tmp_path / "d", target_cfg(vocab=128))
+
+
+def test_draft_config_validation():
+    with pytest.raises(EyasError, match="draft_vocab_size"):
+        DraftConfig(hidden_size=8, intermediate_size=8, num_heads=2, num_kv_heads=1, head_dim=4, vocab_size=10,
+                    draft_vocab_size=20, target_hidden_size=8)
