@@ -1,0 +1,150 @@
+"""Decode speed of a Llama-3.1-8B-shaped model (random weights) at TP = 1 and 2, with and without our user's
+NCCL settings, against the memory-bandwidth bound measured in the same run.
+
+Usage: python benchmarks/bench_tp.py --tp 1,2 --out tp.json
+
+Each configuration starts its workers with torch.multiprocessing (spawn) after setting the environment,
+and every worker reports the NCCL_* variables it really has, so the report proves which settings ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+USER_NCCL = dict(NCCL_PROTO="LL", NCCL_ALGO="Ring", NCCL_P2P_LEVEL="SYS", NCCL_MAX_NCHANNELS="16",
+                 NCCL_BUFFSIZE="16777216", NCCL_NTHREADS="512")
+LLAMA_8B = dict(architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5,
+                rope_theta=500000.0, max_position_embeddings=8192,
+                rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                  original_max_position_embeddings=8192))
+CONTEXT = 512
+
+
+def median_ms(fn, reps=30):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(reps):
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        out.append(s.elapsed_time(e))
+    return sorted(out)[len(out) // 2]
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per second by a large device-to-device copy."""
+    a = torch.empty(2 * 1024 ** 3, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = median_ms(lambda: b.copy_(a), reps=10)
+    return 2 * a.numel() / (ms / 1e3)
+
+
+def worker(rank, tp, port, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=tp, device_id=torch.device("cuda", rank))
+    from eyas.config import ModelConfig
+    from eyas.dist.parallel import TPContext
+    from eyas.engine.graphs import CudaGraphs
+    from eyas.engine.runner import ModelRunner
+    from eyas.models.llama import CausalLM
+
+    ctx = TPContext(rank, tp, dist.group.WORLD)
+    cfg = ModelConfig.from_hf(LLAMA_8B)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = CausalLM(cfg, ctx, max_positions=2048)
+    model = model.to_empty(device="cuda").to(torch.bfloat16)
+    model.model.rotary.reset_buffers()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    model.eval().requires_grad_(False)
+    runner = ModelRunner(model, 1, 2048, "cuda")
+    runner.graphs = CudaGraphs(runner)
+    ids = torch.randint(0, cfg.vocab_size, (1, CONTEXT), device="cuda")
+    runner.graphs, graphs = None, runner.graphs
+    runner.forward(ids, torch.arange(CONTEXT, device="cuda")[None], [0], [0])  # prefill eagerly
+    runner.graphs = graphs
+    res = {}
+    for T in (1, 3, 4, 8):
+        x = torch.randint(0, cfg.vocab_size, (1, T), device="cuda")
+        pos = torch.arange(CONTEXT, CONTEXT + T, device="cuda")[None]
+        mask = None if T == 1 else torch.tril(torch.ones(T, T, dtype=torch.bool, device="cuda"))[None]
+        res[f"T{T}_ms"] = median_ms(lambda: model.logits(runner.forward(x, pos, [0], [CONTEXT], new_mask=mask).hidden))
+    # all-reduce cost of one decode pass: 2 per layer of [1, hidden] bf16
+    buf = torch.randn(1, cfg.hidden_size, dtype=torch.bfloat16, device="cuda")
+    if tp > 1:
+        res["allreduce_per_pass_ms"] = median_ms(lambda: [dist.all_reduce(buf) for _ in range(2 * cfg.num_layers)])
+    if rank == 0:
+        # A decode step reads every weight once, except the embedding table (one row per token).
+        params = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+        kv_bytes = 2 * cfg.num_layers * (cfg.num_kv_heads // tp) * CONTEXT * cfg.head_dim * 2
+        res.update(weight_bytes_per_rank=params, kv_bytes_per_rank=kv_bytes, copy_bw=copy_bandwidth(),
+                   nccl=".".join(map(str, torch.cuda.nccl.version())))
+    res["env"] = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+    res["rank"], res["pid"] = rank, os.getpid()
+    queue.put(res)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_config(tp, env):
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        port = 29500 + int(time.time() * 1000) % 1000
+        procs = [ctx.Process(target=worker, args=(r, tp, port, q)) for r in range(tp)]
+        for p in procs:
+            p.start()
+        results = [q.get(timeout=600) for _ in procs]
+        for p in procs:
+            p.join()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    results.sort(key=lambda r: r["rank"])
+    r0 = results[0]
+    out = dict(tp=tp, decode_ms=r0["T1_ms"], decode_tok_s=1e3 / r0["T1_ms"],
+               verify3_over_decode=r0["T3_ms"] / r0["T1_ms"], verify4_over_decode=r0["T4_ms"] / r0["T1_ms"],
+               verify8_over_decode=r0["T8_ms"] / r0["T1_ms"], T3_ms=r0["T3_ms"], T4_ms=r0["T4_ms"], T8_ms=r0["T8_ms"],
+               allreduce_per_pass_ms=r0.get("allreduce_per_pass_ms"), nccl=r0["nccl"],
+               worker_env=[{"rank": r["rank"], "pid": r["pid"], **r["env"]} for r in results])
+    bound_ms = (r0["weight_bytes_per_rank"] + r0["kv_bytes_per_rank"]) / r0["copy_bw"] * 1e3
+    out.update(bandwidth_bound_ms=bound_ms, fraction_of_bound=bound_ms / r0["T1_ms"], copy_bw_tb_s=r0["copy_bw"] / 1e12)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tp", default="1,2")
+    ap.add_argument("--out", default="tp.json")
+    args = ap.parse_args()
+    rows = []
+    for tp in map(int, args.tp.split(",")):
+        variants = [("default", {})] + ([("user_nccl", USER_NCCL)] if tp > 1 else [])
+        for name, env in variants:
+            r = run_config(tp, env)
+            r["nccl_settings"] = name
+            rows.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "worker_env"}), flush=True)
+            print("  worker env:", json.dumps(r["worker_env"]), flush=True)
+    json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), open(args.out, "w"), indent=2)
+
+
+if __name__ == "__main__":
+    main()
