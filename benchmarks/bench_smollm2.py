@@ -1,6 +1,6 @@
 """SmolLM2-135M on one GPU: eyas plain vs eyas EAGLE-3 vs HF transformers, phase costs, and losslessness.
 
-Usage: python benchmarks/bench_smollm2.py --draft DIR|random --out results.json [--prompts 10] [--lossless 80]
+Usage: python benchmarks/bench_smollm2.py --draft DIR|random --out results.json [--prompts 10] [--lossless 80] [--sections speed,phases,lossless,bf16,accept]
 
 Sections, all in one process so the numbers are side by side:
   speed      batch-1 greedy decode of 256 new tokens on MT-bench prompts: eyas plain, eyas + draft (chain 3/1/4
@@ -8,6 +8,7 @@ Sections, all in one process so the numbers are side by side:
   phases     one target decode step vs a verify pass of 4 and 8 tokens vs one draft step (CUDA events)
   lossless   fp32 (TF32 off): speculative greedy == plain greedy on the MT-bench first turns, chain and tree
   bf16       share of identical outputs in bf16; every divergence's top-2 logit gap in the plain run
+  accept     acceptance length on the 80 MT-bench first turns and the 164 HumanEval prompts (bf16, greedy, stop at EOS)
 """
 
 from __future__ import annotations
@@ -116,11 +117,22 @@ def phase_costs(eng, context=300):
         res[f"target_T{T}_ms"] = time_cuda(lambda: eng.target.logits(r.forward(ids, pos, [0], [context], new_mask=mask).hidden))
     spec = eng.spec
     if spec is not None:
-        H = eng.config.hidden_size
-        emb = torch.randn(1, 1, H, device="cuda", dtype=eng.dtype)
-        pos = torch.tensor([[context]], device="cuda")
-        mask = torch.ones(1, 1, 1, dtype=torch.bool, device="cuda")
-        res["draft_step_ms"] = time_cuda(lambda: spec.draft.logits(spec._draft_forward(emb, emb, pos, [0], [context], new_mask=mask, visible=[context])).log_softmax(-1).topk(4))
+        # The whole draft phase of one cycle (graphed when CUDA graphs are on), per draft forward.
+        S, k = spec.spec.steps, spec.spec.topk
+        H, Vd = eng.config.hidden_size, spec.draft.config.draft_vocab_size
+        logp0 = torch.log_softmax(torch.randn(1, Vd, device="cuda"), -1)
+        hidden0 = torch.randn(1, H, device="cuda", dtype=eng.dtype)
+        root = torch.tensor([5], device="cuda")
+        c = torch.tensor([context], device="cuda")
+        slots = torch.tensor([0], device="cuda")
+        res["draft_phase_ms"] = time_cuda(lambda: spec._run("tree", spec._tree_fn, 1, context + (S - 1) * k,
+                                                            [logp0, hidden0, root, c, slots], [0, 0, 0, 0, 0]))
+        res["draft_step_ms"] = res["draft_phase_ms"] / max(S - 1, 1)
+        ids = torch.randint(0, 1000, (1, S + 1), device="cuda")
+        feats = torch.randn(1, S + 1, 3 * H, device="cuda", dtype=eng.dtype)
+        last = torch.tensor([S], device="cuda")
+        res["extend_ms"] = time_cuda(lambda: spec._run("extend", spec._extend_fn, 1, context + S + 1,
+                                                       [ids, feats, last, c, slots], [0, 0, 0, 0, 0]))
     res["verify4_over_decode"] = res["target_T4_ms"] / res["target_T1_ms"]
     res["verify8_over_decode"] = res["target_T8_ms"] / res["target_T1_ms"]
     if "draft_step_ms" in res:
@@ -164,12 +176,27 @@ def divergence_gaps(plain, prompts, want, got):
     return out
 
 
+def acceptance(model_path, tok, draft, dataset, n, batch=32, new_tokens=256):
+    """Acceptance length (generated tokens / verify passes, prefill token excluded), greedy, bf16, stop at EOS."""
+    from eyas.bench.datasets import load_prompts as lp
+    ids = [encode_messages(tok, p.messages) for p in lp(dataset)[:n]]
+    res = {}
+    for name, spec in (("chain", CHAIN), ("tree", TREE)):
+        eng = Engine(str(model_path), dtype="bf16", device="cuda", draft=draft, spec=spec, max_batch=batch, max_len=2048)
+        seqs = eng.generate(ids, SamplingParams(max_tokens=new_tokens))
+        toks = sum(len(s.output_ids) - 1 for s in seqs)
+        res[name] = dict(prompts=len(ids), accept_length=toks / max(sum(s.verify_passes for s in seqs), 1))
+        del eng
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--draft", default="random")
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--lossless", type=int, default=80)
-    ap.add_argument("--sections", default="speed,phases,lossless,bf16")
+    ap.add_argument("--sections", default="speed,phases,lossless,bf16,accept")
+    ap.add_argument("--hf-prompts", type=int, default=3)
     ap.add_argument("--out", default="bench_smollm2.json")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
@@ -184,10 +211,11 @@ def main():
         sp["eyas_plain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16")
         sp["eyas_chain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
         sp["eyas_tree"], eng = eyas_speed(path, prompts[:args.prompts], "bf16", draft, TREE)
-        sp["hf_static"] = hf_speed(path, prompts[:args.prompts])
-        sp["hf_prompt_lookup"] = hf_speed(path, prompts[:args.prompts], lookup=True)
+        sp["hf_static"] = hf_speed(path, prompts[:args.hf_prompts])
+        sp["hf_prompt_lookup"] = hf_speed(path, prompts[:args.hf_prompts], lookup=True)
         results["speed"] = sp
         print(json.dumps({k: round(v["tok_s"], 1) for k, v in sp.items()}), flush=True)
+        json.dump(results, open(args.out, "w"), indent=2)
         if "phases" in sections:
             results["phases"] = phase_costs(eng)
             print(json.dumps(results["phases"]), flush=True)
@@ -199,6 +227,9 @@ def main():
     if "bf16" in sections:
         results["lossless_bf16"] = lossless(path, prompts[:args.lossless], draft, dtype="bf16")
         print(json.dumps(results["lossless_bf16"])[:2000], flush=True)
+    if "accept" in sections:
+        results["accept"] = {d: acceptance(path, tok, draft, d, n) for d, n in (("mt-bench", 80), ("humaneval", 164))}
+        print(json.dumps(results["accept"]), flush=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
 
