@@ -29,11 +29,13 @@ from eyas.models.demo import demo_model_path
 from eyas.models.tokenizer import encode_messages, load_tokenizer
 
 CHAIN, TREE = SpecConfig(3, 1), SpecConfig(5, 4, 8)
-NEAR_TIE = 0.5  # bf16 logits: a top-2 gap below this is within a verify-vs-decode rounding difference
+DEVICE = "cuda"  # --device cpu runs the same code slowly, as a smoke test of the script itself
+NEW_TOKENS = 256  # bf16 logits: a top-2 gap below this is within a verify-vs-decode rounding difference
 
 
 def sync():
-    torch.cuda.synchronize()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def prompts_ids(tok, n):
@@ -51,9 +53,10 @@ def draft_arg(args, model_path):
     return random_draft(cfg.hidden_size, cfg.vocab_size, draft_vocab=8192)
 
 
-def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=256):
-    prof = Profiler("cuda") if draft is not None else None
-    eng = Engine(str(model_path), dtype=dtype, device="cuda", draft=draft, spec=spec, max_batch=1, max_len=2048,
+def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=None):
+    new_tokens = new_tokens or NEW_TOKENS
+    prof = Profiler(DEVICE) if draft is not None else None
+    eng = Engine(str(model_path), dtype=dtype, device=DEVICE, draft=draft, spec=spec, max_batch=1, max_len=2048,
                  profiler=prof)
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     eng.generate([prompts[0]], SamplingParams(max_tokens=32, ignore_eos=True))  # warm-up + graph capture
@@ -73,16 +76,17 @@ def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=256
     return out, eng
 
 
-def hf_speed(model_path, prompts, new_tokens=256, lookup=False):
+def hf_speed(model_path, prompts, new_tokens=None, lookup=False):
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.bfloat16).cuda().eval()
+    new_tokens = new_tokens or NEW_TOKENS
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.bfloat16).to(DEVICE).eval()
     kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
     kw.update(prompt_lookup_num_tokens=10) if lookup else kw.update(cache_implementation="static")
-    ids0 = torch.tensor([prompts[0]], device="cuda")
+    ids0 = torch.tensor([prompts[0]], device=DEVICE)
     model.generate(ids0, **{**kw, "max_new_tokens": 16, "min_new_tokens": 16})
     toks, secs = 0, 0.0
     for p in prompts:
-        ids = torch.tensor([p], device="cuda")
+        ids = torch.tensor([p], device=DEVICE)
         sync()
         t0 = time.perf_counter()
         out = model.generate(ids, **kw)
@@ -95,6 +99,11 @@ def hf_speed(model_path, prompts, new_tokens=256, lookup=False):
 def time_cuda(fn, reps=50):
     for _ in range(3):
         fn()
+    if DEVICE != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(3):
+            fn()
+        return (time.perf_counter() - t0) / 3 * 1e3
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(reps):
@@ -111,26 +120,26 @@ def phase_costs(eng, context=300):
     r = eng.runner
     res = {}
     for T in (1, 4, 8):
-        ids = torch.randint(0, 1000, (1, T), device="cuda")
-        pos = torch.arange(context, context + T, device="cuda")[None]
-        mask = None if T == 1 else torch.tril(torch.ones(T, T, dtype=torch.bool, device="cuda"))[None]
+        ids = torch.randint(0, 1000, (1, T), device=DEVICE)
+        pos = torch.arange(context, context + T, device=DEVICE)[None]
+        mask = None if T == 1 else torch.tril(torch.ones(T, T, dtype=torch.bool, device=DEVICE))[None]
         res[f"target_T{T}_ms"] = time_cuda(lambda: eng.target.logits(r.forward(ids, pos, [0], [context], new_mask=mask).hidden))
     spec = eng.spec
     if spec is not None:
         # The whole draft phase of one cycle (graphed when CUDA graphs are on), per draft forward.
         S, k = spec.spec.steps, spec.spec.topk
         H, Vd = eng.config.hidden_size, spec.draft.config.draft_vocab_size
-        logp0 = torch.log_softmax(torch.randn(1, Vd, device="cuda"), -1)
-        hidden0 = torch.randn(1, H, device="cuda", dtype=eng.dtype)
-        root = torch.tensor([5], device="cuda")
-        c = torch.tensor([context], device="cuda")
-        slots = torch.tensor([0], device="cuda")
+        logp0 = torch.log_softmax(torch.randn(1, Vd, device=DEVICE), -1)
+        hidden0 = torch.randn(1, H, device=DEVICE, dtype=eng.dtype)
+        root = torch.tensor([5], device=DEVICE)
+        c = torch.tensor([context], device=DEVICE)
+        slots = torch.tensor([0], device=DEVICE)
         res["draft_phase_ms"] = time_cuda(lambda: spec._run("tree", spec._tree_fn, 1, context + (S - 1) * k,
                                                             [logp0, hidden0, root, c, slots], [0, 0, 0, 0, 0]))
         res["draft_step_ms"] = res["draft_phase_ms"] / max(S - 1, 1)
-        ids = torch.randint(0, 1000, (1, S + 1), device="cuda")
-        feats = torch.randn(1, S + 1, 3 * H, device="cuda", dtype=eng.dtype)
-        last = torch.tensor([S], device="cuda")
+        ids = torch.randint(0, 1000, (1, S + 1), device=DEVICE)
+        feats = torch.randn(1, S + 1, 3 * H, device=DEVICE, dtype=eng.dtype)
+        last = torch.tensor([S], device=DEVICE)
         res["extend_ms"] = time_cuda(lambda: spec._run("extend", spec._extend_fn, 1, context + S + 1,
                                                        [ids, feats, last, c, slots], [0, 0, 0, 0, 0]))
     res["verify4_over_decode"] = res["target_T4_ms"] / res["target_T1_ms"]
@@ -140,13 +149,13 @@ def phase_costs(eng, context=300):
     return res
 
 
-def lossless(model_path, prompts, draft, new_tokens=256, batch=16, dtype="fp32"):
-    params = SamplingParams(max_tokens=new_tokens)
-    plain = Engine(str(model_path), dtype=dtype, device="cuda", max_batch=batch, max_len=2048)
+def lossless(model_path, prompts, draft, new_tokens=None, batch=16, dtype="fp32"):
+    params = SamplingParams(max_tokens=new_tokens or NEW_TOKENS)
+    plain = Engine(str(model_path), dtype=dtype, device=DEVICE, max_batch=batch, max_len=2048)
     want = [s.output_ids for s in plain.generate(prompts, params)]
     res = {}
     for name, spec in (("chain", CHAIN), ("tree", TREE)):
-        eng = Engine(str(model_path), dtype=dtype, device="cuda", draft=draft, spec=spec, max_batch=batch, max_len=2048)
+        eng = Engine(str(model_path), dtype=dtype, device=DEVICE, draft=draft, spec=spec, max_batch=batch, max_len=2048)
         seqs = eng.generate(prompts, params)
         got = [s.output_ids for s in seqs]
         same = sum(a == b for a, b in zip(got, want))
@@ -167,8 +176,8 @@ def divergence_gaps(plain, prompts, want, got):
         if w == g:
             continue
         d = next((i for i, (a, b) in enumerate(zip(w, g)) if a != b), min(len(w), len(g)))
-        ids = torch.tensor([p + w[:d]], device="cuda")
-        pos = torch.arange(ids.shape[1], device="cuda")[None]
+        ids = torch.tensor([p + w[:d]], device=DEVICE)
+        pos = torch.arange(ids.shape[1], device=DEVICE)[None]
         r = plain.runner
         logits = plain.target.logits(r.forward(ids, pos, [0], [0]).hidden[:, -1])[0]
         top2 = logits.topk(2).values
@@ -176,14 +185,14 @@ def divergence_gaps(plain, prompts, want, got):
     return out
 
 
-def acceptance(model_path, tok, draft, dataset, n, batch=32, new_tokens=256):
+def acceptance(model_path, tok, draft, dataset, n, batch=32, new_tokens=None):
     """Acceptance length (generated tokens / verify passes, prefill token excluded), greedy, bf16, stop at EOS."""
     from eyas.bench.datasets import load_prompts as lp
     ids = [encode_messages(tok, p.messages) for p in lp(dataset)[:n]]
     res = {}
     for name, spec in (("chain", CHAIN), ("tree", TREE)):
-        eng = Engine(str(model_path), dtype="bf16", device="cuda", draft=draft, spec=spec, max_batch=batch, max_len=2048)
-        seqs = eng.generate(ids, SamplingParams(max_tokens=new_tokens))
+        eng = Engine(str(model_path), dtype="bf16", device=DEVICE, draft=draft, spec=spec, max_batch=batch, max_len=2048)
+        seqs = eng.generate(ids, SamplingParams(max_tokens=new_tokens or NEW_TOKENS))
         toks = sum(len(s.output_ids) - 1 for s in seqs)
         res[name] = dict(prompts=len(ids), accept_length=toks / max(sum(s.verify_passes for s in seqs), 1))
         del eng
@@ -197,12 +206,17 @@ def main():
     ap.add_argument("--lossless", type=int, default=80)
     ap.add_argument("--sections", default="speed,phases,lossless,bf16,accept")
     ap.add_argument("--hf-prompts", type=int, default=3)
+    ap.add_argument("--accept-prompts", type=int, default=None, help="default: all 80 MT-bench and 164 HumanEval")
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default="bench_smollm2.json")
     args = ap.parse_args()
+    global DEVICE, NEW_TOKENS
+    DEVICE, NEW_TOKENS = args.device, args.new_tokens
     sections = set(args.sections.split(","))
     path = demo_model_path()
     tok = load_tokenizer(path)
-    results = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version(),
+    results = dict(gpu=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", torch=torch.__version__, python=platform.python_version(),
                    date=time.strftime("%Y-%m-%d"), draft=args.draft)
     draft = draft_arg(args, path)
     prompts = prompts_ids(tok, max(args.prompts, args.lossless))
@@ -228,7 +242,8 @@ def main():
         results["lossless_bf16"] = lossless(path, prompts[:args.lossless], draft, dtype="bf16")
         print(json.dumps(results["lossless_bf16"])[:2000], flush=True)
     if "accept" in sections:
-        results["accept"] = {d: acceptance(path, tok, draft, d, n) for d, n in (("mt-bench", 80), ("humaneval", 164))}
+        results["accept"] = {d: acceptance(path, tok, draft, d, args.accept_prompts or n)
+                             for d, n in (("mt-bench", 80), ("humaneval", 164))}
         print(json.dumps(results["accept"]), flush=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)

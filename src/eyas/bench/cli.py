@@ -1,14 +1,18 @@
 """`eyas bench`: benchmark an OpenAI-compatible endpoint (eyas, SGLang, vLLM) and print one table or one JSON object.
 
 Usage: eyas bench --url http://127.0.0.1:8000 --dataset mt-bench --num-prompts 80 --concurrency 1 --max-tokens 256
+
+Every run is recorded in the run ledger (kind "bench", $EYAS_HOME/runs.db) unless --no-record: a number nobody can
+trace back to its settings is how the 94 tok/s was lost. Recording is best effort and never fails the benchmark.
 """
 
 import json
+import sys
 
 from eyas.bench.client import run_benchmark
 from eyas.bench.config import ENDPOINTS, BenchConfig
 
-__all__ = ["add_arguments", "run", "run_benchmark"]
+__all__ = ["add_arguments", "ledger_results", "run", "run_benchmark"]
 
 
 def add_arguments(parser):
@@ -26,6 +30,63 @@ def add_arguments(parser):
     parser.add_argument("--api-key", help="sent as a bearer token")
     parser.add_argument("--endpoint", choices=list(ENDPOINTS), default="chat")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--no-record", action="store_true", help="do not record this run in the ledger")
+    parser.add_argument("--db", help="ledger file (default: $EYAS_HOME/runs.db)")
+
+
+def ledger_results(result) -> dict:
+    """A BenchResult as flat, queryable ledger results: `eyas runs best --metric tpot_ms_p50` works."""
+    d = result.to_dict()
+    out = {k: d[k] for k in ("output_tok_s", "request_s", "completed", "errors", "duration_s", "total_output_tokens",
+                             "total_prompt_tokens", "accept_length", "accept_source", "output_tokens_source")}
+    for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+        for stat, value in (d[name] or {}).items():
+            out[f"{name}_{stat}"] = value
+    if result.error_messages:
+        out["error_messages"] = result.error_messages
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _warn(msg: str) -> None:
+    print(f"eyas: warning: {msg}", file=sys.stderr)
+
+
+class _Recorder:
+    """begin/finish around the benchmark; any ledger problem becomes a warning and recording stops."""
+
+    def __init__(self, args, config: BenchConfig):
+        self.ledger = self.run_id = None
+        if args.no_record:
+            return
+        try:
+            from eyas.runs.capture import begin_run
+            from eyas.runs.ledger import Ledger
+
+            self.ledger = Ledger(args.db)
+            self.run_id = begin_run(self.ledger, "bench", getattr(args, "argv", sys.argv), config.to_dict(),
+                                    model=args.model)
+        except Exception as e:  # a locked or unwritable ledger must not cost the measurement
+            _warn(f"not recorded in the run ledger: {e}")
+            self.close()
+
+    def finish(self, status: str, results: dict) -> None:
+        if self.run_id is None:
+            return
+        try:
+            self.ledger.finish_run(self.run_id, status, results)
+            if status == "ok":  # a failure stays the one line the CLI prints for it
+                print(f"eyas: recorded as run {self.run_id}", file=sys.stderr)
+        except Exception as e:
+            _warn(f"run {self.run_id} could not be finished in the ledger: {e}")
+        self.close()
+
+    def close(self) -> None:
+        if self.ledger is not None:
+            try:
+                self.ledger.close()
+            except Exception:
+                pass
+        self.ledger = self.run_id = None
 
 
 def run(args) -> int:
@@ -43,7 +104,14 @@ def run(args) -> int:
         api_key=args.api_key,
         endpoint=args.endpoint,
     )
-    result = run_benchmark(config)
+    recorder = _Recorder(args, config)
+    try:
+        result = run_benchmark(config)
+    except BaseException as e:
+        recorder.finish("interrupted" if isinstance(e, KeyboardInterrupt) else "failed", {"error": str(e)[:500]})
+        raise
+    recorder.finish("ok" if result.completed else "failed",
+                    {**ledger_results(result), "model": result.config.get("model")})
     print(json.dumps(result.to_dict()) if args.json else result.table())
     # A run where nothing succeeded measured nothing; scripts should notice.
     return 0 if result.completed else 1

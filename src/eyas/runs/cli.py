@@ -5,6 +5,7 @@ Usage:
     eyas runs show 42
     eyas runs best --metric output_tok_s --where config.spec_steps=2
     eyas runs diff 12 31
+    eyas runs replay 12 --threshold 0.1
     eyas runs export --format csv --out runs.csv
     eyas runs plot --metric output_tok_s --by spec_steps --out tok_s.png
 """
@@ -48,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("diff", help="what differs between two runs, most plausible cause first")
     p.add_argument("a")
     p.add_argument("b")
+    p = sub.add_parser("replay", help="start a recorded launch again the same way, bench it, compare (exit 1: FAIL)")
+    p.add_argument("id")
+    p.add_argument("--threshold", type=float, default=0.1,
+                   help="largest tolerated relative worsening of a gated result (default 0.1 = 10%%)")
+    p.add_argument("--keep-running", action="store_true", help="leave the replayed server up")
     p = sub.add_parser("export", help="every run as JSON lines or CSV")
     p.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
     p.add_argument("--out", help="file to write (default: stdout)")
@@ -217,6 +223,10 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "diff":
             print(diff_runs(ledger.get(args.a), ledger.get(args.b)).render())
             return 0
+        if args.action == "replay":
+            from eyas.runs.replay import replay_command  # starts servers; `runs list` must not import it
+
+            return replay_command(ledger, args)
         if args.action == "export":
             return _export(ledger, args)
         return _plot(ledger, args)

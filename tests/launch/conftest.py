@@ -1,0 +1,55 @@
+"""Fixtures for the launch tests: a private ledger, a tiny TP-able chat model, a prompt file, free ports."""
+
+import json
+import socket
+import sys
+
+import pytest
+
+from tests.server.tiny import tiny_chat_model
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    """Every test gets its own $EYAS_HOME (ledger, launch logs); launched servers inherit it as a base variable."""
+    path = tmp_path / "eyas_home"
+    monkeypatch.setenv("EYAS_HOME", str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    # The demo SmolLM2 has 9 attention heads, which TP=2 cannot split; this model has 4.
+    return tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))
+
+
+@pytest.fixture(scope="session")
+def prompts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["Hello there", "The parser reads", "os and"]))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_spec(path, **fields) -> str:
+    """A launch spec for the eyas backend on CPU; `bench` is a dict for the [bench] table."""
+    from eyas.runs.launch_spec import LaunchSpec
+
+    fields.setdefault("backend", "eyas")
+    fields.setdefault("port", free_port())
+    fields.setdefault("python", sys.executable)
+    fields.setdefault("extra_args", ["--device", "cpu"])
+    fields.setdefault("startup_timeout_s", 180.0)
+    path.write_text(LaunchSpec(**fields).to_toml())
+    return str(path)
+
+
+def run_id_of(stdout: str) -> str:
+    """The id from `eyas launch`'s summary line: `run 3-20261129-120000: ok, ...`."""
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("run "))
+    return line.split()[1].rstrip(":")
