@@ -112,7 +112,8 @@ def build_app(state: StubState) -> FastAPI:
                 if cfg.usage and (body.get("stream_options") or {}).get("include_usage"):
                     usage = {"prompt_tokens": 5, "completion_tokens": cfg.tokens, "total_tokens": 5 + cfg.tokens}
                     if cfg.spec_usage:
-                        usage |= {"accept_length": cfg.tokens / chunks, "verify_passes": chunks}
+                        # eyas's definition: tokens after the prefill token, per verify pass
+                        usage |= {"accept_length": (cfg.tokens - 1) / chunks, "verify_passes": chunks}
                     yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
                 yield "data: [DONE]\n\n"
             finally:

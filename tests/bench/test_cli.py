@@ -46,7 +46,7 @@ def test_json_output_is_one_object(stub, capsys):
     out = capsys.readouterr().out
     assert rc == 0 and out.count("\n") == 1
     d = json.loads(out)
-    assert d["completed"] == 3 and d["errors"] == 0 and d["accept_length"] == pytest.approx(2.0)
+    assert d["completed"] == 3 and d["errors"] == 0 and d["accept_length"] == pytest.approx(7 / 4)
     assert set(d["ttft_ms"]) == {"mean", "p50", "p90", "p99"}
     assert d["config"]["dataset"] == "humaneval" and d["config"]["model"] == "stub-model"
     assert state.requests == 4  # one warm-up by default
@@ -59,7 +59,7 @@ def test_table_output(stub, capsys):
     assert rc == 0
     for label in ("output tok/s", "accept length", "TTFT", "ITL (per chunk)", "TPOT (per token)", "E2E"):
         assert label in out
-    assert "2.000  (usage)" in out and "concurrency 1 (closed loop)" in out
+    assert "1.750  (usage)" in out and "concurrency 1 (closed loop)" in out
 
 
 def test_all_requests_failing_exits_1(stub, capsys):

@@ -37,7 +37,7 @@ def test_timing_tokens_and_usage_acceptance(stub, prompts_file):
     assert r.ttft_ms.mean + 80 <= r.e2e_ms.mean <= 1500
     # TPOT is per token from usage: 3 gaps spread over 7 tokens, not 3 chunks.
     assert 10 <= r.tpot_ms.mean <= 100 and r.tpot_ms.mean < r.itl_ms.mean
-    assert r.accept_length == pytest.approx(2.0) and r.accept_source == "usage"
+    assert r.accept_length == pytest.approx(7 / 4) and r.accept_source == "usage"
     assert 0 < r.output_tok_s and r.request_s == pytest.approx(6 / r.duration_s)
 
     body = state.bodies[0]

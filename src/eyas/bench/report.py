@@ -131,14 +131,15 @@ def summarize(config: dict, records: list, duration_s: float, from_metrics: Acce
 
 def _acceptance_from_usage(ok: list, tokens: list[int]) -> Acceptance | None:
     # Weighted by verify passes, not a mean of per-request ratios: a 3-token reply must not count like a 300-token one.
+    # eyas's definition, as in its usage field: tokens after the first (which prefill produces) per verify pass.
     total_tokens, total_passes = 0, 0.0
     for r, n in zip(ok, tokens):
         if r.verify_passes:
             passes = r.verify_passes
         elif r.accept_length:
-            passes = n / r.accept_length
+            passes = max(n - 1, 0) / r.accept_length
         else:
             continue
-        total_tokens += n
+        total_tokens += max(n - 1, 0)
         total_passes += passes
     return Acceptance(total_tokens / total_passes, "usage") if total_passes > 0 else None

@@ -62,6 +62,17 @@ class Engine:
         self.waiting.append(seq)
         return seq
 
+    def abort(self, seq: Sequence) -> None:
+        """Drop a request wherever it is, freeing its cache slot (a stop string matched, or the client left)."""
+        if seq.slot is not None and any(s is seq for s in self.running):
+            self.runner.kv.free(seq.slot)
+            if self.spec:
+                self.spec.release(seq)
+        # Identity, not ==: a Sequence holds tensors, and dataclass equality would compare them.
+        self.waiting = deque(s for s in self.waiting if s is not seq)
+        self.running = [s for s in self.running if s is not seq]
+        seq.finish_reason = seq.finish_reason or "abort"
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -53,6 +53,12 @@ class Profiler:
                 self.times[name].append(s.elapsed_time(e))
             self.pending.clear()
 
+    def drain(self) -> dict[str, list[float]]:
+        """Phase times recorded since the last drain, then forgotten: a long-running server reads them per step."""
+        self._resolve()
+        out, self.times = dict(self.times), defaultdict(list)
+        return out
+
     def summary(self) -> dict:
         self._resolve()
         phases = {}

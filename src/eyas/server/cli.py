@@ -1,0 +1,143 @@
+"""`eyas serve`: an OpenAI-compatible server over tensor-parallel engine workers.
+
+Usage: eyas serve --model demo --port 8000
+       eyas serve --model PATH --draft DRAFT --tp 2 --env NCCL_PROTO=LL --env NCCL_ALGO=Ring
+
+This process never loads the model. It spawns --tp worker processes (one even at --tp 1) with an explicit
+environment, prints what environment each one reports, refuses to start if an --env value did not arrive,
+then serves HTTP until SIGTERM/SIGINT (drain running requests, exit 0) or until a worker dies (exit 1).
+"""
+
+from __future__ import annotations
+
+import platform
+import signal
+import sys
+
+from eyas.config import SpecConfig
+from eyas.server.config import ServeConfig, parse_env_pairs
+
+DRAIN_TIMEOUT_S = 120  # on SIGTERM, how long running requests may take to finish before they are cut
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", required=True, help="HF checkpoint directory, or 'demo' for the embedded SmolLM2")
+    p.add_argument("--draft", help="EAGLE-3 draft checkpoint directory (enables speculative decoding)")
+    p.add_argument("--spec-steps", type=int, help="draft depth (default 3)")
+    p.add_argument("--spec-topk", type=int, help="branching per draft step (default 1: a chain)")
+    p.add_argument("--spec-draft-tokens", type=int, help="tree nodes sent to verify, root included")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel workers (default 1)")
+    p.add_argument("--env", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="set in every worker's environment and verified there at start-up (repeatable)")
+    p.add_argument("--env-check", choices=("fail", "warn"), default="fail",
+                   help="what a worker missing an --env value does to start-up (default fail)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 routes and /server_info")
+    p.add_argument("--max-running", type=int, default=8, help="requests decoded together: KV cache slots (default 8)")
+    p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 503s (default 64)")
+    p.add_argument("--max-model-len", type=int, help="tokens per sequence (default: the model's, at most 2048)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default fp32 on CPU, bf16 on CUDA")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--profile", action="store_true", help="time each speculative phase (exported in /metrics)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run every forward eagerly on CUDA")
+
+
+def config_from_args(args) -> ServeConfig:
+    spec = None
+    if any(v is not None for v in (args.spec_steps, args.spec_topk, args.spec_draft_tokens)):
+        spec = SpecConfig(steps=args.spec_steps or 3, topk=args.spec_topk or 1, draft_tokens=args.spec_draft_tokens)
+    return ServeConfig(model=args.model, draft=args.draft, spec=spec, tp=args.tp, env=parse_env_pairs(args.env),
+                       env_check=args.env_check, host=args.host, port=args.port, api_key=args.api_key,
+                       max_running=args.max_running, max_queue=args.max_queue, max_model_len=args.max_model_len,
+                       dtype=args.dtype, device=args.device, profile=args.profile,
+                       cuda_graphs=not args.no_cuda_graphs)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def versions(reports) -> dict:
+    import fastapi
+    import transformers
+
+    import eyas
+
+    return {"eyas": getattr(eyas, "__version__", "unknown"), "python": platform.python_version(),
+            "torch": reports[0].torch if reports else None, "nccl": reports[0].nccl if reports else None,
+            "transformers": transformers.__version__, "fastapi": fastapi.__version__}
+
+
+def run(args) -> int:
+    from eyas.config import ModelConfig
+    from eyas.dist.launch import STOP_GRACE_S, WorkerGroup
+    from eyas.models.demo import resolve_model_path
+    from eyas.models.tokenizer import load_tokenizer
+
+    config = config_from_args(args)
+    # The front end owns text. A bad checkpoint is reported as such (not as a tokenizer problem), and both
+    # before any worker loads weights.
+    path = resolve_model_path(config.model)
+    ModelConfig.from_dir(path)
+    tokenizer = load_tokenizer(path)
+    group = WorkerGroup(config.worker_spec(), tp=config.tp, env=config.env, env_check=config.env_check, log=log)
+    log(f"eyas: starting {config.tp} worker(s) for {config.model}")
+    info = group.start()
+    fatal: list[str] = []
+    scheduler = None
+    try:
+        server, scheduler = _prepare(config, group, info, tokenizer, fatal)
+        scheduler.start()
+        server.run()
+    finally:
+        if scheduler is not None:
+            scheduler.stop()
+        group.stop(grace=0 if fatal else STOP_GRACE_S)
+    if fatal:
+        return 1
+    if not server.started:  # e.g. the port was taken: uvicorn logged why
+        return 1
+    log("eyas: stopped")
+    return 0
+
+
+def _prepare(config, group, info, tokenizer, fatal: list[str]):
+    """The HTTP server and the scheduler around a started worker group; `fatal` collects a dead worker's message."""
+    import uvicorn
+
+    from eyas.dist import env_report
+    from eyas.server.app import ServerState, build_app
+    from eyas.server.metrics import Metrics
+    from eyas.server.scheduler import Scheduler
+
+    log(f"eyas: worker environment ({len(group.reports)} workers; * = requested with --env)\n"
+        + env_report.table(group.reports, list(config.env)))
+    metrics = Metrics()
+    server: uvicorn.Server | None = None
+
+    def on_fatal(message: str) -> None:  # scheduler thread: a worker died
+        fatal.append(message)
+        log(f"eyas: error: {message}; shutting down")
+        if server is not None:
+            server.should_exit = True
+            server.force_exit = True
+
+    scheduler = Scheduler(group, config.max_running, config.max_queue, metrics, on_fatal)
+    state = ServerState(config=config, info=info, tokenizer=tokenizer, scheduler=scheduler, metrics=metrics,
+                        reports=group.reports, env_problems=group.env_problems, versions=versions(group.reports),
+                        draining=lambda: server is not None and server.should_exit)
+    server = uvicorn.Server(uvicorn.Config(build_app(state), host=config.host, port=config.port, log_level="info",
+                                           access_log=False, lifespan="off",
+                                           timeout_graceful_shutdown=DRAIN_TIMEOUT_S))
+    # uvicorn handles SIGTERM/SIGINT while it serves (stop accepting, drain), then re-raises the signal to the
+    # handler that was installed before it. Ours asks for the same graceful stop, so the re-raise cannot kill us
+    # before the workers stop, and a signal that lands before uvicorn takes over is not lost.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: setattr(server, "should_exit", True))
+    if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
+        log(f"eyas: warning: listening on {config.host} without --api-key: anyone who can reach it can use it")
+    log(f"eyas: serving {config.model} on http://{config.host}:{config.port} (tp={config.tp}, {info.device}, "
+        f"{info.dtype}, max_model_len={info.max_len}, max_running={config.max_running}"
+        + (f", draft={config.draft} {config.spec}" if config.draft else "") + ")")
+    return server, scheduler

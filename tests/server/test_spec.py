@@ -1,0 +1,62 @@
+"""A speculative server (EAGLE-3 draft replicated on both TP ranks) returns the plain greedy text and reports
+acceptance; several tokens per step flow through streaming and stop strings unchanged."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from eyas.bench.prometheus import parse_metrics
+from eyas.engine.engine import Engine
+from eyas.layers.sampling import SamplingParams
+from tests.server.tiny import Server, predictable_pair
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return predictable_pair(tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("draft"))
+
+
+def test_speculative_tp2_server_equals_plain_greedy(pair, tokenizer):
+    target, draft = pair
+    prompts = [f"Draft {i}: the parser and the {'abc'[i % 3]}" for i in range(6)]
+    plain = Engine(str(target), dtype="fp32", max_batch=1, max_len=512)
+    want = [tokenizer.decode(plain.generate([tokenizer.encode(p)], SamplingParams(max_tokens=40))[0].output_ids,
+                             skip_special_tokens=True) for p in prompts]
+    args = ["--draft", str(draft), "--spec-steps", "3", "--spec-topk", "2", "--spec-draft-tokens", "5",
+            "--tp", "2", "--max-running", "3", "--profile"]
+    with Server(target, *args) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+        def one(p):
+            return client.completions.create(model=server.model, prompt=p, max_tokens=40, temperature=0)
+
+        with ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(one, prompts))
+        assert [r.choices[0].text for r in got] == want
+        for r in got:
+            u = r.usage.model_extra
+            assert 1 <= u["verify_passes"] < r.usage.completion_tokens - 1  # several tokens per pass
+            assert u["accept_length"] == pytest.approx((r.usage.completion_tokens - 1) / u["verify_passes"], abs=1e-4)
+            assert u["accept_length"] > 1.5
+        m = parse_metrics(httpx.get(server.url + "/metrics").text)
+        passes = sum(r.usage.model_extra["verify_passes"] for r in got)
+        tokens = sum(r.usage.completion_tokens for r in got)
+        assert m["eyas_spec_verify_passes_total"] == [passes]
+        assert m["eyas_spec_accepted_tokens_total"] == [tokens - len(got) - passes]
+        text = httpx.get(server.url + "/metrics").text
+        assert 'phase="draft"' in text and 'phase="verify"' in text  # --profile exports the cycle's phases
+
+        # Streaming: chunks now carry several tokens, and the text is still the same.
+        chunks = list(client.completions.create(model=server.model, prompt=prompts[0], max_tokens=40,
+                                                temperature=0, stream=True))
+        assert "".join(c.choices[0].text for c in chunks) == want[0]
+        assert len([c for c in chunks if c.choices[0].text]) < got[0].usage.completion_tokens
+        # A stop string that falls inside a multi-token step still cuts exactly there.
+        stop = want[0][7:10]
+        cut = client.completions.create(model=server.model, prompt=prompts[0], max_tokens=40, temperature=0,
+                                        stop=stop)
+        assert cut.choices[0].text == want[0][:want[0].index(stop)] and cut.choices[0].finish_reason == "stop"
+        info = httpx.get(server.url + "/server_info").json()
+        assert info["model"]["speculative"] and info["config"]["spec"]["topk"] == 2
