@@ -205,8 +205,13 @@ class SpecConfig:
     steps: int = 3
     topk: int = 1
     draft_tokens: int | None = None
+    # Above this many running sequences a step decodes plainly (the draft only keeps up): past the batch size
+    # where verifying N tokens per sequence costs more than it saves, speculation would be slower. None = always.
+    max_batch: int | None = None
 
     def __post_init__(self):
+        if self.max_batch is not None and self.max_batch < 1:
+            raise EyasError(f"speculation batch limit must be >= 1, got {self.max_batch}")
         if self.steps < 1:
             raise EyasError(f"--spec-steps must be >= 1, got {self.steps}")
         if self.topk < 1:

@@ -165,6 +165,8 @@ class SpeculativeDecoder:
 
     # -- one cycle -------------------------------------------------------------------------------
     def cycle(self, seqs):
+        if self.spec.max_batch is not None and len(seqs) > self.spec.max_batch:
+            return self._plain_step(seqs)
         eng, prof, dev = self.engine, self.profiler, self.engine.device
         S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
         B = len(seqs)
@@ -211,3 +213,24 @@ class SpeculativeDecoder:
                 s.verify_passes += 1
                 s.append(new, eng.eos_ids)
             self._extend(seqs, token_rows, feats, c)
+
+    def _plain_step(self, seqs):
+        """One plain decode step that keeps the draft in step (its cache and state follow every new token),
+        so speculation can resume on the next step that is small enough."""
+        eng, prof, dev = self.engine, self.profiler, self.engine.device
+        c = [s.cached for s in seqs]
+        with prof.phase("verify"):
+            ids = torch.tensor([[s.output_ids[-1]] for s in seqs], device=dev)
+            out = eng.runner.forward(ids, torch.tensor(c, device=dev)[:, None], [s.slot for s in seqs], c)
+            logits = self.target.logits(out.hidden[:, -1])
+        with prof.phase("sample"):
+            tokens = eng.sample(logits, seqs).tolist()
+        with prof.phase("commit"):
+            feats = out.aux_hidden.new_zeros(len(seqs), self.spec.steps + 1, out.aux_hidden.shape[-1])
+            feats[:, 0] = out.aux_hidden[:, 0]
+            for s, t in zip(seqs, tokens):
+                prof.record_accept(0, 0)
+                s.cached += 1
+                s.verify_passes += 1
+                s.append([t], eng.eos_ids)
+            self._extend(seqs, [[t] for t in tokens], feats, c)
