@@ -208,6 +208,7 @@ def main():
     ap.add_argument("--hf-prompts", type=int, default=3)
     ap.add_argument("--accept-prompts", type=int, default=None, help="default: all 80 MT-bench and 164 HumanEval")
     ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--accept-sets", type=int, default=2, help="1 = MT-bench only, 2 = MT-bench and HumanEval")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default="bench_smollm2.json")
     args = ap.parse_args()
@@ -225,8 +226,9 @@ def main():
         sp["eyas_plain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16")
         sp["eyas_chain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
         sp["eyas_tree"], eng = eyas_speed(path, prompts[:args.prompts], "bf16", draft, TREE)
-        sp["hf_static"] = hf_speed(path, prompts[:args.hf_prompts])
-        sp["hf_prompt_lookup"] = hf_speed(path, prompts[:args.hf_prompts], lookup=True)
+        if args.hf_prompts > 0:
+            sp["hf_static"] = hf_speed(path, prompts[:args.hf_prompts])
+            sp["hf_prompt_lookup"] = hf_speed(path, prompts[:args.hf_prompts], lookup=True)
         results["speed"] = sp
         print(json.dumps({k: round(v["tok_s"], 1) for k, v in sp.items()}), flush=True)
         json.dump(results, open(args.out, "w"), indent=2)
@@ -242,8 +244,10 @@ def main():
         results["lossless_bf16"] = lossless(path, prompts[:args.lossless], draft, dtype="bf16")
         print(json.dumps(results["lossless_bf16"])[:2000], flush=True)
     if "accept" in sections:
-        results["accept"] = {d: acceptance(path, tok, draft, d, args.accept_prompts or n)
-                             for d, n in (("mt-bench", 80), ("humaneval", 164))}
+        results["accept"] = {}
+        for d, n in (("mt-bench", 80), ("humaneval", 164))[:args.accept_sets]:
+            results["accept"][d] = acceptance(path, tok, draft, d, args.accept_prompts or n)
+            json.dump(results, open(args.out, "w"), indent=2)
         print(json.dumps(results["accept"]), flush=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
