@@ -1,0 +1,76 @@
+"""`eyas train`: the whole EAGLE-3 training pipeline from one recipe, or one stage of it.
+
+Usage: eyas train --config recipes/smollm2-135m-eagle3.toml --device cuda --out out/smollm2
+       eyas train regen --config recipes/smollm2-135m-eagle3.toml --num-samples 500
+       torchrun --nproc-per-node 8 -m eyas.cli train --config RECIPE.toml      (several GPUs)
+
+Stages: synth (Magpie prompts) -> regen (target writes the replies) -> vocab (draft vocabulary) ->
+capture (offline features; only with [train] mode = "offline") -> fit -> export -> eval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+
+from eyas.errors import EyasError
+
+STAGES = ("all", "synth", "regen", "vocab", "capture", "fit", "export", "eval")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("stage", nargs="?", default="all", choices=STAGES,
+                        help="run one stage alone (default: all of them, in order)")
+    parser.add_argument("--config", required=True, metavar="RECIPE.toml", help="the training recipe")
+    parser.add_argument("--device", help="cuda, cpu, cuda:1 ... (default: the recipe's, auto = cuda if available)")
+    parser.add_argument("--out", metavar="DIR", help="output directory (default: the recipe's out_dir)")
+    parser.add_argument("--num-samples", type=int, metavar="N",
+                        help="regenerate and train on at most N conversations (and synthesize no more prompts "
+                             "than that needs)")
+    parser.add_argument("--steps", type=int, metavar="N", help="optimizer steps")
+    parser.add_argument("--mode", choices=("online", "offline"), help="online: target per batch; offline: features on disk")
+    parser.add_argument("--sharegpt", action="append", default=[], metavar="FILE",
+                        help="add a ShareGPT/OpenAI-messages conversation file to the prompts (repeatable)")
+    parser.add_argument("--layouts", nargs="+", choices=("sglang", "eagle", "speculators"),
+                        help="export layouts (default: the recipe's)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override any recipe value, e.g. --set train.lr=3e-4 (value in TOML syntax)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _toml_value(text: str):
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word is a string
+
+
+def overrides_from(args) -> dict:
+    out = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise EyasError(f"--set expects SECTION.KEY=VALUE, got '{item}'")
+        out[key.strip()] = _toml_value(value.strip())
+    for key, value in (("device", args.device), ("out_dir", args.out), ("train.steps", args.steps),
+                       ("train.mode", args.mode), ("export.layouts", args.layouts)):
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def run(args) -> int:
+    from eyas.train.pipeline import Pipeline
+    from eyas.train.recipe import load_recipe
+
+    recipe = load_recipe(args.config, overrides_from(args))
+    if args.sharegpt:
+        recipe.data.sharegpt = list(recipe.data.sharegpt) + list(args.sharegpt)
+    if args.num_samples is not None:
+        if args.num_samples < 1:
+            raise EyasError(f"--num-samples must be >= 1, got {args.num_samples}")
+        recipe.regen.max_samples = args.num_samples
+        if recipe.synth.num:
+            recipe.synth.num = min(recipe.synth.num, args.num_samples + recipe.data.heldout)
+    Pipeline(recipe, progress=not args.no_progress).run([args.stage], argv=getattr(args, "argv", []))
+    return 0

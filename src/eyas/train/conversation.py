@@ -1,0 +1,104 @@
+"""A conversation -> token ids + loss mask, with the target's own chat template.
+
+Usage: sample = encode_conversation(tokenizer, messages, max_len=2048)
+
+The mask is found by rendering the template incrementally, never by searching for separator strings:
+for each assistant turn i, the text of `messages[:i]` with the generation prompt ends where the
+assistant's writing starts, and the text of `messages[:i+1]` ends where it stops. Tokens whose
+characters lie inside that window are the assistant's (its content and its end-of-turn marker); the
+template's own tokens (role headers) and every other speaker's are not trained on. This works for any
+template whose renderings of a conversation's prefixes are prefixes of the whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eyas.errors import EyasError
+
+
+@dataclass
+class Sample:
+    input_ids: torch.Tensor  # [T] int64
+    loss_mask: torch.Tensor  # [T] bool: token t was written by the assistant
+
+    def __len__(self) -> int:
+        return self.input_ids.numel()
+
+
+def render(tokenizer, messages: list[dict], generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans each assistant turn adds to it."""
+    full = render(tokenizer, messages, False)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        start = render(tokenizer, messages[:i], True)
+        end = render(tokenizer, messages[: i + 1], False)
+        if not (full.startswith(start) and full.startswith(end) and len(start) <= len(end)):
+            raise EyasError("the chat template does not render conversations incrementally (an earlier turn "
+                            "renders differently once later turns follow), so assistant tokens cannot be located")
+        spans.append((len(start), len(end)))
+    return full, spans
+
+
+def encode_conversation(tokenizer, messages: list[dict], max_len: int) -> Sample:
+    text, spans = assistant_spans(tokenizer, messages)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    mask = [any(a <= s and e <= b for a, b in spans) and e > s for s, e in offsets]
+    ids, mask = ids[:max_len], mask[:max_len]
+    return Sample(torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool))
+
+
+def encode_all(tokenizer, convs, max_len: int, progress: bool = True) -> tuple[list[Sample], dict]:
+    """Samples with at least one trainable token (two: the draft predicts one token ahead of the target)."""
+    from tqdm import tqdm
+
+    samples, dropped = [], 0
+    for conv in tqdm(convs, desc="tokenize", unit="conv", disable=not progress, leave=False):
+        s = encode_conversation(tokenizer, conv.messages, max_len)
+        if int(s.loss_mask[2:].sum()) == 0:
+            dropped += 1
+            continue
+        samples.append(s)
+    if not samples:
+        raise EyasError(f"none of the {len(convs)} conversations has assistant tokens within max_len {max_len}")
+    return samples, {"samples": len(samples), "dropped_no_assistant_tokens": dropped,
+                     "tokens": sum(len(s) for s in samples),
+                     "trainable_tokens": sum(int(s.loss_mask.sum()) for s in samples)}
+
+
+PLACEHOLDER = "\u2063EYAS-PLACEHOLDER\u2063"  # text no template rewrites and no user would type
+
+
+def user_turn_prefix(tokenizer) -> list[int]:
+    """Magpie: the template's text up to where a user's message starts (system turn included, if the
+    template adds one). Given only this, an instruction-tuned target writes a plausible user question."""
+    text = render(tokenizer, [{"role": "user", "content": PLACEHOLDER}], False)
+    cut = text.find(PLACEHOLDER)
+    if cut < 0:
+        raise EyasError("the chat template does not include the user's message verbatim; cannot synthesize prompts")
+    return tokenizer(text[:cut], add_special_tokens=False)["input_ids"]
+
+
+def end_of_turn_ids(tokenizer, eos_ids=()) -> tuple[int, ...]:
+    """Tokens that end a turn: the model's EOS ids, the tokenizer's EOS, and the special token the template
+    writes right after a message's content (`<|im_end|>`, `<|eot_id|>`, ...), found by rendering."""
+    out = set(eos_ids)
+    if tokenizer.eos_token_id is not None:
+        out.add(tokenizer.eos_token_id)
+    for role in ("user", "assistant"):
+        msgs = [{"role": "user", "content": "x"}] if role == "assistant" else []
+        text = render(tokenizer, msgs + [{"role": role, "content": PLACEHOLDER}], False)
+        after = text[text.find(PLACEHOLDER) + len(PLACEHOLDER):]
+        ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+        if ids and ids[0] in set(tokenizer.all_special_ids):
+            out.add(ids[0])
+    return tuple(sorted(out))

@@ -1,0 +1,67 @@
+"""A new draft shaped for its target: sizes from the target's config, the vocabulary from the data.
+
+Usage: draft = new_draft(target_config, recipe.draft, mapping, seed=0)
+
+The draft's hidden size must equal the target's (it reads the target's token embeddings); heads,
+key/value heads, head_dim and the MLP width default to the target's as SpecForge does; RoPE uses
+theta 10000 unless the recipe says otherwise (EAGLE-3's released drafts do).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eyas.config import DraftConfig, ModelConfig
+from eyas.errors import EyasError
+from eyas.models.draft_io import load_draft
+from eyas.models.eagle3 import Eagle3Draft
+from eyas.train.vocab import VocabMapping
+
+
+def draft_config_for(target: ModelConfig, section) -> DraftConfig:
+    L = target.num_layers
+    if section.aux_layer_ids:
+        # SGLang meaning: "output of layer i", captured as the input of layer i + 1, which must exist.
+        bad = [i for i in section.aux_layer_ids if not 0 <= i < L - 1]
+        if bad:
+            raise EyasError(f"[draft] aux_layer_ids {section.aux_layer_ids} do not fit a target with {L} layers "
+                            f"(each must be in 0..{L - 2})")
+    elif L < 4:
+        raise EyasError(f"the target has {L} layers; EAGLE-3's default feature layers need at least 4")
+    if section.draft_vocab_size > target.vocab_size:
+        raise EyasError(f"[draft] draft_vocab_size {section.draft_vocab_size} exceeds the target's vocabulary "
+                        f"({target.vocab_size})")
+    return DraftConfig(
+        hidden_size=target.hidden_size,
+        intermediate_size=section.intermediate_size or target.intermediate_size,
+        num_heads=target.num_heads,
+        num_kv_heads=target.num_kv_heads,
+        head_dim=target.head_dim,
+        vocab_size=target.vocab_size,
+        draft_vocab_size=section.draft_vocab_size,
+        target_hidden_size=target.hidden_size,
+        rms_norm_eps=target.rms_norm_eps,
+        rope_theta=section.rope_theta,
+        max_position_embeddings=target.max_position_embeddings,
+        aux_layer_ids=list(section.aux_layer_ids) or None,
+    )
+
+
+def new_draft(target: ModelConfig, section, mapping: VocabMapping, seed: int = 0) -> Eagle3Draft:
+    """Random weights (torch's default init, norms at 1), or `section.init_from`'s, with the data's vocabulary."""
+    if section.init_from:
+        draft = load_draft(section.init_from, target).float().requires_grad_(True).train()
+        if draft.config.draft_vocab_size != mapping.d2t.numel():
+            raise EyasError(f"{section.init_from} has draft_vocab_size {draft.config.draft_vocab_size}, the recipe "
+                            f"{mapping.d2t.numel()}")
+        return draft
+    cfg = draft_config_for(target, section)
+    if mapping.d2t.numel() != cfg.draft_vocab_size or mapping.t2d.numel() != cfg.vocab_size:
+        raise EyasError(f"the vocabulary mapping ({mapping.d2t.numel()} of {mapping.t2d.numel()} tokens) does not "
+                        f"match the draft ({cfg.draft_vocab_size} of {cfg.vocab_size}); run `eyas train vocab` again")
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(cfg)
+    with torch.no_grad():
+        draft.d2t.copy_(mapping.d2t)
+        draft.t2d.copy_(mapping.t2d)
+    return draft.train()

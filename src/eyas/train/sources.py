@@ -1,0 +1,58 @@
+"""Where a training batch's teacher signal comes from: the live target (online) or feature shards (offline).
+
+Usage: source = OnlineSource(target, samples, cfg, used, t2d, device)
+       embeds, features, teacher = source.prepare(source.stream.next())
+
+Both sources turn a batch into the same three things, so the trainer cannot tell them apart: the
+target's embeddings of the tokens, the fused features, and the teacher distributions over the draft
+vocabulary. Offline recomputes the logits from the stored final hidden states with the LM head.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eyas.models.llama import CausalLM
+from eyas.train.batches import Batch, BatchStream, collate_samples
+from eyas.train.shards import FeatureStore
+from eyas.train.target import TargetHeads, run_target
+from eyas.train.ttt import Teacher, teacher_from_logits
+
+
+class _Source:
+    stream: BatchStream
+
+    def __init__(self, used: torch.Tensor, t2d: torch.Tensor, device):
+        self.device = torch.device(device)
+        self.used, self.t2d = used.to(self.device), t2d.to(self.device)
+
+    def _teacher(self, logits: torch.Tensor, loss_mask: torch.Tensor) -> Teacher:
+        return teacher_from_logits(logits, loss_mask, self.used, self.t2d)
+
+
+class OnlineSource(_Source):
+    def __init__(self, target: CausalLM, samples, batch_tokens: int, seed: int, used, t2d, device, rank=0, world=1):
+        super().__init__(used, t2d, device)
+        self.target = target
+        self.stream = BatchStream([len(s) for s in samples], batch_tokens, seed, collate_samples(samples), rank, world)
+
+    @torch.no_grad()
+    def prepare(self, batch: Batch):
+        b = batch.to(self.device)
+        out = run_target(self.target, b.input_ids)
+        return self.target.embed(b.input_ids), out.features, self._teacher(self.target.logits(out.hidden), b.loss_mask)
+
+
+class OfflineSource(_Source):
+    def __init__(self, heads: TargetHeads, store: FeatureStore, batch_tokens: int, seed: int, used, t2d, device,
+                 rank=0, world=1):
+        super().__init__(used, t2d, device)
+        self.heads = heads
+        self.stream = BatchStream(store.lengths(), batch_tokens, seed, store.fetch, rank, world)
+
+    @torch.no_grad()
+    def prepare(self, batch: Batch):
+        b = batch.to(self.device)
+        dtype = self.heads.embed_weight.dtype
+        return (self.heads.embed(b.input_ids), b.features.to(dtype),
+                self._teacher(self.heads.logits(b.hidden.to(dtype)), b.loss_mask))

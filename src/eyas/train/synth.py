@@ -1,0 +1,71 @@
+"""Self-synthesized prompts (Magpie): the target, given only the user-turn prefix, writes the question.
+
+Usage: synthesize(recipe, engine, tokenizer)   # appends to <out>/data/synth-r<rank>.jsonl until [synth] num
+
+Sampling at temperature ~1 makes every row a different question; rows that ran out of tokens (no
+end-of-turn), are too short or long, are mostly non-ASCII letters, or repeat an earlier question are
+dropped. Resumable: questions already in the file count towards `num` and are never written twice.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from tqdm import tqdm
+
+from eyas.layers.sampling import SamplingParams
+from eyas.train.conversation import end_of_turn_ids, user_turn_prefix
+from eyas.train.prompts import Conversation, ascii_ratio, data_dir, normalize, read_conversations, write_jsonl
+
+
+def keep_question(text: str, finish_reason: str | None, cfg) -> bool:
+    return (finish_reason == "stop" and cfg.min_chars <= len(text) <= cfg.max_chars
+            and ascii_ratio(text) >= cfg.min_ascii_ratio)
+
+
+def synthesize(recipe, engine, tokenizer, rank: int = 0, world: int = 1, progress: bool = True) -> dict:
+    cfg = recipe.synth
+    path = data_dir(recipe) / f"synth-r{rank}.jsonl"
+    existing = read_conversations(path) if path.is_file() and path.stat().st_size else []
+    seen = {normalize(c.first_user()) for c in existing}
+    want = cfg.num // world + (1 if rank < cfg.num % world else 0)
+    have = len(existing)
+    prefix = user_turn_prefix(tokenizer)
+    stops = end_of_turn_ids(tokenizer, engine.config.eos_token_ids)
+    stats = {"generated": 0, "generated_tokens": 0, "kept": 0, "dropped_filter": 0, "dropped_duplicate": 0}
+    bar = tqdm(total=want, initial=min(have, want), desc="synth", unit="prompt", disable=not progress)
+    for round_ in range(cfg.max_rounds):
+        if have >= want:
+            break
+        # Filters drop a share of rows; ask for a little more than is missing, at least one full batch.
+        n = max(cfg.batch, math.ceil((want - have) * 1.3))
+        base = (recipe.data.seed * 1_000_003 + rank) * 1_000_003 + round_ * 100_003 + have
+        params = [SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens,
+                                 seed=base + i, stop_token_ids=stops) for i in range(n)]
+        seqs = engine.generate([prefix] * n, params)
+        rows = []
+        for s in seqs:
+            stats["generated"] += 1
+            stats["generated_tokens"] += len(s.output_ids)
+            text = tokenizer.decode(s.output_ids, skip_special_tokens=True).strip()
+            if not keep_question(text, s.finish_reason, cfg):
+                stats["dropped_filter"] += 1
+                continue
+            key = normalize(text)
+            if key in seen:
+                stats["dropped_duplicate"] += 1
+                continue
+            if have + len(rows) >= want:
+                break
+            seen.add(key)
+            rows.append(Conversation(f"synth-r{rank}-{have + len(rows):06d}", [{"role": "user", "content": text}]))
+        write_jsonl(path, [r.to_sharegpt() for r in rows], append=True)
+        have += len(rows)
+        stats["kept"] += len(rows)
+        bar.update(len(rows))
+    bar.close()
+    if have < want:
+        print(f"eyas train: synthesized {have} of {want} prompts after {cfg.max_rounds} rounds (filters dropped "
+              f"{stats['dropped_filter']}, duplicates {stats['dropped_duplicate']})", file=sys.stderr)
+    return {**stats, "prompts": have}

@@ -1,0 +1,136 @@
+"""Training-time test (TTT): the draft unrolled K steps over a whole sequence at once, with EAGLE-3's loss.
+
+Usage: loss, stats = TTTModel(draft, steps=7, decay=0.8)(embeds, features, teacher)
+
+Indexing (position p holds token x_p and the target's features f_p and distribution z_p over x_{p+1}):
+- step 0, index t: hidden fc(f_t), embedding of x_{t+1}, RoPE position t; predicts z_{t+1}.
+- step k, index t: hidden = the draft's own pre-norm output of step k-1 at index t, embedding of
+  x_{t+1+k}, RoPE position t+k; predicts z_{t+1+k}. This is what the inference chain computes at
+  position t+k after k-1 guesses, with the true tokens in place of the guesses (teacher forcing).
+- attention at step k: index t sees the step-0 keys of indices 0..t (the committed prefix, as in the
+  draft's KV cache) and, of steps 1..k, only its own index's keys (its own chain of guesses).
+The attention math reuses the draft's own modules (q_proj, rotary, o_proj, ...): the weights we train
+are exactly the ones inference runs, and tests/train/test_ttt.py checks the result against the
+inference KV-cache path step by step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eyas.models.eagle3 import Eagle3Draft
+
+
+@dataclass
+class Teacher:
+    """What the target says about a batch, computed once and shifted per TTT step."""
+
+    probs: torch.Tensor   # [B, T, Vd] fp32: softmax of z_p restricted to the draft vocabulary
+    ids: torch.Tensor     # [B, T] draft id of argmax z_p (0 where it is outside the draft vocabulary)
+    valid: torch.Tensor   # [B, T] bool: argmax z_p is in the draft vocabulary and x_{p+1} is the assistant's
+
+
+def teacher_from_logits(logits: torch.Tensor, loss_mask: torch.Tensor, used: torch.Tensor,
+                        t2d: torch.Tensor) -> Teacher:
+    """logits [B, T, V] of the target; loss_mask [B, T] marks assistant tokens (padding is False)."""
+    top = logits.argmax(-1)
+    in_vocab = t2d[top]
+    draft_index = torch.cumsum(t2d.long(), 0) - 1
+    ids = torch.where(in_vocab, draft_index[top], torch.zeros_like(top))
+    # z_p predicts x_{p+1}: the position is trained when the token it predicts was written by the assistant.
+    next_is_assistant = F.pad(loss_mask[:, 1:], (0, 1), value=False)
+    probs = torch.softmax(logits.index_select(-1, used).float(), dim=-1)
+    return Teacher(probs, ids, in_vocab & next_is_assistant)
+
+
+def ttt_attention(q: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]], scale: float) -> torch.Tensor:
+    """q: [B, T, H, D]; cache: per step (k, v) [B, T, Hkv, D]. Causal over step 0, diagonal over steps 1..k."""
+    B, T, H, D = q.shape
+    rep = H // cache[0][0].shape[2]
+
+    def heads(x):  # [B, T, Hkv, D] -> [B, H, T, D]
+        return x.transpose(1, 2).repeat_interleave(rep, dim=1)
+
+    q = q.transpose(1, 2)
+    k0, v0 = heads(cache[0][0]), heads(cache[0][1])
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    scores = [(q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]
+    scores += [(q * heads(k)).sum(-1, keepdim=True) * scale for k, _ in cache[1:]]
+    p = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(v0.dtype)
+    out = p[..., :T] @ v0
+    for j, (_, v) in enumerate(cache[1:]):
+        out = out + p[..., T + j: T + j + 1] * heads(v)
+    return out.transpose(1, 2).reshape(B, T, H * D)
+
+
+def midlayer_step(draft: Eagle3Draft, embeds, hidden, positions, cache: list) -> torch.Tensor:
+    """One TTT step of the draft's decoder layer; appends this step's keys/values to `cache`.
+    Mirrors MidLayer.forward with the attention above in place of the KV-cache attention."""
+    layer, attn = draft.midlayer, draft.midlayer.self_attn
+    B, T, _ = embeds.shape
+    normed = layer.hidden_norm(hidden)
+    residual = normed if layer.norm_before_residual else hidden
+    x = torch.cat([layer.input_layernorm(embeds.to(hidden.dtype)), normed], dim=-1)
+    d = attn.head_dim
+    q = attn.q_proj(x).view(B, T, attn.heads, d)
+    k = attn.k_proj(x).view(B, T, attn.kv_heads, d)
+    v = attn.v_proj(x).view(B, T, attn.kv_heads, d)
+    q, k = draft.rotary(q, k, positions)
+    cache.append((k, v))
+    h = residual + attn.o_proj(ttt_attention(q, cache, d ** -0.5))
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x[:, n:] padded at the end to the same length (padding is never attended by valid indices)."""
+    return torch.cat([x[:, n:], torch.zeros_like(x[:, :n])], dim=1)
+
+
+def unroll(draft: Eagle3Draft, embeds: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """embeds: [B, T, H] embeddings of x_0..x_{T-1}; features: [B, T, 3Ht]. Returns each step's pre-norm output."""
+    B, T, _ = embeds.shape
+    positions = torch.arange(T, device=embeds.device).expand(B, T)
+    hidden = draft.fc(features.to(draft.fc.weight.dtype))
+    cache, outs = [], []
+    for k in range(steps):
+        hidden = midlayer_step(draft, shift_left(embeds, 1 + k), hidden, positions + k, cache)
+        outs.append(hidden)
+    return outs
+
+
+class TTTModel(nn.Module):
+    """The draft plus its TTT loss, as one module: DistributedDataParallel syncs gradients of what
+    `forward` touches, so the whole unrolled computation must run inside it."""
+
+    def __init__(self, draft: Eagle3Draft, steps: int = 7, decay: float = 0.8):
+        super().__init__()
+        self.draft, self.steps, self.decay = draft, steps, decay
+
+    def forward(self, embeds, features, teacher: Teacher):
+        T = embeds.shape[1]
+        total = embeds.new_zeros((), dtype=torch.float32)
+        losses, accs, counts = [], [], []
+        for k, out in enumerate(unroll(self.draft, embeds, features, self.steps)):
+            n = T - 1 - k  # indices whose target position t+1+k exists
+            if n <= 0:  # a batch shorter than the unroll: later steps have nothing to predict
+                zero = total.new_zeros(())
+                losses.append(zero)
+                accs.append(zero)
+                counts.append(zero.long())
+                continue
+            logits = self.draft.logits(out[:, :n])
+            valid = teacher.valid[:, 1 + k:]
+            count = valid.sum()
+            denom = count.clamp(min=1).float()
+            logp = torch.log_softmax(logits, dim=-1)
+            loss = -((teacher.probs[:, 1 + k:] * logp).sum(-1) * valid).sum() / denom
+            acc = ((logits.argmax(-1) == teacher.ids[:, 1 + k:]) & valid).sum() / denom
+            total = total + self.decay ** k * loss
+            losses.append(loss.detach())
+            accs.append(acc.detach())
+            counts.append(count.detach())
+        return total, {"loss": torch.stack(losses), "acc": torch.stack(accs), "count": torch.stack(counts)}

@@ -1,0 +1,121 @@
+"""Loss masks from the chat template, the vocabulary mapping, conversation files and prompt filters."""
+
+import json
+
+import pytest
+import torch
+
+from eyas.errors import EyasError
+from eyas.train.conversation import encode_conversation, end_of_turn_ids, user_turn_prefix
+from eyas.train.prompts import ascii_ratio, contaminated, dedup, read_conversations
+from eyas.train.synth import keep_question
+from eyas.train.recipe import SynthConfig
+from eyas.train.vocab import build_mapping, mapping_from_counts
+from tests.train.conftest import CONVERSATIONS
+
+
+def _masked_text(tok, sample, value=True):
+    ids = sample.input_ids[sample.loss_mask == value].tolist()
+    return tok.decode(ids)
+
+
+def test_loss_mask_covers_only_assistant_turns(tokenizer):
+    conv = [{"role": "system", "content": "Be kind."}, *CONVERSATIONS[1]]
+    s = encode_conversation(tokenizer, conv, max_len=512)
+    assert s.input_ids.shape == s.loss_mask.shape and s.loss_mask.dtype == torch.bool
+    trained = _masked_text(tokenizer, s)
+    # Exactly the two replies, each with its end-of-turn marker (the template's trailing newline too).
+    assert trained == (conv[2]["content"] + "<|im_end|>\n" + conv[4]["content"] + "<|im_end|>\n")
+    untrained = _masked_text(tokenizer, s, False)
+    for m in conv:
+        if m["role"] != "assistant":
+            assert m["content"] in untrained
+    assert "<|im_start|>assistant\n" in untrained  # the role header is the template's, not the assistant's
+
+
+def test_loss_mask_truncates_with_the_sample(tokenizer):
+    full = encode_conversation(tokenizer, CONVERSATIONS[1], max_len=10_000)
+    cut = encode_conversation(tokenizer, CONVERSATIONS[1], max_len=50)
+    assert len(cut) == 50
+    assert torch.equal(cut.input_ids, full.input_ids[:50]) and torch.equal(cut.loss_mask, full.loss_mask[:50])
+
+
+def test_magpie_prefix_and_end_of_turn(tokenizer):
+    prefix = tokenizer.decode(user_turn_prefix(tokenizer))
+    assert prefix.endswith("<|im_start|>user\n") and "You are a test." in prefix
+    assert end_of_turn_ids(tokenizer) == (tokenizer.convert_tokens_to_ids("<|im_end|>"),)
+
+
+def test_vocab_counts_only_assistant_tokens(samples):
+    m = build_mapping(samples, vocab_size=320, draft_vocab_size=40)
+    counts = torch.zeros(320, dtype=torch.long)
+    for s in samples:
+        counts += torch.bincount(s.input_ids[s.loss_mask], minlength=320)
+    top = set(torch.sort(-counts, stable=True).indices[:40].tolist())
+    used = m.d2t + torch.arange(40)
+    assert set(used.tolist()) == top
+    assert torch.all(used[1:] > used[:-1])  # ascending
+    assert m.t2d.sum() == 40 and torch.all(m.t2d[used])
+    # More distinct assistant tokens than draft slots: every slot holds a token the assistant wrote.
+    assert int((counts > 0).sum()) > 40 and torch.all(counts[used] > 0)
+
+
+def test_vocab_offsets_and_padding_with_lowest_unused_ids():
+    counts = torch.zeros(10, dtype=torch.long)
+    counts[[7, 3, 9]] = torch.tensor([5, 9, 1])
+    m = mapping_from_counts(counts, draft_vocab_size=5)
+    used = (m.d2t + torch.arange(5)).tolist()
+    assert used == [0, 1, 3, 7, 9]  # the three seen ids, padded with the lowest unused ids 0 and 1
+    assert m.d2t.tolist() == [0, 0, 1, 4, 5]
+    assert m.t2d.tolist() == [i in used for i in range(10)]
+    assert m.coverage == 1.0
+    with pytest.raises(EyasError, match="draft_vocab_size"):
+        mapping_from_counts(counts, draft_vocab_size=11)
+
+
+def test_reads_sharegpt_and_openai_files(tmp_path):
+    sg = tmp_path / "a.json"
+    sg.write_text(json.dumps([{"id": "x", "conversations": [{"from": "human", "value": "hi"},
+                                                             {"from": "gpt", "value": "hello"}]}]))
+    oa = tmp_path / "b.jsonl"
+    oa.write_text(json.dumps({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]}) + "\n")
+    a, = read_conversations(sg)
+    b, = read_conversations(oa)
+    assert a.id == "x" and a.messages == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert b.messages[0]["role"] == "system" and b.first_user() == "q"
+
+
+@pytest.mark.parametrize("content, match", [
+    ("", "is empty"),
+    ("{not json\n", "line 1: not valid JSON"),
+    ("[1, 2", "not valid JSON"),
+    ('{"text": "no turns"}\n', "expected 'conversations'"),
+    ('{"conversations": [{"from": "robot", "value": "x"}]}\n', "known speaker"),
+    ("[]", "holds no conversations"),
+])
+def test_bad_conversation_files_are_one_clear_error(tmp_path, content, match):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(content)
+    with pytest.raises(EyasError, match=match):
+        read_conversations(f)
+    with pytest.raises(EyasError, match="not found"):
+        read_conversations(tmp_path / "missing.jsonl")
+
+
+def test_filters_dedup_and_eval_contamination():
+    from eyas.train.prompts import Conversation
+
+    cfg = SynthConfig(min_chars=5, max_chars=50, min_ascii_ratio=0.8)
+    assert keep_question("What is a prime number?", "stop", cfg)
+    assert not keep_question("What is a prime number?", "length", cfg)  # ran out of tokens mid-question
+    assert not keep_question("Hi", "stop", cfg) and not keep_question("x" * 51, "stop", cfg)
+    assert not keep_question("Что такое простое число?", "stop", cfg)
+    assert ascii_ratio("abc") == 1.0 and ascii_ratio("123") == 1.0
+    evals = ["compose an engaging travel blog post about a recent trip to hawaii, highlighting cultural experiences."]
+    assert contaminated("Compose an engaging travel blog post about a recent trip to Hawaii, highlighting "
+                        "cultural experiences.  ", evals)
+    assert not contaminated("Write a blog post.", evals)
+    convs = [Conversation(str(i), [{"role": "user", "content": t}]) for i, t in
+             enumerate(["Hello there", "hello   THERE", evals[0], "Other"])]
+    kept, stats = dedup(convs, evals)
+    assert [c.id for c in kept] == ["0", "3"] and stats == {"duplicates": 1, "eval_overlap": 1}
