@@ -138,6 +138,10 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, layout: str = "sglang", 
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
     save_file(tensors, str(tmp / "model.safetensors"))
     (tmp / "config.json").write_text(json.dumps(draft_config_json(draft.config, layout, verifier), indent=2))
+    # mkdtemp makes the directory 0700 and safetensors writes 0600; a saved draft is meant to be shared.
+    os.chmod(tmp, 0o755)
+    for f in tmp.iterdir():
+        os.chmod(f, 0o644)
     if out_dir.exists():
         old = out_dir.with_name(out_dir.name + ".old")
         os.replace(out_dir, old)
