@@ -7,14 +7,21 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eyas.config_families import moe_fields, mla_fields, quantization_fields
 from eyas.errors import EyasError
 
-# HF architecture string -> family flags. One decoder implementation serves all of them.
+# HF architecture string -> family flags. One decoder implementation serves all of them; `moe` names the
+# router (softmax top-k, or DeepSeek's sigmoid grouped top-k) and `mla` selects multi-head latent attention.
 ARCHITECTURES = {
     "LlamaForCausalLM": dict(family="llama"),
     "MistralForCausalLM": dict(family="mistral"),
     "Qwen2ForCausalLM": dict(family="qwen2", attention_bias=True),
     "Qwen3ForCausalLM": dict(family="qwen3", qk_norm=True),
+    # Mixtral always renormalizes the top-k probabilities and has no such config key.
+    "MixtralForCausalLM": dict(family="mixtral", moe="softmax", norm_topk_prob=True),
+    "Qwen3MoeForCausalLM": dict(family="qwen3_moe", qk_norm=True, moe="softmax", norm_topk_prob=False),
+    # Kimi-K2 ships model_type kimi_k2 with this architecture: same network, the family records which.
+    "DeepseekV3ForCausalLM": dict(family="deepseek_v3", moe="sigmoid", norm_topk_prob=True, mla=True),
 }
 
 
@@ -41,16 +48,89 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str = "float32"
+    # Mixture of experts; num_experts 0 means every MLP is dense.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    moe_layers: list[int] = field(default_factory=list)  # layers whose MLP is sparse; the rest are dense
+    n_shared_experts: int = 0
+    scoring: str = "softmax"         # softmax top-k | sigmoid (DeepSeek-V3: bias-corrected grouped top-k)
+    norm_topk_prob: bool = True
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    # Multi-head latent attention; kv_lora_rank 0 means standard attention. For MLA, head_dim is the rotary
+    # part (qk_rope_head_dim), as in transformers, and num_kv_heads = num_heads.
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False
+    mtp_layers: int = 0              # DeepSeek's multi-token-prediction layers stored past num_layers (not run)
+    # Weights shipped quantized, dequantized at load: {"method": "fp8", "block": [r, c]} or
+    # {"method": "int4", "group_size": g} (compressed-tensors pack-quantized, symmetric).
+    quantization: dict | None = None
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def kv_cache_layout(self, tp_size: int) -> tuple[int, int, bool]:
+        """(heads, head_dim, shared) of one rank's cache. MLA caches one latent per token that serves as key and
+        value for every head, so it is one unsharded head holding [normed kv latent, rotated k_rope]."""
+        if self.mla:
+            return 1, self.kv_lora_rank + self.qk_rope_head_dim, True
+        return self.num_kv_heads // tp_size, self.head_dim, False
 
     def __post_init__(self):
+        self._validate_moe()
+        self._validate_mla()
         if self.num_heads % self.num_kv_heads:
             raise EyasError(f"num_attention_heads {self.num_heads} is not a multiple of num_key_value_heads {self.num_kv_heads}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "head_dim"):
             if getattr(self, name) <= 0:
                 raise EyasError(f"config field {name} must be positive, got {getattr(self, name)}")
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")
-        if rope_type not in ("default", "linear", "llama3"):
+        if rope_type not in ("default", "linear", "llama3", "yarn"):
             raise EyasError(f"unsupported rope scaling type '{rope_type}'")
+
+    def _validate_moe(self):
+        if not self.num_experts:
+            if self.moe_layers:
+                raise EyasError(f"moe_layers {self.moe_layers} given but num_experts is 0")
+            return
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise EyasError(f"num_experts_per_tok {self.num_experts_per_tok} must be in 1..num_experts "
+                            f"({self.num_experts})")
+        if self.moe_intermediate_size <= 0:
+            raise EyasError(f"moe_intermediate_size must be positive, got {self.moe_intermediate_size}")
+        if self.scoring not in ("softmax", "sigmoid"):
+            raise EyasError(f"unsupported expert scoring '{self.scoring}'; use softmax or sigmoid")
+        if any(not 0 <= i < self.num_layers for i in self.moe_layers):
+            raise EyasError(f"moe_layers {self.moe_layers} reach outside the {self.num_layers} layers")
+        if self.scoring == "sigmoid":
+            if self.n_group < 1 or self.num_experts % self.n_group:
+                raise EyasError(f"n_routed_experts {self.num_experts} is not divisible by n_group {self.n_group}")
+            if self.num_experts // self.n_group < 2:
+                raise EyasError(f"grouped routing ranks groups by their top-2 scores: n_group {self.n_group} leaves "
+                                f"fewer than 2 of the {self.num_experts} experts per group")
+            if not 1 <= self.topk_group <= self.n_group:
+                raise EyasError(f"topk_group {self.topk_group} must be in 1..n_group ({self.n_group})")
+            if self.topk_group * (self.num_experts // self.n_group) < self.num_experts_per_tok:
+                raise EyasError(f"topk_group {self.topk_group} groups hold fewer experts than num_experts_per_tok "
+                                f"{self.num_experts_per_tok}")
+
+    def _validate_mla(self):
+        if not self.mla:
+            return
+        for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(self, name) <= 0:
+                raise EyasError(f"multi-head latent attention needs a positive {name}, got {getattr(self, name)}")
+        if self.qk_rope_head_dim % 2:
+            raise EyasError(f"qk_rope_head_dim must be even for rotary embeddings, got {self.qk_rope_head_dim}")
+        if self.q_lora_rank is not None and self.q_lora_rank <= 0:
+            raise EyasError(f"q_lora_rank must be positive or null, got {self.q_lora_rank}")
 
     @classmethod
     def from_hf(cls, hf: dict) -> "ModelConfig":
@@ -62,18 +142,30 @@ class ModelConfig:
         flags = dict(ARCHITECTURES[arch])
         heads = hf["num_attention_heads"]
         head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+        kv_heads = hf.get("num_key_value_heads") or heads
         rope_theta, rope_scaling = _rope(hf)
+        if rope_scaling and rope_scaling["rope_type"] == "yarn":
+            # transformers' default: the pretraining length is the config's max_position_embeddings.
+            rope_scaling.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings", 4096))
         eos = hf.get("eos_token_id")
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        extra = moe_fields(hf, flags)
+        if flags.pop("mla", False):
+            extra.update(mla_fields(hf))
+            # Every head has its own key/value after decompression; the rotary tables cover the rope part only.
+            kv_heads, head_dim = heads, extra["qk_rope_head_dim"]
+        family = flags.pop("family")
+        if hf.get("model_type") == "kimi_k2":
+            family = "kimi_k2"
         return cls(
             architecture=arch,
-            family=flags.pop("family"),
+            family=family,
             vocab_size=hf["vocab_size"],
             hidden_size=hf["hidden_size"],
             intermediate_size=hf["intermediate_size"],
             num_layers=hf["num_hidden_layers"],
             num_heads=heads,
-            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            num_kv_heads=kv_heads,
             head_dim=head_dim,
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
@@ -85,6 +177,8 @@ class ModelConfig:
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
             torch_dtype=str(hf.get("torch_dtype") or hf.get("dtype") or "float32"),
+            quantization=quantization_fields(hf.get("quantization_config")),
+            **extra,
         )
 
     @classmethod

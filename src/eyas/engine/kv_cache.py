@@ -3,6 +3,7 @@
 Designed for speculation: a forward appends T tokens at once at positions [start, start+T) of each
 slot; rollback is free (the engine just keeps the shorter length: stale entries past it are masked
 and later overwritten); `compact` moves the accepted nodes of a verified tree to contiguous positions.
+With `shared`, keys and values are one tensor (MLA caches one latent per token that serves as both).
 Slot accounting (`allocate`/`free`) lets the scheduler admit requests only while rows are free.
 """
 
@@ -13,10 +14,11 @@ import torch
 
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, max_len: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device):
+                 dtype: torch.dtype, device, shared: bool = False):
         shape = (num_layers, num_slots, kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = self.k if shared else torch.zeros(shape, dtype=dtype, device=device)
+        self.shared = shared
         self.max_len = max_len
         self.num_slots = num_slots
         self._free = list(range(num_slots - 1, -1, -1))
@@ -38,14 +40,15 @@ class KVCache:
         return len(self._free)
 
     def bytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return (1 if self.shared else 2) * self.k.numel() * self.k.element_size()
 
     # -- tensor operations --------------------------------------------------------------------
     def write(self, layer: int, slots: torch.Tensor, write_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """k, v: [B, T, kv_heads, D] written at rows `slots` [B], columns `write_pos` [B, T]."""
         rows = slots[:, None].expand_as(write_pos)
         self.k[layer][rows, :, write_pos] = k
-        self.v[layer][rows, :, write_pos] = v
+        if not self.shared:
+            self.v[layer][rows, :, write_pos] = v
 
     def read(self, layer: int, slots: torch.Tensor, kv_len: int):
         """[B, kv_heads, kv_len, D] views (a gather copy when the slots are not a plain range)."""
@@ -54,4 +57,5 @@ class KVCache:
     def compact(self, slot: int, src: torch.Tensor, dst: torch.Tensor):
         """Move cache columns `src` to `dst` of one slot in every layer (accepted tree nodes)."""
         self.k[:, slot, :, dst] = self.k[:, slot, :, src]
-        self.v[:, slot, :, dst] = self.v[:, slot, :, src]
+        if not self.shared:
+            self.v[:, slot, :, dst] = self.v[:, slot, :, src]

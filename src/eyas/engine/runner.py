@@ -21,10 +21,10 @@ class ModelRunner:
         self.model = model
         self.device = torch.device(device)
         self.max_len = max_len
-        kv_heads = cfg.num_kv_heads // model.tp.size
+        kv_heads, head_dim, shared = cfg.kv_cache_layout(model.tp.size)
         dtype = next(model.parameters()).dtype
         # One extra row that no sequence owns: CUDA-graph padding rows write there.
-        self.kv = KVCache(cfg.num_layers, num_slots + 1, max_len, kv_heads, cfg.head_dim, dtype, self.device)
+        self.kv = KVCache(cfg.num_layers, num_slots + 1, max_len, kv_heads, head_dim, dtype, self.device, shared)
         self.scratch_slot = self.kv.allocate_scratch()
         self.graphs = None  # set by enable_cuda_graphs()
 

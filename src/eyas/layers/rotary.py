@@ -1,4 +1,4 @@
-"""Rotary position embedding (rotate-half convention) with linear and llama3 frequency scaling."""
+"""Rotary position embedding (rotate-half convention) with linear, llama3 and yarn frequency scaling."""
 
 from __future__ import annotations
 
@@ -24,7 +24,44 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> to
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         inv = torch.where(medium, smoothed, scaled)
+    elif kind == "yarn":
+        inv = _yarn(inv, head_dim, theta, scaling)
     return inv
+
+
+def _yarn(inv: torch.Tensor, head_dim: int, theta: float, scaling: dict) -> torch.Tensor:
+    """YaRN: interpolate the slow dimensions by `factor`, keep the fast ones, ramp linearly in between."""
+    factor = scaling["factor"]
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+    old_ctx = scaling["original_max_position_embeddings"]
+
+    def dim_for(rotations):  # the dimension that turns `rotations` times over the pretraining context
+        return head_dim * math.log(old_ctx / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_for(fast), dim_for(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    return inv / factor * ramp + inv * (1 - ramp)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def attention_factor(scaling: dict | None) -> float:
+    """YaRN scales cos/sin (so q.k by its square) to keep attention entropy at long context; 1 otherwise."""
+    if (scaling or {}).get("rope_type") != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor, mscale, all_dim = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
+    if mscale and all_dim:  # DeepSeek: the rest of the scaling goes into the softmax scale (see mla.py)
+        return yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dim)
+    return yarn_mscale(factor)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -48,9 +85,10 @@ class RotaryEmbedding(nn.Module):
         t = torch.arange(self.max_positions, device=inv.device, dtype=torch.int64).float()
         freqs = torch.outer(t, inv)
         emb = torch.cat((freqs, freqs), dim=-1)
+        scale = attention_factor(self.scaling)
         # Re-registered rather than copied into, so the tables stay fp32 whatever dtype the model was cast to.
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.register_buffer("cos", emb.cos() * scale, persistent=False)
+        self.register_buffer("sin", emb.sin() * scale, persistent=False)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
         """q, k: [B, T, heads, D]; positions: [B, T]."""

@@ -1,4 +1,5 @@
-"""The target decoder: Llama 2/3/3.x, Mistral, Qwen2/2.5 (qkv bias) and Qwen3 (q/k norm), one implementation.
+"""The target decoder: Llama 2/3/3.x, Mistral, Qwen2/2.5 (qkv bias), Qwen3 (q/k norm), and with sparse MLPs
+(models/moe.py) and latent attention (models/mla.py) Mixtral, Qwen3-MoE, DeepSeek-V3 and Kimi-K2: one implementation.
 
 Only math lives here. Per-forward metadata arrives in an AttentionBatch. For EAGLE-3 the model
 returns, as a named value, the residual stream entering the layers listed in `capture_layers`,
@@ -19,6 +20,8 @@ from eyas.layers.attention import AttentionBatch, attend
 from eyas.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from eyas.layers.norm import RMSNorm
 from eyas.layers.rotary import RotaryEmbedding
+from eyas.models.mla import MLAttention
+from eyas.models.moe import SparseMoE
 
 
 @dataclass
@@ -55,23 +58,31 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPContext):
+    def __init__(self, cfg: ModelConfig, tp: TPContext, intermediate_size: int | None = None):
         super().__init__()
-        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, False, tp)
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, False, tp)
+        inter = intermediate_size or cfg.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [inter] * 2, False, tp)
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, False, tp)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
+def make_mlp(cfg: ModelConfig, layer: int, tp: TPContext) -> nn.Module:
+    if layer not in cfg.moe_layers:
+        return MLP(cfg, tp)
+    shared = MLP(cfg, tp, cfg.moe_intermediate_size * cfg.n_shared_experts) if cfg.n_shared_experts else None
+    return SparseMoE(cfg, tp, shared)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, tp: TPContext):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer, tp)
+        self.self_attn = (MLAttention if cfg.mla else Attention)(cfg, layer, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, tp)
+        self.mlp = make_mlp(cfg, layer, tp)
 
     def forward(self, h, positions, batch, rotary):
         h = h + self.self_attn(self.input_layernorm(h), positions, batch, rotary)

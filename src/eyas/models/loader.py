@@ -2,13 +2,15 @@
 
 The model is built on the meta device, materialized empty on the target device, and filled by
 streaming safetensors (single file or sharded with an index). Every parameter must be filled and
-every checkpoint key must be used, or loading fails with one line naming the key.
+every checkpoint key must be used, or loading fails with one line naming the key. Quantized checkpoints
+are dequantized while streaming (models/quant.py), so the model only ever sees dense weights.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -18,6 +20,7 @@ from eyas.config import ModelConfig
 from eyas.dist.parallel import SINGLE, TPContext
 from eyas.errors import EyasError
 from eyas.models.llama import CausalLM
+from eyas.models.quant import dequantize
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
@@ -29,8 +32,17 @@ FUSED = {
     "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
     "mlp.gate_proj": ("mlp.gate_up_proj", 0),
     "mlp.up_proj": ("mlp.gate_up_proj", 1),
+    "mlp.shared_experts.gate_proj": ("mlp.shared_experts.gate_up_proj", 0),
+    "mlp.shared_experts.up_proj": ("mlp.shared_experts.gate_up_proj", 1),
 }
+# Latent attention keeps q_proj (and has no k/v projections) under its own name.
+FUSED_MLA = {k: v for k, v in FUSED.items() if not k.startswith("self_attn.")}
+# One expert's projection -> (param of the stacked experts, part of gate_up); Mixtral's w1/w3/w2 and the rest.
+EXPERT = re.compile(r"^(.*)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)$")
+EXPERT_PROJ = {"gate_proj": ("gate_up_proj", 0), "w1": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+               "w3": ("gate_up_proj", 1), "down_proj": ("down_proj", None), "w2": ("down_proj", None)}
 IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -72,17 +84,26 @@ def iterate_tensors(files: list[Path]):
             raise EyasError(f"cannot read {f.name}: corrupted or not a safetensors file ({str(e).splitlines()[0]})") from None
 
 
-def map_key(key: str) -> tuple[str, str, object]:
-    """'model.layers.3.self_attn.q_proj.weight' -> ('model.layers.3.self_attn.qkv_proj', 'weight', 'q')."""
+def map_key(key: str, fused: dict = FUSED) -> tuple[str, str, object]:
+    """'model.layers.3.self_attn.q_proj.weight' -> ('model.layers.3.self_attn.qkv_proj', 'weight', 'q');
+    'model.layers.3.block_sparse_moe.experts.5.w3.weight' -> ('model.layers.3.mlp.experts', 'gate_up_proj', (5, 1))."""
     module, _, param = key.rpartition(".")
-    for src, (dst, shard) in FUSED.items():
+    expert = EXPERT.match(module)
+    if expert and param == "weight" and expert.group(3) in EXPERT_PROJ:
+        prefix, e, proj = expert.groups()
+        dst, part = EXPERT_PROJ[proj]
+        return f"{prefix}.mlp.experts", dst, int(e) if part is None else (int(e), part)
+    module = module.replace(".block_sparse_moe", ".mlp")  # Mixtral's router: block_sparse_moe.gate
+    for src, (dst, shard) in fused.items():
         if module.endswith(src):
             return module[: -len(src)] + dst, param, shard
     return module, param, None
 
 
-def load_weights(model: torch.nn.Module, tensors, dtype: torch.dtype, tie: bool = False, prefix_map=map_key):
-    expected = {name for name, _ in model.named_parameters()}
+def load_weights(model: torch.nn.Module, tensors, tie: bool = False, prefix_map=map_key):
+    """Copy (key, tensor) pairs into `model`, each cast to its parameter's dtype (routers stay fp32)."""
+    params = dict(model.named_parameters())
+    expected = set(params)
     filled = set()
     for key, tensor in tensors:
         if IGNORED.match(key):
@@ -95,7 +116,7 @@ def load_weights(model: torch.nn.Module, tensors, dtype: torch.dtype, tie: bool 
         full = f"{module_name}.{param}"
         if full not in expected:
             raise EyasError(f"unexpected weight '{key}' in checkpoint")
-        tensor = tensor.to(dtype)
+        tensor = tensor.to(params[full].dtype)
         if hasattr(module, "load"):
             module.load(param, tensor, shard)
         else:
@@ -112,6 +133,12 @@ def load_weights(model: torch.nn.Module, tensors, dtype: torch.dtype, tie: bool 
         raise EyasError(f"checkpoint is missing weight '{missing[0]}'" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
 
 
+def _is_mtp(key: str, cfg: ModelConfig) -> bool:
+    """DeepSeek-V3 ships its multi-token-prediction module as the layers just past the decoder; we don't run it."""
+    m = LAYER.match(key)
+    return m is not None and cfg.num_layers <= int(m.group(1)) < cfg.num_layers + cfg.mtp_layers
+
+
 def load_model(path: str | Path, dtype="bf16", device="cpu", tp: TPContext = SINGLE,
                max_positions: int | None = None) -> CausalLM:
     if str(path) == "demo":
@@ -125,6 +152,15 @@ def load_model(path: str | Path, dtype="bf16", device="cpu", tp: TPContext = SIN
     with torch.device("meta"):
         model = CausalLM(cfg, tp, max_positions)
     model = model.to_empty(device=device).to(dtype)
+    for module in model.modules():  # routers score experts in fp32, as the reference does (models/moe.py)
+        if getattr(module, "keep_fp32", False):
+            module.float()
     model.model.rotary.reset_buffers()
-    load_weights(model, iterate_tensors(files), dtype, tie=cfg.tie_word_embeddings)
+    tensors = iterate_tensors(files)
+    if cfg.mtp_layers:
+        tensors = ((k, t) for k, t in tensors if not _is_mtp(k, cfg))
+    if cfg.quantization:
+        tensors = dequantize(tensors, cfg.quantization)
+    load_weights(model, tensors, tie=cfg.tie_word_embeddings,
+                 prefix_map=partial(map_key, fused=FUSED_MLA if cfg.mla else FUSED))
     return model.eval().requires_grad_(False)

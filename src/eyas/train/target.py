@@ -39,7 +39,8 @@ def run_target(target: CausalLM, input_ids: torch.Tensor) -> TargetOutput:
     cfg = target.config
     B, T = input_ids.shape
     dtype = next(target.parameters()).dtype
-    kv = KVCache(cfg.num_layers, B, T, cfg.num_kv_heads // target.tp.size, cfg.head_dim, dtype, input_ids.device)
+    heads, head_dim, shared = cfg.kv_cache_layout(target.tp.size)  # MLA targets cache one shared latent
+    kv = KVCache(cfg.num_layers, B, T, heads, head_dim, dtype, input_ids.device, shared=shared)
     batch = AttentionBatch(kv=kv, slots=torch.arange(B, device=input_ids.device),
                            starts=torch.zeros(B, dtype=torch.long, device=input_ids.device), kv_len=T)
     positions = torch.arange(T, device=input_ids.device).expand(B, T)
