@@ -1,6 +1,9 @@
 """eyas demo: the embedded SmolLM2 target, plain and with its trained EAGLE-3 draft, side by side.
 
-Usage: eyas demo [--device cpu|cuda] [--max-tokens 96]
+Usage: eyas demo [--device cpu|cuda] [--max-tokens 96] [--no-bench]
+
+It ends by launching `eyas serve` twice (without and with the draft), benchmarking each on MT-bench prompts,
+and recording both runs in the ledger, where `eyas runs list/show/diff` find them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ def bundled_draft() -> Path | None:
 def add_arguments(p):
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
     p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--no-bench", action="store_true", help="skip the recorded server benchmark at the end")
+    p.add_argument("--bench-prompts", type=int, default=4)
+    p.add_argument("--port", type=int, default=8431)
 
 
 def run(args) -> int:
@@ -67,4 +73,36 @@ def run(args) -> int:
     if len(outputs) == 2:
         same = outputs["plain"] == list(outputs.values())[1]
         print(f"\nspeculative output identical to plain greedy output: {same}")
+    if not args.no_bench:
+        recorded_bench(draft, device, args)
     return 0
+
+
+def recorded_bench(draft: Path | None, device: str, args):
+    """Serve the demo without and with its draft, bench each, record both in the ledger."""
+    from eyas.runs.launch import launch, plan_for
+    from eyas.runs.launch_host import LocalHost
+    from eyas.runs.launch_spec import BenchSpec, LaunchSpec
+    from eyas.runs.ledger import Ledger
+
+    bench = BenchSpec(dataset="mt-bench", num_prompts=args.bench_prompts, concurrency=1, max_tokens=64)
+    extra = ["--device", device]
+    specs = [LaunchSpec(backend="eyas", model="demo", port=args.port, bench=bench, extra_args=extra)]
+    if draft is not None:
+        specs.append(LaunchSpec(backend="eyas", model="demo", draft=str(draft), spec_steps=3, spec_topk=1,
+                                port=args.port, bench=bench, extra_args=extra))
+    print("\n== recorded benchmark: eyas serve + eyas bench (MT-bench, "
+          f"{args.bench_prompts} prompts, 64 tokens, concurrency 1)")
+    ids = []
+    host = LocalHost(None)
+    with Ledger() as ledger:
+        for spec in specs:
+            outcome = launch(plan_for(spec, host), host, ledger, launched_by=["eyas", "demo"])
+            r = outcome.results
+            acc = r.get("accept_length")
+            print(f"run {outcome.run_id}: {'with draft' if spec.draft else 'no draft'}: "
+                  f"{r.get('output_tok_s', 0):.1f} output tok/s"
+                  + (f", acceptance length {acc:.2f}" if acc else "") + ("" if outcome.ok else " (FAILED)"))
+            ids.append(outcome.run_id)
+    print("\nwhere to look: `eyas runs list`, `eyas runs show " + ids[-1] + "`"
+          + (f", `eyas runs diff {ids[0]} {ids[-1]}`" if len(ids) == 2 else ""))
