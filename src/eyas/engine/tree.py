@@ -44,14 +44,20 @@ def select_tree(root: torch.Tensor, pool_tokens: torch.Tensor, pool_scores: torc
     return DraftTree(tokens, parents, depth, mask)
 
 
-def accept_greedy(tokens: list[int], parents: list[int], target_argmax: list[int]) -> tuple[list[int], int]:
-    """Longest root-to-node path whose every token equals the target's argmax at its parent.
-
-    Returns (path node indices starting at the root, bonus token)."""
+def _children(parents: list[int]) -> dict[int, list[int]]:
+    """Node -> its children, in node order (the draft's ranking order among siblings)."""
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parents):
         if p >= 0:
             children.setdefault(p, []).append(i)
+    return children
+
+
+def accept_greedy(tokens: list[int], parents: list[int], target_argmax: list[int]) -> tuple[list[int], int]:
+    """Longest root-to-node path whose every token equals the target's argmax at its parent.
+
+    Returns (path node indices starting at the root, bonus token)."""
+    children = _children(parents)
     path = [0]
     while True:
         want = target_argmax[path[-1]]
@@ -68,10 +74,7 @@ def accept_sampled(tokens: list[int], parents: list[int], probs: torch.Tensor,
     mass is removed and the rest renormalized; the bonus token is drawn from the final residual.
 
     probs: [N, V] target probabilities (after temperature/top-p/top-k) at every node."""
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(parents):
-        if p >= 0:
-            children.setdefault(p, []).append(i)
+    children = _children(parents)
     path = [0]
     while True:
         p = probs[path[-1]].clone()
