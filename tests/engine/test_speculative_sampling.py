@@ -1,6 +1,5 @@
 """Speculative sampling preserves the target's distribution: chi-square over the joint of three sampled tokens."""
 
-import itertools
 
 import pytest
 import torch

@@ -78,7 +78,7 @@ def plan_from_record(run: RunRecord) -> tuple[Plan, object]:
     host = host_from_config(launch_cfg)
     python = launch_cfg.get("python") or host.default_python()
     if spec.shell_line is None and build_command(spec, python) != run.argv:
-        log(f"eyas: note: this eyas builds a different command from the recorded spec; replaying the recorded one")
+        log("eyas: note: this eyas builds a different command from the recorded spec; replaying the recorded one")
     env = {} if spec.shell_line is not None else dict(spec.env)
     return Plan(spec, list(run.argv), env, dict(spec.env), python, "launch", {"replay_of": run.run_id}), host
 
