@@ -1,7 +1,7 @@
 """Decode speed of a Llama-3.1-8B-shaped model (random weights) at TP = 1 and 2, with and without our user's
 NCCL settings, against the memory-bandwidth bound measured in the same run.
 
-Usage: python benchmarks/bench_tp.py --tp 1,2 --out tp.json
+Usage: python benchmarks/bench_tp.py --tp 1,2 --out tp.json [--no-graphs]
 
 Each configuration starts its workers with torch.multiprocessing (spawn) after setting the environment,
 and every worker reports the NCCL_* variables it really has, so the report proves which settings ran.
@@ -51,7 +51,17 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() / (ms / 1e3)
 
 
-def worker(rank, tp, port, queue):
+def worker(rank, tp, port, queue, graphs=True):
+    """Report results, or the traceback: a silent failure in one rank would leave the others (and us) waiting."""
+    try:
+        _worker(rank, tp, port, queue, graphs)
+    except BaseException:
+        import traceback
+        queue.put({"rank": rank, "error": traceback.format_exc()})
+        raise
+
+
+def _worker(rank, tp, port, queue, graphs):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=tp, device_id=torch.device("cuda", rank))
@@ -73,11 +83,10 @@ def worker(rank, tp, port, queue):
             p.normal_(0, 0.02)
     model.eval().requires_grad_(False)
     runner = ModelRunner(model, 1, 2048, "cuda")
-    runner.graphs = CudaGraphs(runner)
     ids = torch.randint(0, cfg.vocab_size, (1, CONTEXT), device="cuda")
-    runner.graphs, graphs = None, runner.graphs
     runner.forward(ids, torch.arange(CONTEXT, device="cuda")[None], [0], [0])  # prefill eagerly
-    runner.graphs = graphs
+    if graphs:
+        runner.graphs = CudaGraphs(runner)
     res = {}
     for T in (1, 3, 4, 8):
         x = torch.randint(0, cfg.vocab_size, (1, T), device="cuda")
@@ -95,23 +104,33 @@ def worker(rank, tp, port, queue):
         res.update(weight_bytes_per_rank=params, kv_bytes_per_rank=kv_bytes, copy_bw=copy_bandwidth(),
                    nccl=".".join(map(str, torch.cuda.nccl.version())))
     res["env"] = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
+    res["graphs"] = graphs
     res["rank"], res["pid"] = rank, os.getpid()
     queue.put(res)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def run_config(tp, env):
+def run_config(tp, env, graphs=True, timeout_s=240):
     saved = dict(os.environ)
     os.environ.update(env)
     try:
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         port = 29500 + int(time.time() * 1000) % 1000
-        procs = [ctx.Process(target=worker, args=(r, tp, port, q)) for r in range(tp)]
+        procs = [ctx.Process(target=worker, args=(r, tp, port, q, graphs)) for r in range(tp)]
         for p in procs:
             p.start()
-        results = [q.get(timeout=600) for _ in procs]
+        results = []
+        try:
+            for _ in procs:
+                results.append(q.get(timeout=timeout_s))
+                if "error" in results[-1]:
+                    raise RuntimeError(f"rank {results[-1]['rank']} failed:\n{results[-1]['error']}")
+        except Exception as e:
+            for p in procs:
+                p.kill()
+            return dict(tp=tp, graphs=graphs, failed=str(e) or f"no result within {timeout_s} s")
         for p in procs:
             p.join()
     finally:
@@ -119,7 +138,7 @@ def run_config(tp, env):
         os.environ.update(saved)
     results.sort(key=lambda r: r["rank"])
     r0 = results[0]
-    out = dict(tp=tp, decode_ms=r0["T1_ms"], decode_tok_s=1e3 / r0["T1_ms"],
+    out = dict(tp=tp, graphs=r0["graphs"], decode_ms=r0["T1_ms"], decode_tok_s=1e3 / r0["T1_ms"],
                verify3_over_decode=r0["T3_ms"] / r0["T1_ms"], verify4_over_decode=r0["T4_ms"] / r0["T1_ms"],
                verify8_over_decode=r0["T8_ms"] / r0["T1_ms"], T3_ms=r0["T3_ms"], T4_ms=r0["T4_ms"], T8_ms=r0["T8_ms"],
                allreduce_per_pass_ms=r0.get("allreduce_per_pass_ms"), nccl=r0["nccl"],
@@ -133,16 +152,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", default="1,2")
     ap.add_argument("--out", default="tp.json")
+    ap.add_argument("--no-graphs", action="store_true", help="eager decode (isolates NCCL-in-graph problems)")
     args = ap.parse_args()
     rows = []
     for tp in map(int, args.tp.split(",")):
         variants = [("default", {})] + ([("user_nccl", USER_NCCL)] if tp > 1 else [])
         for name, env in variants:
-            r = run_config(tp, env)
+            r = run_config(tp, env, graphs=not args.no_graphs)
             r["nccl_settings"] = name
             rows.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "worker_env"}), flush=True)
-            print("  worker env:", json.dumps(r["worker_env"]), flush=True)
+            print("  worker env:", json.dumps(r.get("worker_env")), flush=True)
     json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), open(args.out, "w"), indent=2)
 
 
