@@ -302,6 +302,8 @@ class SpecConfig:
     # Above this many running sequences a step decodes plainly (the draft only keeps up): past the batch size
     # where verifying N tokens per sequence costs more than it saves, speculation would be slower. None = always.
     max_batch: int | None = None
+    # Choose per batch-size bucket from measured tokens/s whether to speculate (engine/spec_policy.py).
+    adaptive: bool = False
 
     def __post_init__(self):
         if self.max_batch is not None and self.max_batch < 1:

@@ -18,8 +18,8 @@ def target_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(5, 4, 8), SpecConfig(2, 3, 6), SpecConfig(1, 1),
-                                  SpecConfig(3, 1, max_batch=2)], ids=["chain", "tree", "tree-wide", "one-step",
-                                                                       "off-above-2"])
+                                  SpecConfig(3, 1, max_batch=2), SpecConfig(3, 1, adaptive=True)],
+                         ids=["chain", "tree", "tree-wide", "one-step", "off-above-2", "adaptive"])
 def test_speculative_equals_greedy(target_dir, spec):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 32, (n,), generator=g).tolist() for n in (5, 17, 9, 30)]
@@ -34,7 +34,11 @@ def test_speculative_equals_greedy(target_dir, spec):
     assert [s.output_ids for s in got] == want
     summary = prof.summary()
     assert summary["cycles"] > 0 and summary["accept_length"] >= 1.0
-    if spec.max_batch is None:
+    if spec.adaptive:
+        # whatever it chose step by step, the output above was identical; it did try both modes
+        policy = spec_engine.spec.policy
+        assert {speculated for (_, speculated) in policy.rates} == {True, False}
+    elif spec.max_batch is None:
         # acceptance actually happened somewhere, so the commit/compaction path was exercised
         assert max(summary["accept_histogram"]) > 1
     else:

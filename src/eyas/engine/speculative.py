@@ -12,6 +12,7 @@ output token x_c pending (the tree root):
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ from eyas.config import SpecConfig
 from eyas.engine.graphs import BATCH_BUCKETS, kv_bucket
 from eyas.engine.kv_cache import KVCache
 from eyas.engine.profile import NullProfiler
+from eyas.engine.spec_policy import SpecPolicy
 from eyas.engine.tree import accept_greedy, accept_sampled, select_tree
 from eyas.layers.attention import AttentionBatch
 from eyas.layers.sampling import adjusted_probs
@@ -46,6 +48,7 @@ class SpeculativeDecoder:
             self.draft = load_draft(draft_path, self.target.config, dtype, engine.device,
                                     max_positions=engine.max_len + s * k + 8)
         self.target.capture_layers = self.draft.config.capture_layers(self.target.config.num_layers)
+        self.policy = SpecPolicy(max_batch=self.spec.max_batch, adaptive=self.spec.adaptive)
         dcfg = self.draft.config
         self.kv = KVCache(1, engine.runner.kv.num_slots, engine.max_len + s * k + 8, dcfg.num_kv_heads,
                           dcfg.head_dim, dtype, engine.device)
@@ -165,8 +168,16 @@ class SpeculativeDecoder:
 
     # -- one cycle -------------------------------------------------------------------------------
     def cycle(self, seqs):
-        if self.spec.max_batch is not None and len(seqs) > self.spec.max_batch:
-            return self._plain_step(seqs)
+        """One step for the running batch: a speculative cycle, or a plain step when the policy says so."""
+        speculate = self.policy.speculate(len(seqs))
+        before = sum(len(s.output_ids) for s in seqs)
+        t0 = time.perf_counter()
+        (self._speculative_cycle if speculate else self._plain_step)(seqs)
+        # Both paths end in a device-to-host copy, so the host clock has waited for the GPU here.
+        self.policy.record(len(seqs), speculate, sum(len(s.output_ids) for s in seqs) - before,
+                           time.perf_counter() - t0)
+
+    def _speculative_cycle(self, seqs):
         eng, prof, dev = self.engine, self.profiler, self.engine.device
         S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
         B = len(seqs)

@@ -1,0 +1,51 @@
+"""When to speculate: measured, per batch size.
+
+Speculation pays at small batches (decode is memory-bound, verifying N tokens costs little more than one)
+and stops paying as the batch grows. Where that happens depends on the model, the draft's acceptance and
+the hardware, so the adaptive policy measures it while serving: for each batch-size bucket it keeps a
+moving average of tokens per second for speculative cycles and for plain steps, takes the better one, and
+tries the other one now and then so a change (new traffic, another prompt mix) is noticed. Both modes are
+lossless and keep the draft in step, so switching never changes the output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def bucket(batch_size: int) -> int:
+    b = 1
+    while b < batch_size:
+        b *= 2
+    return b
+
+
+@dataclass
+class SpecPolicy:
+    max_batch: int | None = None   # fixed rule: never speculate above this (None = no fixed limit)
+    adaptive: bool = False         # choose per bucket from measured throughput
+    explore_every: int = 32        # steps in a bucket between tries of the mode not preferred
+    alpha: float = 0.2             # weight of the newest measurement in the moving average
+    rates: dict = field(default_factory=dict)   # (bucket, speculated) -> tokens/s moving average
+    steps: dict = field(default_factory=dict)   # bucket -> steps decided there
+
+    def speculate(self, batch_size: int) -> bool:
+        if self.max_batch is not None and batch_size > self.max_batch:
+            return False
+        if not self.adaptive:
+            return True
+        b = bucket(batch_size)
+        n = self.steps[b] = self.steps.get(b, 0) + 1
+        spec, plain = self.rates.get((b, True)), self.rates.get((b, False))
+        if spec is None or plain is None:
+            return spec is None  # measure speculation first, then plain decoding
+        better = spec >= plain
+        return (not better) if n % self.explore_every == 0 else better
+
+    def record(self, batch_size: int, speculated: bool, tokens: int, seconds: float):
+        if not self.adaptive or seconds <= 0:
+            return
+        key = (bucket(batch_size), speculated)
+        rate = tokens / seconds
+        old = self.rates.get(key)
+        self.rates[key] = rate if old is None else (1 - self.alpha) * old + self.alpha * rate
