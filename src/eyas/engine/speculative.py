@@ -24,6 +24,7 @@ from eyas.engine.profile import NullProfiler
 from eyas.engine.spec_policy import SpecPolicy
 from eyas.engine.tree import accept_greedy, accept_sampled, select_tree
 from eyas.layers.attention import AttentionBatch
+from eyas.layers.rotary import RotaryEmbedding
 from eyas.layers.sampling import adjusted_probs
 from eyas.models.draft_io import load_draft
 from eyas.models.eagle3 import Eagle3Draft
@@ -42,15 +43,18 @@ class SpeculativeDecoder:
         self.target = engine.target
         dtype = next(self.target.parameters()).dtype
         s, k = self.spec.steps, self.spec.topk
+        positions = engine.max_len + s * k + 8
         if isinstance(draft_path, Eagle3Draft):  # an in-memory draft (tests, training-time evaluation)
             self.draft = draft_path.to(device=engine.device, dtype=dtype)
+            if self.draft.rotary.max_positions < positions:  # its rope table must cover every drafted position
+                r = self.draft.rotary
+                self.draft.rotary = RotaryEmbedding(r.head_dim, r.theta, r.scaling, positions).to(engine.device)
         else:
-            self.draft = load_draft(draft_path, self.target.config, dtype, engine.device,
-                                    max_positions=engine.max_len + s * k + 8)
+            self.draft = load_draft(draft_path, self.target.config, dtype, engine.device, max_positions=positions)
         self.target.capture_layers = self.draft.config.capture_layers(self.target.config.num_layers)
         self.policy = SpecPolicy(max_batch=self.spec.max_batch, adaptive=self.spec.adaptive)
         dcfg = self.draft.config
-        self.kv = KVCache(1, engine.runner.kv.num_slots, engine.max_len + s * k + 8, dcfg.num_kv_heads,
+        self.kv = KVCache(1, engine.runner.kv.num_slots, positions, dcfg.num_kv_heads,
                           dcfg.head_dim, dtype, engine.device)
 
     @property
