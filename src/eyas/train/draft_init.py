@@ -31,12 +31,18 @@ def draft_config_for(target: ModelConfig, section) -> DraftConfig:
     if section.draft_vocab_size > target.vocab_size:
         raise EyasError(f"[draft] draft_vocab_size {section.draft_vocab_size} exceeds the target's vocabulary "
                         f"({target.vocab_size})")
+    heads, kv_heads, head_dim = target.num_heads, target.num_kv_heads, target.head_dim
+    if getattr(target, "mla", False):
+        # An MLA target's head_dim is only its rope part; the draft is a plain Llama layer, so give it
+        # ordinary 128-wide heads over the same hidden size.
+        head_dim = 128
+        heads = kv_heads = max(1, target.hidden_size // head_dim)
     return DraftConfig(
         hidden_size=target.hidden_size,
         intermediate_size=section.intermediate_size or target.intermediate_size,
-        num_heads=target.num_heads,
-        num_kv_heads=target.num_kv_heads,
-        head_dim=target.head_dim,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
         vocab_size=target.vocab_size,
         draft_vocab_size=section.draft_vocab_size,
         target_hidden_size=target.hidden_size,
