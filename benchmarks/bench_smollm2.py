@@ -27,6 +27,7 @@ from eyas.engine.profile import Profiler
 from eyas.layers.sampling import SamplingParams
 from eyas.models.demo import demo_model_path
 from eyas.models.tokenizer import encode_messages, load_tokenizer
+from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 CHAIN, TREE = SpecConfig(3, 1), SpecConfig(5, 4, 8)
 DEVICE = "cuda"  # --device cpu runs the same code slowly, as a smoke test of the script itself
@@ -96,34 +97,19 @@ def hf_speed(model_path, prompts, new_tokens=None, lookup=False):
     return dict(tok_s=toks / secs, tokens=toks, seconds=secs)
 
 
-def time_cuda(fn, reps=50):
-    for _ in range(3):
-        fn()
-    if DEVICE != "cuda":
-        t0 = time.perf_counter()
-        for _ in range(3):
-            fn()
-        return (time.perf_counter() - t0) / 3 * 1e3
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        sync()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 def phase_costs(eng, context=300):
     """Median ms of a target decode step, verify passes of 4 and 8 tokens, and one draft step, at one context."""
     r = eng.runner
     res = {}
+
+    def timed(fn):
+        return median_ms(fn, reps=50, cuda=DEVICE == "cuda")
+
     for T in (1, 4, 8):
         ids = torch.randint(0, 1000, (1, T), device=DEVICE)
         pos = torch.arange(context, context + T, device=DEVICE)[None]
         mask = None if T == 1 else torch.tril(torch.ones(T, T, dtype=torch.bool, device=DEVICE))[None]
-        res[f"target_T{T}_ms"] = time_cuda(lambda: eng.target.logits(r.forward(ids, pos, [0], [context], new_mask=mask).hidden))
+        res[f"target_T{T}_ms"] = timed(lambda: eng.target.logits(r.forward(ids, pos, [0], [context], new_mask=mask).hidden))
     spec = eng.spec
     if spec is not None:
         # The whole draft phase of one cycle (graphed when CUDA graphs are on), per draft forward.
@@ -134,14 +120,14 @@ def phase_costs(eng, context=300):
         root = torch.tensor([5], device=DEVICE)
         c = torch.tensor([context], device=DEVICE)
         slots = torch.tensor([0], device=DEVICE)
-        res["draft_phase_ms"] = time_cuda(lambda: spec._run("tree", spec._tree_fn, 1, context + (S - 1) * k,
-                                                            [logp0, hidden0, root, c, slots], [0, 0, 0, 0, 0]))
+        res["draft_phase_ms"] = timed(lambda: spec._run("tree", spec._tree_fn, 1, context + (S - 1) * k,
+                                                        [logp0, hidden0, root, c, slots], [0, 0, 0, 0, 0]))
         res["draft_step_ms"] = res["draft_phase_ms"] / max(S - 1, 1)
         ids = torch.randint(0, 1000, (1, S + 1), device=DEVICE)
         feats = torch.randn(1, S + 1, 3 * H, device=DEVICE, dtype=eng.dtype)
         last = torch.tensor([S], device=DEVICE)
-        res["extend_ms"] = time_cuda(lambda: spec._run("extend", spec._extend_fn, 1, context + S + 1,
-                                                       [ids, feats, last, c, slots], [0, 0, 0, 0, 0]))
+        res["extend_ms"] = timed(lambda: spec._run("extend", spec._extend_fn, 1, context + S + 1,
+                                                   [ids, feats, last, c, slots], [0, 0, 0, 0, 0]))
     res["verify4_over_decode"] = res["target_T4_ms"] / res["target_T1_ms"]
     res["verify8_over_decode"] = res["target_T8_ms"] / res["target_T1_ms"]
     if "draft_step_ms" in res:

@@ -17,6 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 USER_NCCL = dict(NCCL_PROTO="LL", NCCL_ALGO="Ring", NCCL_P2P_LEVEL="SYS", NCCL_MAX_NCHANNELS="16",
                  NCCL_BUFFSIZE="16777216", NCCL_NTHREADS="512")
@@ -26,21 +27,6 @@ LLAMA_8B = dict(architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_si
                 rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                   original_max_position_embeddings=8192))
 CONTEXT = 512
-
-
-def median_ms(fn, reps=30):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for _ in range(reps):
-        s.record()
-        fn()
-        e.record()
-        torch.cuda.synchronize()
-        out.append(s.elapsed_time(e))
-    return sorted(out)[len(out) // 2]
 
 
 def copy_bandwidth() -> float:

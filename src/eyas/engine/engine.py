@@ -65,13 +65,16 @@ class Engine:
     def abort(self, seq: Sequence) -> None:
         """Drop a request wherever it is, freeing its cache slot (a stop string matched, or the client left)."""
         if seq.slot is not None and any(s is seq for s in self.running):
-            self.runner.kv.free(seq.slot)
-            if self.spec:
-                self.spec.release(seq)
+            self._release(seq)
         # Identity, not ==: a Sequence holds tensors, and dataclass equality would compare them.
         self.waiting = deque(s for s in self.waiting if s is not seq)
         self.running = [s for s in self.running if s is not seq]
         seq.finish_reason = seq.finish_reason or "abort"
+
+    def _release(self, seq: Sequence) -> None:
+        self.runner.kv.free(seq.slot)
+        if self.spec:
+            self.spec.release(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -88,9 +91,7 @@ class Engine:
             (self.spec.cycle if self.spec else self._decode)(live)
         done = [s for s in self.running if s.finished]
         for s in done:
-            self.runner.kv.free(s.slot)
-            if self.spec:
-                self.spec.release(s)
+            self._release(s)
         self.running = [s for s in self.running if not s.finished]
         return done
 
@@ -105,14 +106,15 @@ class Engine:
     def _prefill(self, seq: Sequence):
         ids = torch.tensor([seq.prompt_ids], device=self.device)
         pos = torch.arange(len(seq.prompt_ids), device=self.device)[None]
-        if self.spec:
-            return self.spec.prefill(seq, ids, pos)
         out = self.runner.forward(ids, pos, [seq.slot], [0])
         seq.cached = len(seq.prompt_ids)
         token = self.sample(self.target.logits(out.hidden[:, -1]), [seq])
         seq.append(token.tolist(), self.eos_ids)
+        if self.spec:
+            self.spec.prefill(seq, out.aux_hidden, pos)
 
     def _decode(self, seqs: list[Sequence]):
+        """One plain decode step; returns the target's output (the speculative decoder reads its features)."""
         ids = torch.tensor([[s.output_ids[-1]] for s in seqs], device=self.device)
         starts = [s.cached for s in seqs]
         pos = torch.tensor(starts, device=self.device)[:, None]
@@ -122,6 +124,7 @@ class Engine:
             s.cached += 1
             s.verify_passes += 1
             s.append([t], self.eos_ids)
+        return out
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """logits [B, V] -> tokens [B]; greedy rows batched, sampled rows with their own generators."""

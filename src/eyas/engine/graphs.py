@@ -24,6 +24,20 @@ def kv_bucket(need: int, max_len: int) -> int:
     return min(b, max_len)
 
 
+def capture(fn, pool):
+    """Warm `fn` up on a side stream (allocator, lazily built kernels), then capture it; returns (graph, outputs)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = fn()
+    return graph, outputs
+
+
 class _Graph:
     def __init__(self, runner, B, T, tree, kv_len, pool):
         dev = runner.device
@@ -34,16 +48,7 @@ class _Graph:
         self.starts = torch.zeros((B,), dtype=torch.long, device=dev)
         self.mask = torch.eye(T, dtype=torch.bool, device=dev).expand(B, T, T).clone() if tree else None
         self.batch = AttentionBatch(kv=runner.kv, slots=self.slots, starts=self.starts, kv_len=kv_len, new_mask=self.mask)
-        model = runner.model
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside capture (allocator, lazy kernels)
-                model(self.ids, self.pos, self.batch)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.out = model(self.ids, self.pos, self.batch)
+        self.graph, self.out = capture(lambda: runner.model(self.ids, self.pos, self.batch), pool)
 
     def run(self, ids, pos, slots, starts, new_mask, scratch):
         n = ids.shape[0]
@@ -69,7 +74,7 @@ class CudaGraphs:
         self.max_batch = max(b for b in BATCH_BUCKETS if b <= max(runner.kv.num_slots, 1)) if runner.kv.num_slots else 0
 
     def can_run(self, B: int, T: int) -> bool:
-        return T <= MAX_GRAPH_TOKENS and B <= self.max_batch and B <= BATCH_BUCKETS[-1]
+        return T <= MAX_GRAPH_TOKENS and B <= self.max_batch  # max_batch is itself a bucket
 
     def run(self, ids, pos, slots: list[int], starts: list[int], new_mask):
         B, T = ids.shape
@@ -104,15 +109,7 @@ class FunctionGraphs:
         entry = self.graphs.get(key)
         if entry is None:
             static = [x.clone() for x in inputs]
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    fn(*static)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                outs = fn(*static)
+            graph, outs = capture(lambda: fn(*static), self.pool)
             entry = self.graphs[key] = (graph, static, outs)
         graph, static, outs = entry
         for buf, x in zip(static, inputs):

@@ -153,22 +153,16 @@ class SpeculativeDecoder:
             s.draft_state = DraftState(h[i], logp[i])
 
     # -- prefill ---------------------------------------------------------------------------------
-    def prefill(self, seq, ids, pos):
-        eng = self.engine
-        out = eng.runner.forward(ids, pos, [seq.slot], [0])
-        seq.cached = ids.shape[1]
-        token = eng.sample(self.target.logits(out.hidden[:, -1]), [seq]).tolist()
-        seq.append(token, eng.eos_ids)
-        dev = eng.device
-        # Prompt lengths vary, so this pass runs eagerly; the features pair with the tokens that follow them.
-        ids = torch.tensor([seq.prompt_ids[1:] + token], device=dev)
-        out_d = self._draft_forward(self.target.embed(ids), out.aux_hidden, pos, torch.tensor([seq.slot], device=dev),
-                                    torch.zeros(1, dtype=torch.long, device=dev), self._kv_len(ids.shape[1]), fuse=True)
-        h = out_d[:, -1]
+    def prefill(self, seq, features, pos):
+        """After the target's prefill (engine.py): run the draft over the prompt's (feature, next token) pairs.
+        Prompt lengths vary, so this pass runs eagerly."""
+        dev = self.engine.device
+        ids = torch.tensor([seq.prompt_ids[1:] + seq.output_ids[:1]], device=dev)
+        out = self._draft_forward(self.target.embed(ids), features, pos, torch.tensor([seq.slot], device=dev),
+                                  torch.zeros(1, dtype=torch.long, device=dev), kv_bucket(ids.shape[1], self.kv.max_len),
+                                  fuse=True)
+        h = out[:, -1]
         seq.draft_state = DraftState(h[0], torch.log_softmax(self.draft.logits(h), dim=-1)[0])
-
-    def _kv_len(self, need: int) -> int:
-        return kv_bucket(need, self.kv.max_len)
 
     # -- one cycle -------------------------------------------------------------------------------
     def cycle(self, seqs):
@@ -232,20 +226,13 @@ class SpeculativeDecoder:
     def _plain_step(self, seqs):
         """One plain decode step that keeps the draft in step (its cache and state follow every new token),
         so speculation can resume on the next step that is small enough."""
-        eng, prof, dev = self.engine, self.profiler, self.engine.device
+        eng, prof = self.engine, self.profiler
         c = [s.cached for s in seqs]
         with prof.phase("verify"):
-            ids = torch.tensor([[s.output_ids[-1]] for s in seqs], device=dev)
-            out = eng.runner.forward(ids, torch.tensor(c, device=dev)[:, None], [s.slot for s in seqs], c)
-            logits = self.target.logits(out.hidden[:, -1])
-        with prof.phase("sample"):
-            tokens = eng.sample(logits, seqs).tolist()
+            out = eng._decode(seqs)  # samples and appends too
         with prof.phase("commit"):
             feats = out.aux_hidden.new_zeros(len(seqs), self.spec.steps + 1, out.aux_hidden.shape[-1])
             feats[:, 0] = out.aux_hidden[:, 0]
-            for s, t in zip(seqs, tokens):
+            for _ in seqs:
                 prof.record_accept(0, 0)
-                s.cached += 1
-                s.verify_passes += 1
-                s.append([t], eng.eos_ids)
-            self._extend(seqs, [[t] for t in tokens], feats, c)
+            self._extend(seqs, [[s.output_ids[-1]] for s in seqs], feats, c)
