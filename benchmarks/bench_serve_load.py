@@ -1,0 +1,221 @@
+"""Serving under load: output tokens/s, TTFT and ITL at several concurrencies, `eyas serve` without and with the draft.
+
+Usage: python3 benchmarks/bench_serve_load.py --out out/serve_load.json [--concurrency 1,4,16,64] [--configs plain,spec,adaptive]
+       python3 benchmarks/bench_serve_load.py --device cpu --concurrency 1,2 --num-prompts 2 --max-tokens 8   (smoke run)
+
+Each configuration gets its own real `eyas serve` subprocess (plain: no draft; spec: the draft, chain 3/1/4;
+adaptive: the same with --spec-adaptive), started, waited on until /health answers, measured at every concurrency
+with the `eyas bench` client (MT-bench, greedy, warm-up left out), then stopped with SIGTERM. The markdown table
+puts every configuration beside the plain server at the same concurrency: speculation must never be the slower one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from eyas.bench.client import run_benchmark
+from eyas.bench.config import BenchConfig
+from eyas.errors import EyasError
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_DRAFT = REPO / "assets" / "smollm2-135m-eagle3"
+CONFIGS = {  # name -> extra `eyas serve` flags; "{draft}" is filled in from --draft
+    "plain": [],
+    "spec": ["--draft", "{draft}", "--spec-steps", "3", "--spec-topk", "1", "--spec-draft-tokens", "4"],
+    "adaptive": ["--draft", "{draft}", "--spec-steps", "3", "--spec-topk", "1", "--spec-draft-tokens", "4",
+                 "--spec-adaptive"],
+}
+STOP_TIMEOUT_S = 60  # SIGTERM drains running requests; past this the server's process group is killed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def hardware(device: str) -> str:
+    if device != "cpu":
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=10)
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip().splitlines()[0]
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return f"cpu ({os.cpu_count()} cores)"
+
+
+class Server:
+    """One `eyas serve` process in its own session, so a kill reaches its workers too."""
+
+    def __init__(self, name: str, argv: list[str], port: int, log_path: Path):
+        self.name, self.url, self.log_path = name, f"http://127.0.0.1:{port}", log_path
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_healthy(self, timeout_s: float) -> dict:
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(base_url=self.url, timeout=5.0, trust_env=False) as http:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise EyasError(f"server '{self.name}' exited with code {self.proc.returncode} before /health "
+                                    f"answered: {self.last_log_line()} (log: {self.log_path})")
+                try:
+                    if http.get("/health").status_code == 200:
+                        return http.get("/server_info").json()
+                except httpx.HTTPError:
+                    pass  # not listening yet
+                time.sleep(0.5)
+        raise EyasError(f"server '{self.name}' not healthy after {timeout_s:.0f} s (log: {self.log_path})")
+
+    def last_log_line(self) -> str:
+        lines = [ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        return lines[-1][:300] if lines else "no output"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
+        # Whatever is left in the session (the server past its timeout, or workers of a server that died before it
+        # could stop them) must not hold the GPU or the port for the next configuration.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.log.close()
+
+
+def serve_argv(args, name: str, port: int) -> list[str]:
+    extra = [a.replace("{draft}", str(args.draft)) for a in CONFIGS[name]]
+    most = max(args.concurrency)
+    argv = [sys.executable, "-m", "eyas.cli", "serve", "--model", args.model, "--port", str(port),
+            "--device", args.device, "--max-running", str(max(args.max_running, most)),
+            "--max-queue", str(max(64, most)), *extra]
+    return argv + (["--dtype", args.dtype] if args.dtype else [])
+
+
+def measure(args, server: Server, concurrency: int) -> dict:
+    num_prompts = args.num_prompts or max(16, 4 * concurrency)
+    # Warm-up fills the batch once, so CUDA graphs, allocator and the adaptive policy have seen this batch size.
+    warmup = concurrency if args.warmup is None else args.warmup
+    config = BenchConfig(url=server.url, dataset=args.dataset, num_prompts=num_prompts, concurrency=concurrency,
+                         max_tokens=args.max_tokens, temperature=0.0, seed=args.seed, warmup=warmup, progress=False)
+    result = run_benchmark(config).to_dict()
+    if not result["completed"]:
+        raise EyasError(f"'{server.name}' at concurrency {concurrency}: every request failed, "
+                        f"first with {next(iter(result['error_messages']), 'no message')}")
+    return {"server": server.name, "concurrency": concurrency, **result}  # result["config"]: the client's
+
+
+def ms(stats: dict | None) -> str:
+    return "/".join(f"{stats[q]:.1f}" for q in ("p50", "p90", "p99")) if stats else "-"
+
+
+def table(rows: list[dict]) -> str:
+    plain = {r["concurrency"]: r["output_tok_s"] for r in rows if r["server"] == "plain"}
+    lines = ["| server | conc | prompts ok/err | out tok/s | req/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms "
+             "| accept len | spec/plain |", "|" + "---|" * 9]
+    for r in rows:
+        base = plain.get(r["concurrency"])
+        ratio = f"{r['output_tok_s'] / base:.2f}x" if base and r["server"] != "plain" else "-"
+        accept = f"{r['accept_length']:.2f}" if r["accept_length"] is not None else "-"
+        lines.append(f"| {r['server']} | {r['concurrency']} | {r['completed']}/{r['errors']} | {r['output_tok_s']:.1f} "
+                     f"| {r['request_s']:.2f} | {ms(r['ttft_ms'])} | {ms(r['itl_ms'])} | {accept} | {ratio} |")
+    return "\n".join(lines)
+
+
+def slower_than_plain(rows: list[dict]) -> list[str]:
+    plain = {r["concurrency"]: r["output_tok_s"] for r in rows if r["server"] == "plain"}
+    return [f"{r['server']} at concurrency {r['concurrency']} ({r['output_tok_s'] / plain[r['concurrency']]:.2f}x)"
+            for r in rows if r["server"] != "plain" and r["concurrency"] in plain
+            and r["output_tok_s"] < plain[r["concurrency"]]]
+
+
+def fail(message: str):
+    raise SystemExit(f"bench_serve_load: error: {message}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="demo", help="HF checkpoint directory or 'demo' (default)")
+    p.add_argument("--draft", type=Path, default=DEFAULT_DRAFT, help=f"EAGLE-3 draft (default {DEFAULT_DRAFT})")
+    p.add_argument("--configs", default="plain,spec,adaptive", help="comma list of " + ", ".join(CONFIGS))
+    p.add_argument("--concurrency", default="1,4,16,64", help="comma list of closed-loop concurrencies")
+    p.add_argument("--num-prompts", type=int, help="per concurrency (default max(16, 4 * concurrency))")
+    p.add_argument("--warmup", type=int, help="requests left out of each run (default: the concurrency)")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--dataset", default="mt-bench")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default: the server's (bf16 on CUDA)")
+    p.add_argument("--max-running", type=int, default=64, help="server KV slots (at least the largest concurrency)")
+    p.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for /health")
+    p.add_argument("--out", type=Path, default=REPO / "out" / "serve_load.json", help="JSON results (and server logs)")
+    args = p.parse_args(argv)
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    if not args.configs or any(c not in CONFIGS for c in args.configs):
+        fail(f"--configs takes a comma list of {', '.join(CONFIGS)}, got {','.join(args.configs)!r}")
+    try:
+        args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        fail(f"--concurrency takes a comma list of integers, got {args.concurrency!r}")
+    if min(args.concurrency) < 1:
+        fail("every --concurrency must be at least 1")
+    if any(c != "plain" for c in args.configs) and not (args.draft / "config.json").is_file():
+        fail(f"--draft {args.draft}: no config.json there (not an EAGLE-3 draft directory)")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    report = {"argv": sys.argv, "hardware": hardware(args.device), "servers": {}, "results": []}
+    try:
+        for name in args.configs:
+            port = free_port()
+            server = Server(name, serve_argv(args, name, port), port, args.out.with_suffix(f".{name}.log"))
+            try:
+                info = server.wait_healthy(args.start_timeout)
+                report["servers"][name] = {"argv": server.proc.args, "config": info.get("config"),
+                                           "model": info.get("model"), "versions": info.get("versions")}
+                for c in args.concurrency:
+                    row = measure(args, server, c)
+                    report["results"].append(row)
+                    print(f"{name} c={c}: {row['output_tok_s']:.1f} tok/s, accept {row['accept_length']}",
+                          file=sys.stderr, flush=True)
+            finally:
+                server.stop()
+    except EyasError as e:
+        print(f"bench_serve_load: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bench_serve_load: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        args.out.write_text(json.dumps(report, indent=1))
+    print(f"{report['hardware']}, model {args.model}, MT-bench, max_tokens {args.max_tokens}, greedy; "
+          f"spec/plain = output tok/s over the plain server's at the same concurrency\n")
+    print(table(report["results"]))
+    slower = slower_than_plain(report["results"])
+    print("\nslower than plain: " + ", ".join(slower) if slower else "\nnever slower than plain")
+    print(f"results: {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
