@@ -18,7 +18,7 @@ from eyas.dist.parallel import SINGLE, TPContext
 from eyas.engine.runner import ModelRunner
 from eyas.engine.sequence import Sequence
 from eyas.errors import EyasError
-from eyas.layers.sampling import SamplingParams, adjusted_probs, sample_from
+from eyas.layers.sampling import SamplingParams, adjusted_probs, sample_from, uniform
 from eyas.models.loader import load_model, parse_dtype
 
 
@@ -81,11 +81,14 @@ class Engine:
 
     def step(self) -> list[Sequence]:
         """Admit waiting requests, run one decode step or speculative cycle; returns finished sequences."""
+        admitted = []
         while self.waiting and self.runner.kv.free_slots:
             seq = self.waiting.popleft()
             seq.slot = self.runner.kv.allocate()
-            self._prefill(seq)
-            self.running.append(seq)
+            admitted.append(seq)
+        for group in prefill_groups(admitted, PREFILL_TOKENS):
+            self._prefill(group)
+        self.running.extend(admitted)
         live = [s for s in self.running if not s.finished]
         if live:
             (self.spec.cycle if self.spec else self._decode)(live)
@@ -103,15 +106,23 @@ class Engine:
         return seqs
 
     # -- forwards -------------------------------------------------------------------------------
-    def _prefill(self, seq: Sequence):
-        ids = torch.tensor([seq.prompt_ids], device=self.device)
-        pos = torch.arange(len(seq.prompt_ids), device=self.device)[None]
-        out = self.runner.forward(ids, pos, [seq.slot], [0])
-        seq.cached = len(seq.prompt_ids)
-        token = self.sample(self.target.logits(out.hidden[:, -1]), [seq])
-        seq.append(token.tolist(), self.eos_ids)
+    def _prefill(self, seqs: list[Sequence]):
+        """One target forward over several prompts, right-padded to the longest: padding sits after every
+        real token, so no real token attends to it, and the cache columns it writes lie past each
+        sequence's length, where the next forward overwrites them."""
+        lens = [len(s.prompt_ids) for s in seqs]
+        T = max(lens)
+        ids = torch.tensor([s.prompt_ids + [0] * (T - len(s.prompt_ids)) for s in seqs], device=self.device)
+        pos = torch.arange(T, device=self.device)[None].expand(len(seqs), T)
+        out = self.runner.forward(ids, pos, [s.slot for s in seqs], [0] * len(seqs), graph=False)
+        last = torch.tensor(lens, device=self.device) - 1
+        rows = torch.arange(len(seqs), device=self.device)
+        tokens = self.sample(self.target.logits(out.hidden[rows, last]), seqs).tolist()
+        for s, t in zip(seqs, tokens):
+            s.cached = len(s.prompt_ids)
+            s.append([t], self.eos_ids)
         if self.spec:
-            self.spec.prefill(seq, out.aux_hidden, pos)
+            self.spec.prefill(seqs, out.aux_hidden, lens)
 
     def _decode(self, seqs: list[Sequence]):
         """One plain decode step; returns the target's output (the speculative decoder reads its features)."""
@@ -127,11 +138,31 @@ class Engine:
         return out
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """logits [B, V] -> tokens [B]; greedy rows batched, sampled rows with their own generators."""
+        """logits [B, V] -> tokens [B]. Greedy rows take the argmax; sampled rows sharing temperature, top-p
+        and top-k are adjusted together, and each draws its one uniform from its own generator, so a
+        seeded request gets the same tokens whatever else is in the batch."""
         tokens = logits.argmax(-1)
+        groups: dict[tuple, list[int]] = {}
         for i, s in enumerate(seqs):
             p = s.params
             if not p.greedy:
-                probs = adjusted_probs(logits[i], p.temperature, p.top_p, p.top_k)
-                tokens[i] = sample_from(probs, s.generator)
+                groups.setdefault((p.temperature, p.top_p, p.top_k), []).append(i)
+        for (temperature, top_p, top_k), rows in groups.items():
+            probs = adjusted_probs(logits[rows], temperature, top_p, top_k)
+            u = torch.cat([uniform(probs, seqs[i].generator) for i in rows])
+            tokens[rows] = sample_from(probs, None, u)
         return tokens
+
+
+PREFILL_TOKENS = 16384  # padded prompt tokens per prefill forward
+
+
+def prefill_groups(seqs: list[Sequence], budget: int) -> list[list[Sequence]]:
+    """Admitted sequences grouped by similar length so that each padded forward stays under `budget` tokens."""
+    groups, cur = [], []
+    for s in sorted(seqs, key=lambda s: len(s.prompt_ids)):
+        if cur and len(s.prompt_ids) * (len(cur) + 1) > budget:
+            groups.append(cur)
+            cur = []
+        cur.append(s)
+    return groups + [cur] if cur else groups

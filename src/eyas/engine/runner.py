@@ -33,10 +33,11 @@ class ModelRunner:
         return min(self.max_len, -(-need // KV_BUCKET) * KV_BUCKET)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: list[int], starts: list[int],
-                new_mask: torch.Tensor | None = None) -> ModelOutput:
-        """input_ids, positions: [B, T] on the device; new tokens are written at starts[b] + [0, T)."""
+                new_mask: torch.Tensor | None = None, graph: bool = True) -> ModelOutput:
+        """input_ids, positions: [B, T] on the device; new tokens are written at starts[b] + [0, T).
+        `graph=False` keeps a forward eager (prefills: their many shapes would each need a graph)."""
         B, T = input_ids.shape
-        if self.graphs is not None and self.graphs.can_run(B, T):
+        if graph and self.graphs is not None and self.graphs.can_run(B, T):
             return self.graphs.run(input_ids, positions, slots, starts, new_mask)
         batch = AttentionBatch(
             kv=self.kv,

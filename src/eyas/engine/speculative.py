@@ -153,16 +153,21 @@ class SpeculativeDecoder:
             s.draft_state = DraftState(h[i], logp[i])
 
     # -- prefill ---------------------------------------------------------------------------------
-    def prefill(self, seq, features, pos):
-        """After the target's prefill (engine.py): run the draft over the prompt's (feature, next token) pairs.
-        Prompt lengths vary, so this pass runs eagerly."""
+    def prefill(self, seqs, features, lens: list[int]):
+        """After the target's prefill (engine.py): run the draft over each prompt's (feature, next token)
+        pairs, the rows right-padded like the target's. Prompt lengths vary, so this pass runs eagerly."""
         dev = self.engine.device
-        ids = torch.tensor([seq.prompt_ids[1:] + seq.output_ids[:1]], device=dev)
-        out = self._draft_forward(self.target.embed(ids), features, pos, torch.tensor([seq.slot], device=dev),
-                                  torch.zeros(1, dtype=torch.long, device=dev), kv_bucket(ids.shape[1], self.kv.max_len),
-                                  fuse=True)
-        h = out[:, -1]
-        seq.draft_state = DraftState(h[0], torch.log_softmax(self.draft.logits(h), dim=-1)[0])
+        T = features.shape[1]
+        rows = [s.prompt_ids[1:] + s.output_ids[:1] for s in seqs]
+        ids = torch.tensor([r + [0] * (T - len(r)) for r in rows], device=dev)
+        B = len(seqs)
+        pos = torch.arange(T, device=dev)[None].expand(B, T)
+        out = self._draft_forward(self.target.embed(ids), features, pos, torch.tensor([s.slot for s in seqs], device=dev),
+                                  torch.zeros(B, dtype=torch.long, device=dev), kv_bucket(T, self.kv.max_len), fuse=True)
+        h = out[torch.arange(B, device=dev), torch.tensor(lens, device=dev) - 1]
+        logp = torch.log_softmax(self.draft.logits(h), dim=-1)
+        for i, s in enumerate(seqs):
+            s.draft_state = DraftState(h[i], logp[i])
 
     # -- one cycle -------------------------------------------------------------------------------
     def cycle(self, seqs):

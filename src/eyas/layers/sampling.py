@@ -55,9 +55,18 @@ def adjusted_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k
     return probs
 
 
-def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One draw per row of `probs` [..., V], using inverse-CDF so one uniform per row suffices."""
-    u = torch.rand(probs.shape[:-1] + (1,), device=probs.device, generator=generator, dtype=probs.dtype)
+def uniform(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One uniform draw [1] on the device of `probs`, from `generator` (or the global one)."""
+    return torch.rand((1,), device=probs.device, generator=generator, dtype=probs.dtype)
+
+
+def sample_from(probs: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | None = None) -> torch.Tensor:
+    """One draw per row of `probs` [..., V] by inverse CDF, so one uniform per row suffices
+    (`u` [...] supplies them; otherwise they come from `generator`)."""
+    if u is None:
+        u = torch.rand(probs.shape[:-1] + (1,), device=probs.device, generator=generator, dtype=probs.dtype)
+    else:
+        u = u.reshape(probs.shape[:-1] + (1,)).to(probs.dtype)
     cdf = probs.cumsum(-1)
     idx = torch.searchsorted(cdf, u * cdf[..., -1:]).squeeze(-1)
     return idx.clamp_max(probs.shape[-1] - 1)
