@@ -44,6 +44,24 @@ def test_stacked_expert_layout_loads(tmp_path):
     assert_matches_hf(ours.eval(), hf)
 
 
+def test_bf16_load_never_materializes_fp32(tmp_path, monkeypatch):
+    """Weights are allocated in the load dtype from the start: a 30B-parameter MoE materialized in fp32 first would
+    need 122 GB on the device before its cast to 61 GB of bf16. Only the routers are fp32 (models/moe.py)."""
+    save_tiny("qwen3_moe", tmp_path)
+    seen = {}
+    to_empty = torch.nn.Module.to_empty
+
+    def spy(self, *args, **kwargs):
+        seen.update({n: p.dtype for n, p in self.named_parameters()})
+        return to_empty(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to_empty", spy)
+    model = load_model(tmp_path, "bf16", "cpu")
+    assert {n for n, d in seen.items() if d != torch.bfloat16} == {f"model.layers.{i}.mlp.gate.weight" for i in (0, 2, 3)}
+    assert {n: p.dtype for n, p in model.named_parameters()} == seen
+    assert model.model.rotary.cos.dtype == torch.float32
+
+
 def _random_experts(E=8, H=64, inter=32, tp=TPContext(), seed=0):
     g = torch.Generator().manual_seed(seed)
     gate_up, down = torch.randn(E, 2 * inter, H, generator=g) / 8, torch.randn(E, H, inter, generator=g) / 6

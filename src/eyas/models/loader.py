@@ -151,10 +151,12 @@ def load_model(path: str | Path, dtype="bf16", device="cpu", tp: TPContext = SIN
     dtype = parse_dtype(dtype)
     with torch.device("meta"):
         model = CausalLM(cfg, tp, max_positions)
-    model = model.to_empty(device=device).to(dtype)
+    # Cast on the meta device (free), then allocate: materializing in fp32 first would need twice the bf16 bytes.
+    model = model.to(dtype)
     for module in model.modules():  # routers score experts in fp32, as the reference does (models/moe.py)
         if getattr(module, "keep_fp32", False):
             module.float()
+    model = model.to_empty(device=device)
     model.model.rotary.reset_buffers()
     tensors = iterate_tensors(files)
     if cfg.mtp_layers:
