@@ -119,3 +119,14 @@ def test_filters_dedup_and_eval_contamination():
              enumerate(["Hello there", "hello   THERE", evals[0], "Other"])]
     kept, stats = dedup(convs, evals)
     assert [c.id for c in kept] == ["0", "3"] and stats == {"duplicates": 1, "eval_overlap": 1}
+
+
+def test_append_after_a_torn_line_keeps_every_complete_row(tmp_path):
+    from eyas.train.prompts import write_jsonl
+
+    path = tmp_path / "regen-r0.jsonl"
+    write_jsonl(path, [{"id": "a"}, {"id": "b"}])
+    with open(path, "a") as f:
+        f.write('{"id": "c", "conv')  # a run killed in the middle of an append
+    write_jsonl(path, [{"id": "d"}], append=True)
+    assert [json.loads(x)["id"] for x in path.read_text().splitlines()] == ["a", "b", "d"]

@@ -13,7 +13,7 @@ import torch
 from eyas.layers.attention import AttentionBatch
 from eyas.models.llama import ModelOutput
 
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 MAX_GRAPH_TOKENS = 64
 
 

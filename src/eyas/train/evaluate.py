@@ -5,7 +5,8 @@ Usage: ev = AcceptanceEval("demo", prompts, device="cuda", dtype="bf16"); ev(dra
 
 Acceptance length = generated tokens per target verify pass (SGLang's definition, the prefill token
 not counted), summed over all prompts, greedy, SpecConfig(spec_steps, 1). One Engine is built on the
-first call and its draft's weights are refreshed on later calls.
+first call and its draft's weights are refreshed in place on later calls (so its CUDA graphs,
+which read those very tensors, stay valid).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class AcceptanceEval:
             # A copy: the engine casts its draft to the target's dtype in place.
             mine = copy.deepcopy(draft).requires_grad_(False).eval()
             self.engine = Engine(self.target, dtype=self.dtype, device=self.device, draft=mine, spec=self.spec,
-                                 max_batch=self.batch, max_len=self.max_len, cuda_graphs=False)
+                                 max_batch=self.batch, max_len=self.max_len)
         else:
             self.engine.spec.draft.load_state_dict(draft.state_dict())
         t0 = time.perf_counter()

@@ -93,11 +93,39 @@ def read_conversations(path: str | Path) -> list[Conversation]:
 
 
 def write_jsonl(path: Path, rows, append: bool = False):
+    """Write rows as JSON lines. Appends go in one write after cutting off a torn last line, so a run
+    killed mid-append loses at most that append and never leaves a corrupt line in the middle."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if append:
+        drop_torn_tail(path)
+    text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     with open(path, "a" if append else "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        f.write(text)
         f.flush()
+
+
+def drop_torn_tail(path: Path):
+    """Truncate a file we append to after its last complete line (a kill can tear the final one)."""
+    if not path.is_file():
+        return
+    with open(path, "rb+") as f:
+        size = f.seek(0, 2)
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        pos = size
+        while pos > 0:
+            step = min(65536, pos)
+            f.seek(pos - step)
+            chunk = f.read(step)
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                f.truncate(pos - step + cut + 1)
+                return
+            pos -= step
+        f.truncate(0)
 
 
 def as_prompt(conv: Conversation, max_turns: int) -> Conversation | None:

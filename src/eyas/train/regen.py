@@ -17,7 +17,7 @@ from tqdm import tqdm
 from eyas.layers.sampling import SamplingParams
 from eyas.models.tokenizer import encode_messages
 from eyas.train.conversation import end_of_turn_ids
-from eyas.train.prompts import Conversation, data_dir, parse_record, write_jsonl
+from eyas.train.prompts import Conversation, data_dir, drop_torn_tail, parse_record, write_jsonl
 
 
 def regen_files(recipe):
@@ -26,6 +26,7 @@ def regen_files(recipe):
 
 def _rows(recipe):
     for f in regen_files(recipe):
+        drop_torn_tail(f)
         with open(f, encoding="utf-8") as fh:
             for n, line in enumerate(fh, start=1):
                 if line.strip():

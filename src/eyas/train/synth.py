@@ -16,7 +16,8 @@ from tqdm import tqdm
 
 from eyas.layers.sampling import SamplingParams
 from eyas.train.conversation import end_of_turn_ids, user_turn_prefix
-from eyas.train.prompts import Conversation, ascii_ratio, data_dir, normalize, read_conversations, write_jsonl
+from eyas.train.prompts import (Conversation, ascii_ratio, data_dir, drop_torn_tail, normalize, read_conversations,
+                                write_jsonl)
 
 
 def keep_question(text: str, finish_reason: str | None, cfg) -> bool:
@@ -27,6 +28,7 @@ def keep_question(text: str, finish_reason: str | None, cfg) -> bool:
 def synthesize(recipe, engine, tokenizer, rank: int = 0, world: int = 1, progress: bool = True) -> dict:
     cfg = recipe.synth
     path = data_dir(recipe) / f"synth-r{rank}.jsonl"
+    drop_torn_tail(path)
     existing = read_conversations(path) if path.is_file() and path.stat().st_size else []
     seen = {normalize(c.first_user()) for c in existing}
     want = cfg.num // world + (1 if rank < cfg.num % world else 0)
