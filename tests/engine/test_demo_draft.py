@@ -2,6 +2,7 @@
 with real acceptance, for the chain and the tree."""
 
 import pytest
+import torch
 
 from eyas.commands.demo import bundled_draft
 from eyas.config import SpecConfig
@@ -31,3 +32,39 @@ def test_trained_draft_is_lossless_and_accepts(demo_dir, prompts, plain, spec):
     seqs = engine.generate(prompts, SamplingParams(max_tokens=48))
     assert [s.output_ids for s in seqs] == plain
     assert sum(len(s.output_ids) - 1 for s in seqs) / sum(s.verify_passes for s in seqs) > 1.2
+
+
+def _draft_states(demo_dir, prompts, monkeypatch, pattern=None):
+    """Run with a forced plain/speculative pattern; returns outputs and the draft's log-probs at the
+    start of every speculative cycle, keyed by (prompt, cached length)."""
+    engine = Engine(str(demo_dir), dtype="fp32", max_batch=2, max_len=512, draft=str(bundled_draft()),
+                    spec=SpecConfig(3, 1))
+    if pattern is not None:
+        it = iter(pattern * 100)
+        monkeypatch.setattr(engine.spec.policy, "speculate", lambda batch_size: next(it))
+    states, cycle = {}, engine.spec._speculative_cycle
+
+    def recorded(seqs):
+        for s in seqs:
+            states[(s.id, s.cached)] = s.draft_state.logp.clone()
+        cycle(seqs)
+
+    monkeypatch.setattr(engine.spec, "_speculative_cycle", recorded)
+    seqs = engine.generate(prompts, SamplingParams(max_tokens=48))
+    return [s.output_ids for s in seqs], states
+
+
+@pytest.mark.skipif(bundled_draft() is None, reason="no bundled draft in assets/")
+def test_draft_catches_up_after_plain_steps(demo_dir, prompts, plain, monkeypatch):
+    """Plain steps defer the draft; the catch-up pass (several pairs at once, also forced mid-stretch by a
+    small LAG_FLUSH) must leave the draft exactly where speculating all along leaves it at the same length."""
+    import eyas.engine.speculative as speculative
+
+    monkeypatch.setattr(speculative, "LAG_FLUSH", 5)
+    always, ref = _draft_states(demo_dir, prompts, monkeypatch)
+    mixed, got = _draft_states(demo_dir, prompts, monkeypatch, [False] * 7 + [True] * 3)
+    assert always == plain and mixed == plain
+    common = [k for k in got if k in ref and k[1] > len(prompts[k[0]])]  # past the first cycle after prefill
+    assert len(common) >= 3
+    for k in common:
+        torch.testing.assert_close(got[k], ref[k], atol=1e-4, rtol=1e-4)

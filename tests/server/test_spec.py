@@ -60,3 +60,11 @@ def test_speculative_tp2_server_equals_plain_greedy(pair, tokenizer):
         assert cut.choices[0].text == want[0][:want[0].index(stop)] and cut.choices[0].finish_reason == "stop"
         info = httpx.get(server.url + "/server_info").json()
         assert info["model"]["speculative"] and info["config"]["spec"]["topk"] == 2
+
+
+def test_adaptive_speculation_is_refused_with_tensor_parallelism(capsys):
+    from eyas.cli import main
+
+    assert main(["serve", "--model", "demo", "--draft", "x", "--spec-adaptive", "--tp", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--spec-adaptive" in err[0] and "--tp" in err[0]

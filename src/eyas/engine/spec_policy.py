@@ -5,7 +5,9 @@ and stops paying as the batch grows. Where that happens depends on the model, th
 the hardware, so the adaptive policy measures it while serving: for each batch-size bucket it keeps a
 moving average of tokens per second for speculative cycles and for plain steps, takes the better one, and
 tries the other one now and then so a change (new traffic, another prompt mix) is noticed. Both modes are
-lossless and keep the draft in step, so switching never changes the output.
+lossless and the draft catches up on the plain steps before it drafts again, so switching never changes
+the output. Steps that captured a CUDA graph are not recorded (speculative.py): a capture costs far more
+than the step, and counting it would make the first mode tried in each bucket look slow.
 """
 
 from __future__ import annotations

@@ -8,12 +8,15 @@ output token x_c pending (the tree root):
 - verify runs the whole tree through the target in one forward at columns c..c+N-1;
 - commit compacts the accepted path's target KV to c..c+m and re-runs the draft on the accepted
   pairs with the target's fresh features (overwriting the speculative draft entries).
+When the policy chooses a plain step, the draft does not run: the step's (feature, token) pair is kept
+in the sequence's lag, and one eager pass catches the draft up before the next speculative cycle (or
+once LAG_FLUSH pairs have piled up). Plain steps then cost what plain decoding costs.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,10 +33,15 @@ from eyas.models.draft_io import load_draft
 from eyas.models.eagle3 import Eagle3Draft
 
 
+LAG_FLUSH = 256  # plain-step pairs a sequence may hold back from the draft before it is caught up anyway
+
+
 @dataclass
 class DraftState:
-    hidden: torch.Tensor   # [H] the draft's pre-norm output at position c-1
+    hidden: torch.Tensor   # [H] the draft's pre-norm output at position c-1 (c - len(lag_tokens) while lagging)
     logp: torch.Tensor     # [draft_vocab] its log-probabilities for x_{c+1}
+    lag_tokens: list = field(default_factory=list)  # tokens of plain steps the draft has not seen yet
+    lag_feats: list = field(default_factory=list)   # their features, [3H] each
 
 
 class SpeculativeDecoder:
@@ -173,12 +181,21 @@ class SpeculativeDecoder:
     def cycle(self, seqs):
         """One step for the running batch: a speculative cycle, or a plain step when the policy says so."""
         speculate = self.policy.speculate(len(seqs))
+        if speculate:
+            self._catch_up([s for s in seqs if s.draft_state.lag_tokens])
+        captured = self._graphs_captured()
         before = sum(len(s.output_ids) for s in seqs)
         t0 = time.perf_counter()
         (self._speculative_cycle if speculate else self._plain_step)(seqs)
-        # Both paths end in a device-to-host copy, so the host clock has waited for the GPU here.
-        self.policy.record(len(seqs), speculate, sum(len(s.output_ids) for s in seqs) - before,
-                           time.perf_counter() - t0)
+        # Both paths end in a device-to-host copy, so the host clock has waited for the GPU here. A step
+        # that captured a CUDA graph took far longer than its kind does: it says nothing about speed.
+        if self._graphs_captured() == captured:
+            self.policy.record(len(seqs), speculate, sum(len(s.output_ids) for s in seqs) - before,
+                               time.perf_counter() - t0)
+
+    def _graphs_captured(self) -> int:
+        g = self.engine.runner.graphs
+        return 0 if g is None else len(g.graphs) + len(g.functions.graphs)
 
     def _speculative_cycle(self, seqs):
         eng, prof, dev = self.engine, self.profiler, self.engine.device
@@ -229,15 +246,32 @@ class SpeculativeDecoder:
             self._extend(seqs, token_rows, feats, c)
 
     def _plain_step(self, seqs):
-        """One plain decode step that keeps the draft in step (its cache and state follow every new token),
-        so speculation can resume on the next step that is small enough."""
+        """One plain decode step; the draft catches up later (see the module docstring), so speculation
+        can resume on any later step."""
         eng, prof = self.engine, self.profiler
-        c = [s.cached for s in seqs]
         with prof.phase("verify"):
             out = eng._decode(seqs)  # samples and appends too
         with prof.phase("commit"):
-            feats = out.aux_hidden.new_zeros(len(seqs), self.spec.steps + 1, out.aux_hidden.shape[-1])
-            feats[:, 0] = out.aux_hidden[:, 0]
-            for _ in seqs:
+            feats = out.aux_hidden[:, 0].clone()  # a CUDA graph's output buffer is overwritten next replay
+            for i, s in enumerate(seqs):
+                s.draft_state.lag_tokens.append(s.output_ids[-1])
+                s.draft_state.lag_feats.append(feats[i])
                 prof.record_accept(0, 0)
-            self._extend(seqs, [[s.output_ids[-1]] for s in seqs], feats, c)
+            self._catch_up([s for s in seqs if len(s.draft_state.lag_tokens) >= LAG_FLUSH and not s.finished])
+
+    def _catch_up(self, seqs):
+        """Run the draft over the pairs its sequences hold back: one eager pass per lag length (equal
+        lengths need no padding, which near the end of a cache row would write past it)."""
+        by_len: dict[int, list] = {}
+        for s in seqs:
+            by_len.setdefault(len(s.draft_state.lag_tokens), []).append(s)
+        dev = self.engine.device
+        for L, group in by_len.items():
+            ids = torch.tensor([s.draft_state.lag_tokens for s in group], device=dev)
+            feats = torch.stack([torch.stack(s.draft_state.lag_feats) for s in group])
+            starts = torch.tensor([s.cached - L for s in group], device=dev)
+            slots = torch.tensor([s.slot for s in group], device=dev)
+            last = torch.full((len(group),), L - 1, device=dev)
+            h, logp = self._extend_fn(ids, feats, last, starts, slots, kv_bucket(int(starts.max()) + L, self.kv.max_len))
+            for i, s in enumerate(group):
+                s.draft_state = DraftState(h[i], logp[i])
