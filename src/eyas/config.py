@@ -189,6 +189,11 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
 
+# EAGLE-3 drafts whose decoder layer uses DeepSeek's latent attention (SGLang and vLLM `deepseek_eagle3.py`; SGLang
+# registers the V3 name as an alias, vLLM maps both names to one class).
+MLA_DRAFT_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
+
+
 def _rope(hf: dict) -> tuple[float, dict | None]:
     """transformers 5 folds rope settings into `rope_parameters`; older configs use rope_theta + rope_scaling."""
     params = hf.get("rope_parameters") or {}
@@ -236,15 +241,46 @@ class DraftConfig:
     aux_layer_ids: list[int] | None = None  # SGLang meaning: "output of layer id" (captured input of id + 1)
     norm_before_residual: bool = False      # speculators option; vanilla EAGLE-3 is False
     layout: str = "sglang"                  # where it came from: eagle | sglang | speculators
+    # Multi-head latent attention (SGLang/vLLM `Eagle3DeepseekV2ForCausalLM`); kv_lora_rank 0 means the Llama layer.
+    # As in ModelConfig, an MLA draft's head_dim is set to its rotary part and num_kv_heads to num_heads.
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = True            # DeepSeek's interleaved rope pairs, which SGLang and SpecForge always use
+    attention_bias = False                  # not a field: upstream MLA drafts build every projection bias-free
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def kv_cache_layout(self) -> tuple[int, int, bool]:
+        """(heads, head_dim, shared) of the draft's cache: MLA caches one latent per token, as the target does."""
+        if self.mla:
+            return 1, self.kv_lora_rank + self.qk_rope_head_dim, True
+        return self.num_kv_heads, self.head_dim, False
 
     def __post_init__(self):
+        if self.mla:
+            # Every head has its own key/value after decompression; the rotary tables cover the rope part only.
+            self.num_kv_heads, self.head_dim = self.num_heads, self.qk_rope_head_dim
         if self.num_heads % self.num_kv_heads:
             raise EyasError(f"draft num_attention_heads {self.num_heads} is not a multiple of num_key_value_heads {self.num_kv_heads}")
         if not 0 < self.draft_vocab_size <= self.vocab_size:
             raise EyasError(f"draft_vocab_size {self.draft_vocab_size} must be in 1..vocab_size ({self.vocab_size})")
+        if self.mla:
+            for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if getattr(self, name) <= 0:
+                    raise EyasError(f"draft latent attention needs a positive {name}, got {getattr(self, name)}")
+            if self.qk_rope_head_dim % 2:
+                raise EyasError(f"draft qk_rope_head_dim must be even for rotary embeddings, got {self.qk_rope_head_dim}")
+            if self.q_lora_rank is not None and self.q_lora_rank <= 0:
+                raise EyasError(f"draft q_lora_rank must be positive or null, got {self.q_lora_rank}")
 
     @classmethod
     def from_hf(cls, hf: dict) -> "DraftConfig":
+        arch = (hf.get("architectures") or [""])[0]
         if "speculators_config" in hf or "transformer_layer_config" in hf:
             layer = hf.get("transformer_layer_config") or {}
             merged = {**layer, **{k: v for k, v in hf.items() if k != "transformer_layer_config"}}
@@ -255,13 +291,18 @@ class DraftConfig:
             nbr = bool(hf.get("norm_before_residual", True))
         else:
             merged = hf
-            arch = (hf.get("architectures") or [""])[0]
-            layout = "sglang" if arch.endswith("Eagle3") else "eagle"
+            layout = "sglang" if arch.endswith("Eagle3") or arch in MLA_DRAFT_ARCHITECTURES else "eagle"
             aux = (hf.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
             nbr = bool(hf.get("norm_before_residual", False))
         try:
             heads = merged["num_attention_heads"]
             theta, scaling = _rope(merged)
+            if scaling and scaling["rope_type"] == "yarn":
+                scaling.setdefault("original_max_position_embeddings", merged.get("max_position_embeddings", 2048))
+            extra = {}
+            if merged.get("kv_lora_rank") or arch in MLA_DRAFT_ARCHITECTURES:
+                extra = mla_fields(merged)
+                extra.pop("mtp_layers")
             return cls(
                 hidden_size=merged["hidden_size"],
                 intermediate_size=merged["intermediate_size"],
@@ -278,6 +319,7 @@ class DraftConfig:
                 aux_layer_ids=aux,
                 norm_before_residual=nbr,
                 layout=layout,
+                **extra,
             )
         except KeyError as e:
             raise EyasError(f"draft config.json lacks required field {e.args[0]!r}") from None

@@ -54,8 +54,10 @@ class KVCache:
         """[B, kv_heads, kv_len, D] views (a gather copy when the slots are not a plain range)."""
         return self.k[layer, slots, :, :kv_len], self.v[layer, slots, :, :kv_len]
 
-    def compact(self, slot: int, src: torch.Tensor, dst: torch.Tensor):
-        """Move cache columns `src` to `dst` of one slot in every layer (accepted tree nodes)."""
-        self.k[:, slot, :, dst] = self.k[:, slot, :, src]
+    def compact(self, slots: torch.Tensor, src: torch.Tensor, dst: torch.Tensor):
+        """Move cache columns src[i] to dst[i] of row slots[i] in every layer (accepted tree nodes).
+        slots [n], src and dst [n, L]; a (src, dst) pair may repeat, the copy is gathered before it is written."""
+        rows = slots[:, None]
+        self.k[:, rows, :, dst] = self.k[:, rows, :, src]
         if not self.shared:
-            self.v[:, slot, :, dst] = self.v[:, slot, :, src]
+            self.v[:, rows, :, dst] = self.v[:, rows, :, src]

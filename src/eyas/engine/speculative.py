@@ -228,16 +228,23 @@ class SpeculativeDecoder:
                 paths.append(path)
                 bonus.append(b)
         with prof.phase("commit"):
+            # Fixed length S+1 (the longest possible path), so the extend pass keeps one graph shape; rows
+            # are padded with the root (node 0), which the extend pass computes past `last` and ignores.
+            L = S + 1
+            sel = [path + [0] * (L - len(path)) for path in paths]
+            sel_t = torch.tensor(sel, device=dev)
+            feats = out.aux_hidden.gather(1, sel_t[..., None].expand(-1, -1, out.aux_hidden.shape[-1]))
+            moved = [i for i, path in enumerate(paths) if path != list(range(len(path)))]
+            if moved:  # tree paths that skip nodes: their target KV moves to contiguous columns
+                rows = torch.tensor(moved, device=dev)
+                eng.runner.kv.compact(torch.tensor([slots[i] for i in moved], device=dev),
+                                      c_t[rows, None] + sel_t[rows], c_t[rows, None] + torch.tensor(
+                                          [list(range(len(paths[i]))) + [0] * (L - len(paths[i])) for i in moved],
+                                          device=dev))
             token_rows = []
-            # Fixed length S+1 (the longest possible path), so the extend pass keeps one graph shape.
-            feats = out.aux_hidden.new_zeros(B, S + 1, out.aux_hidden.shape[-1])
             for i, s in enumerate(seqs):
                 path = paths[i]
-                if path != list(range(len(path))):
-                    eng.runner.kv.compact(s.slot, c_t[i] + torch.tensor(path, device=dev),
-                                          c_t[i] + torch.arange(len(path), device=dev))
                 new = [host[i][j] for j in path[1:]] + [bonus[i]]
-                feats[i, :len(path)] = out.aux_hidden[i, path]
                 token_rows.append(new)
                 prof.record_accept(len(path) - 1, S)
                 s.cached += len(path)

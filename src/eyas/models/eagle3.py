@@ -2,18 +2,28 @@
 
 Module names are the checkpoints' own (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`), so the
 SGLang layout loads by identity. The embedding is the target's, passed in as token embeddings.
+
+The layer's attention is Llama's (`LlamaForCausalLMEagle3`) or, when the config has `kv_lora_rank`, DeepSeek's
+multi-head latent attention (`Eagle3DeepseekV2ForCausalLM`, SGLang's and vLLM's `deepseek_eagle3.py`, SpecForge's
+`DeepseekV3ForCausalLMEagle3`): the same midlayer, whose q_a_proj (or q_proj) and kv_a_proj_with_mqa read the
+2H-wide input; q_a_layernorm, q_b_proj, kv_a_layernorm, kv_b_proj and o_proj are DeepSeek-V3's, with no biases.
+Both attentions expose `project` (rotated q, k, v) and `output`, so training (train/ttt.py) runs the same weights.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from eyas.config import DraftConfig
+from eyas.dist.parallel import SINGLE
 from eyas.layers.attention import AttentionBatch, attend
 from eyas.layers.norm import RMSNorm
 from eyas.layers.rotary import RotaryEmbedding
+from eyas.models.mla import MLAttention
 
 
 class DraftAttention(nn.Module):
@@ -27,15 +37,33 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(2 * h, cfg.num_kv_heads * d, bias=False)
         self.v_proj = nn.Linear(2 * h, cfg.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+        self.scale = d ** -0.5
 
-    def forward(self, x, positions, batch: AttentionBatch, rotary):
+    def project(self, x, positions, rotary):
         B, T, _ = x.shape
         d = self.head_dim
         q = self.q_proj(x).view(B, T, self.heads, d)
         k = self.k_proj(x).view(B, T, self.kv_heads, d)
         v = self.v_proj(x).view(B, T, self.kv_heads, d)
         q, k = rotary(q, k, positions)
-        return self.o_proj(attend(q, k, v, 0, batch, d ** -0.5))
+        return q, k, v
+
+    def output(self, out):
+        return self.o_proj(out)
+
+    def forward(self, x, positions, batch: AttentionBatch, rotary):
+        return self.output(attend(*self.project(x, positions, rotary), 0, batch, self.scale))
+
+
+class DraftMLAttention(MLAttention):
+    """The target's latent attention (models/mla.py, weight-absorbed, one cached latent per token) reading 2H."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__(cfg, 0, SINGLE, in_features=2 * cfg.hidden_size)
+        # The target's parallel linears are allocated for loading; a new draft needs nn.Linear's default init.
+        for m in (self.kv_b_proj, self.o_proj, getattr(self, "q_b_proj", None), getattr(self, "q_proj", None)):
+            if m is not None:
+                nn.init.kaiming_uniform_(m.weight, a=math.sqrt(5))
 
 
 class DraftMLP(nn.Module):
@@ -54,7 +82,7 @@ class MidLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = DraftAttention(cfg)
+        self.self_attn = DraftMLAttention(cfg) if cfg.mla else DraftAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = DraftMLP(cfg)
         self.norm_before_residual = cfg.norm_before_residual

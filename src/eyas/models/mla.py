@@ -38,7 +38,10 @@ def deinterleave(x: torch.Tensor) -> torch.Tensor:
 
 
 class MLAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, tp: TPContext):
+    """`in_features` is the input width: hidden_size in the target, 2 * hidden_size in an EAGLE-3 draft, whose
+    down-projections read [norm(embedding), norm(hidden)] (models/eagle3.py passes its DraftConfig as `cfg`)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TPContext, in_features: int | None = None):
         super().__init__()
         self.layer = layer
         self.heads = tp.shard(cfg.num_heads, "attention heads")
@@ -47,21 +50,28 @@ class MLAttention(nn.Module):
         self.interleaved = cfg.rope_interleave
         self.scale = softmax_scale(cfg)
         h, qk = cfg.hidden_size, cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        x = in_features or h
         # The down-projections are small and feed every head: each rank keeps them whole (plain linears).
         if cfg.q_lora_rank:
-            self.q_a_proj = nn.Linear(h, cfg.q_lora_rank, bias=cfg.attention_bias)
+            self.q_a_proj = nn.Linear(x, cfg.q_lora_rank, bias=cfg.attention_bias)
             self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
             self.q_b_proj = ColumnParallelLinear(cfg.q_lora_rank, [cfg.num_heads * qk], False, tp)
         else:
-            self.q_proj = ColumnParallelLinear(h, [cfg.num_heads * qk], False, tp)
-        self.kv_a_proj_with_mqa = nn.Linear(h, self.rank + self.rope, bias=cfg.attention_bias)
+            self.q_proj = ColumnParallelLinear(x, [cfg.num_heads * qk], False, tp)
+        self.kv_a_proj_with_mqa = nn.Linear(x, self.rank + self.rope, bias=cfg.attention_bias)
         self.kv_a_layernorm = RMSNorm(self.rank, cfg.rms_norm_eps)
         # Only its weight is used (absorbed into q and the output); heads are split across ranks.
         self.kv_b_proj = ColumnParallelLinear(self.rank, [cfg.num_heads * (self.nope + self.v_dim)], False, tp)
         self.o_proj = RowParallelLinear(cfg.num_heads * self.v_dim, h, cfg.attention_bias, tp)
         self.low_rank_q = bool(cfg.q_lora_rank)
 
-    def forward(self, x, positions, batch: AttentionBatch, rotary: RotaryEmbedding):
+    def _absorbed(self):
+        """(W_UK, W_UV): kv_b_proj's weight per head, [heads, nope, rank] and [heads, v_dim, rank]."""
+        return self.kv_b_proj.weight.view(self.heads, self.nope + self.v_dim, self.rank).split(
+            [self.nope, self.v_dim], dim=1)
+
+    def project(self, x, positions, rotary: RotaryEmbedding):
+        """Latent-space (q, k, v): q [B, T, heads, rank + rope]; k = v = [B, T, 1, rank + rope]."""
         B, T, _ = x.shape
         q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.low_rank_q else self.q_proj(x)
         q_nope, q_rope = q.view(B, T, self.heads, self.nope + self.rope).split([self.nope, self.rope], dim=-1)
@@ -70,10 +80,15 @@ class MLAttention(nn.Module):
         if self.interleaved:
             q_rope, k_rope = deinterleave(q_rope), deinterleave(k_rope)
         q_rope, k_rope = rotary(q_rope, k_rope, positions)
-        w_uk, w_uv = self.kv_b_proj.weight.view(self.heads, self.nope + self.v_dim, self.rank).split(
-            [self.nope, self.v_dim], dim=1)
-        q_latent = torch.einsum("bthn,hnr->bthr", q_nope, w_uk)
-        kv = torch.cat([latent, k_rope], dim=-1)  # [B, T, 1, rank + rope]: key and value alike
-        out = attend(torch.cat([q_latent, q_rope], dim=-1), kv, kv, self.layer, batch, self.scale)
+        q_latent = torch.einsum("bthn,hnr->bthr", q_nope, self._absorbed()[0])
+        kv = torch.cat([latent, k_rope], dim=-1)  # key and value alike
+        return torch.cat([q_latent, q_rope], dim=-1), kv, kv
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """out: [B, T, heads * (rank + rope)], attention over the latents; the rope columns are dropped."""
+        B, T, _ = out.shape
         out = out.view(B, T, self.heads, self.rank + self.rope)[..., :self.rank]
-        return self.o_proj(torch.einsum("bthr,hvr->bthv", out, w_uv).flatten(2))
+        return self.o_proj(torch.einsum("bthr,hvr->bthv", out, self._absorbed()[1]).flatten(2))
+
+    def forward(self, x, positions, batch: AttentionBatch, rotary: RotaryEmbedding):
+        return self.output(attend(*self.project(x, positions, rotary), self.layer, batch, self.scale))
