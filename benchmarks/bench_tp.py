@@ -93,8 +93,8 @@ def _worker(rank, tp, port, queue, graphs):
     res["graphs"] = graphs
     res["rank"], res["pid"] = rank, os.getpid()
     queue.put(res)
-    dist.barrier()
-    dist.destroy_process_group()
+    # No barrier or destroy_process_group: after NCCL collectives were captured in a CUDA graph,
+    # destroy_process_group can hang (pytorch/pytorch#115388); exiting frees the communicators.
 
 
 def run_config(tp, env, graphs=True, timeout_s=240):
@@ -118,7 +118,9 @@ def run_config(tp, env, graphs=True, timeout_s=240):
                 p.kill()
             return dict(tp=tp, graphs=graphs, failed=str(e) or f"no result within {timeout_s} s")
         for p in procs:
-            p.join()
+            p.join(timeout=30)
+            if p.is_alive():  # results are in; a rank stuck in teardown must not hold the benchmark
+                p.kill()
     finally:
         os.environ.clear()
         os.environ.update(saved)

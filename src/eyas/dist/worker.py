@@ -126,7 +126,9 @@ def run_worker(rank: int, size: int, spec: WorkerSpec, commands, results) -> Non
     finally:
         import torch.distributed as dist
 
-        if dist.is_initialized():
+        # Not on NCCL: destroy_process_group can hang once collectives were captured in a CUDA graph
+        # (pytorch/pytorch#115388); the process is exiting, which frees the communicators anyway.
+        if dist.is_initialized() and dist.get_backend() != "nccl":
             dist.destroy_process_group()
 
 
