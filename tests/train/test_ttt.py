@@ -15,8 +15,8 @@ V, VD, H = 32, 24, 64
 def _inference_chain(draft, table, ids, feats, t, steps):
     """The slow reference: the draft's inference path (KV cache, AttentionBatch) one position at a time.
     Step 0 extends over the committed prefix 0..t; step k feeds its own previous output at position t+k."""
-    cfg = draft.config
-    kv = KVCache(1, 1, t + steps + 1, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
+    heads, head_dim, shared = draft.config.kv_cache_layout()
+    kv = KVCache(1, 1, t + steps + 1, heads, head_dim, torch.float32, "cpu", shared)
 
     def run(embeds, hidden, pos, start, fuse=False):
         batch = AttentionBatch(kv=kv, slots=torch.tensor([0]), starts=torch.tensor([start]),

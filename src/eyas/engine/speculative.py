@@ -61,9 +61,8 @@ class SpeculativeDecoder:
             self.draft = load_draft(draft_path, self.target.config, dtype, engine.device, max_positions=positions)
         self.target.capture_layers = self.draft.config.capture_layers(self.target.config.num_layers)
         self.policy = SpecPolicy(max_batch=self.spec.max_batch, adaptive=self.spec.adaptive)
-        dcfg = self.draft.config
-        self.kv = KVCache(1, engine.runner.kv.num_slots, positions, dcfg.num_kv_heads,
-                          dcfg.head_dim, dtype, engine.device)
+        heads, head_dim, shared = self.draft.config.kv_cache_layout()  # an MLA draft caches one latent per token
+        self.kv = KVCache(1, engine.runner.kv.num_slots, positions, heads, head_dim, dtype, engine.device, shared)
 
     @property
     def lookahead(self) -> int:

@@ -3,6 +3,8 @@
 One name table converts between them: EAGLE and SGLang use our module names as they are;
 speculators calls the decoder layer `layers.0` instead of `midlayer`. The embedding is never part
 of a draft we save (serving reuses the target's), and is ignored when a checkpoint carries one.
+A latent-attention draft exists only as SGLang/vLLM's `Eagle3DeepseekV2ForCausalLM` (config model_type
+deepseek_v3, the MLA keys beside the EAGLE-3 ones); its weights load under `midlayer.*` or `layers.0.*`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from eyas.config import DraftConfig, read_config_json
+from eyas.config import MLA_DRAFT_ARCHITECTURES, DraftConfig, read_config_json
 from eyas.errors import EyasError
 from eyas.models.eagle3 import Eagle3Draft
 
@@ -87,18 +89,27 @@ def load_draft(path: str | Path, target_config=None, dtype=torch.float32, device
     return draft.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def _llama_fields(cfg: DraftConfig) -> dict:
+def _layer_fields(cfg: DraftConfig) -> dict:
     out = dict(model_type="llama", hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                num_hidden_layers=1, rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
                max_position_embeddings=cfg.max_position_embeddings, vocab_size=cfg.vocab_size,
                hidden_act="silu", tie_word_embeddings=False, torch_dtype="bfloat16")
+    if cfg.mla:
+        # DeepseekV3Config's names, which SGLang and vLLM read; head_dim there is derived, not a key.
+        del out["head_dim"]
+        out.update(model_type="deepseek_v3", q_lora_rank=cfg.q_lora_rank, kv_lora_rank=cfg.kv_lora_rank,
+                   qk_nope_head_dim=cfg.qk_nope_head_dim, qk_rope_head_dim=cfg.qk_rope_head_dim,
+                   v_head_dim=cfg.v_head_dim, rope_interleave=cfg.rope_interleave, attention_bias=False)
     if cfg.rope_scaling:
         out["rope_scaling"] = cfg.rope_scaling
     return out
 
 
 def draft_config_json(cfg: DraftConfig, layout: str, verifier: str | None = None) -> dict:
+    if cfg.mla and layout != "sglang":
+        raise EyasError(f"a latent-attention draft has no {layout} layout (only SGLang and vLLM run "
+                        f"{MLA_DRAFT_ARCHITECTURES[0]}); save it with layout sglang")
     if layout == "speculators":
         return {
             "architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3", "speculators_version": "0.7.0",
@@ -106,7 +117,7 @@ def draft_config_json(cfg: DraftConfig, layout: str, verifier: str | None = None
             "norm_before_residual": cfg.norm_before_residual, "norm_before_fc": False, "norm_output": True,
             # speculators ids are layer inputs; ours mean "output of layer id".
             **({"eagle_aux_hidden_state_layer_ids": [i + 1 for i in cfg.aux_layer_ids]} if cfg.aux_layer_ids else {}),
-            "transformer_layer_config": {**_llama_fields(cfg), "architectures": ["LlamaForCausalLM"]},
+            "transformer_layer_config": {**_layer_fields(cfg), "architectures": ["LlamaForCausalLM"]},
             "speculators_config": {
                 "algorithm": "eagle3", "default_proposal_method": "greedy",
                 "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3, "accept_tolerance": 0.0,
@@ -117,7 +128,9 @@ def draft_config_json(cfg: DraftConfig, layout: str, verifier: str | None = None
     if cfg.norm_before_residual:
         raise EyasError("this draft uses norm_before_residual, which the EAGLE and SGLang layouts cannot express; export as speculators")
     arch = "LlamaForCausalLMEagle3" if layout == "sglang" else "LlamaForCausalLM"
-    out = {"architectures": [arch], **_llama_fields(cfg), "draft_vocab_size": cfg.draft_vocab_size,
+    if cfg.mla:
+        arch = MLA_DRAFT_ARCHITECTURES[0]
+    out = {"architectures": [arch], **_layer_fields(cfg), "draft_vocab_size": cfg.draft_vocab_size,
            "target_hidden_size": cfg.target_hidden_size}
     if cfg.aux_layer_ids:
         out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids)}

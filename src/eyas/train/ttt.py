@@ -9,9 +9,9 @@ Indexing (position p holds token x_p and the target's features f_p and distribut
   position t+k after k-1 guesses, with the true tokens in place of the guesses (teacher forcing).
 - attention at step k: index t sees the step-0 keys of indices 0..t (the committed prefix, as in the
   draft's KV cache) and, of steps 1..k, only its own index's keys (its own chain of guesses).
-The attention math reuses the draft's own modules (q_proj, rotary, o_proj, ...): the weights we train
-are exactly the ones inference runs, and tests/train/test_ttt.py checks the result against the
-inference KV-cache path step by step.
+The attention math reuses the draft's own modules (its attention's `project` and `output`, for the Llama
+and the latent-attention layer alike): the weights we train are exactly the ones inference runs, and
+tests/train/test_ttt.py checks the result against the inference KV-cache path step by step.
 """
 
 from __future__ import annotations
@@ -48,40 +48,39 @@ def teacher_from_logits(logits: torch.Tensor, loss_mask: torch.Tensor, used: tor
 
 
 def ttt_attention(q: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]], scale: float) -> torch.Tensor:
-    """q: [B, T, H, D]; cache: per step (k, v) [B, T, Hkv, D]. Causal over step 0, diagonal over steps 1..k."""
+    """q: [B, T, H, D]; cache: per step (k, v) [B, T, Hkv, D]. Causal over step 0, diagonal over steps 1..k.
+    The query heads sharing a key/value head are stacked along the rows instead of copying keys per head: a
+    latent-attention draft shares one (kv_lora_rank + rope)-wide head among all of its heads."""
     B, T, H, D = q.shape
-    rep = H // cache[0][0].shape[2]
+    G = cache[0][0].shape[2]
+    rep = H // G
 
-    def heads(x):  # [B, T, Hkv, D] -> [B, H, T, D]
-        return x.transpose(1, 2).repeat_interleave(rep, dim=1)
+    def group(x):  # [B, T, Hkv, D] -> [B, Hkv, 1, T, D]
+        return x.transpose(1, 2)[:, :, None]
 
-    q = q.transpose(1, 2)
-    k0, v0 = heads(cache[0][0]), heads(cache[0][1])
+    q = q.view(B, T, G, rep, D).permute(0, 2, 3, 1, 4)                  # [B, Hkv, rep, T, D]
+    k0, v0 = cache[0][0].transpose(1, 2), cache[0][1].transpose(1, 2)   # [B, Hkv, T, D]
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    scores = [(q @ k0.transpose(-1, -2) * scale).masked_fill(~causal, float("-inf"))]
-    scores += [(q * heads(k)).sum(-1, keepdim=True) * scale for k, _ in cache[1:]]
+    first = (q.reshape(B, G, rep * T, D) @ k0.transpose(-1, -2)).view(B, G, rep, T, T)
+    scores = [(first * scale).masked_fill(~causal, float("-inf"))]
+    scores += [(q * group(k)).sum(-1, keepdim=True) * scale for k, _ in cache[1:]]
     p = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(v0.dtype)
-    out = p[..., :T] @ v0
+    out = (p[..., :T].reshape(B, G, rep * T, T) @ v0).view(B, G, rep, T, D)
     for j, (_, v) in enumerate(cache[1:]):
-        out = out + p[..., T + j: T + j + 1] * heads(v)
-    return out.transpose(1, 2).reshape(B, T, H * D)
+        out = out + p[..., T + j: T + j + 1] * group(v)
+    return out.permute(0, 3, 1, 2, 4).reshape(B, T, H * D)
 
 
 def midlayer_step(draft: Eagle3Draft, embeds, hidden, positions, cache: list) -> torch.Tensor:
     """One TTT step of the draft's decoder layer; appends this step's keys/values to `cache`.
     Mirrors MidLayer.forward with the attention above in place of the KV-cache attention."""
     layer, attn = draft.midlayer, draft.midlayer.self_attn
-    B, T, _ = embeds.shape
     normed = layer.hidden_norm(hidden)
     residual = normed if layer.norm_before_residual else hidden
     x = torch.cat([layer.input_layernorm(embeds.to(hidden.dtype)), normed], dim=-1)
-    d = attn.head_dim
-    q = attn.q_proj(x).view(B, T, attn.heads, d)
-    k = attn.k_proj(x).view(B, T, attn.kv_heads, d)
-    v = attn.v_proj(x).view(B, T, attn.kv_heads, d)
-    q, k = draft.rotary(q, k, positions)
+    q, k, v = attn.project(x, positions, draft.rotary)
     cache.append((k, v))
-    h = residual + attn.o_proj(ttt_attention(q, cache, d ** -0.5))
+    h = residual + attn.output(ttt_attention(q, cache, attn.scale))
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
