@@ -28,7 +28,7 @@ def add_arguments(p) -> None:
     p.add_argument("--spec-topk", type=int, help="branching per draft step (default 1: a chain)")
     p.add_argument("--spec-draft-tokens", type=int, help="tree nodes sent to verify, root included")
     p.add_argument("--spec-max-batch", type=int, help="decode without speculation while more sequences than this run "
-                                                       "(the draft keeps up, so speculation resumes below it)")
+                                                       "(the draft catches up when speculation resumes below it)")
     p.add_argument("--spec-adaptive", action="store_true",
                    help="measure tokens/s with and without speculation per batch size and use the faster")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel workers (default 1)")
