@@ -15,6 +15,7 @@ from collections import deque
 import torch
 
 from eyas.dist.parallel import SINGLE, TPContext
+from eyas.engine.profile import NullProfiler
 from eyas.engine.runner import ModelRunner
 from eyas.engine.sequence import Sequence
 from eyas.errors import EyasError
@@ -86,12 +87,18 @@ class Engine:
             seq = self.waiting.popleft()
             seq.slot = self.runner.kv.allocate()
             admitted.append(seq)
-        for group in prefill_groups(admitted, PREFILL_TOKENS):
-            self._prefill(group)
+        prof = self.profiler or NullProfiler()
+        if admitted:
+            with prof.phase("prefill"):
+                for group in prefill_groups(admitted, PREFILL_TOKENS):
+                    self._prefill(group)
         self.running.extend(admitted)
         live = [s for s in self.running if not s.finished]
-        if live:
-            (self.spec.cycle if self.spec else self._decode)(live)
+        if live and self.spec:
+            self.spec.cycle(live)
+        elif live:
+            with prof.phase("decode"):
+                self._decode(live)
         done = [s for s in self.running if s.finished]
         for s in done:
             self._release(s)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -57,9 +58,18 @@ class Pipeline:
         return self._tokenizer
 
     def engine(self, max_batch: int, max_len: int):
+        """The generation engine of synth and regen; with EYAS_PROFILE=1 it times prefill and decode steps
+        (printed after the stage), to tell where a slow generation stage spends its time."""
         from eyas.engine.engine import Engine
+        from eyas.engine.profile import Profiler
 
-        return Engine(self.recipe.target, dtype=self.dtype, device=self.device, max_batch=max_batch, max_len=max_len)
+        profiler = Profiler(self.device) if os.environ.get("EYAS_PROFILE") == "1" else None
+        return Engine(self.recipe.target, dtype=self.dtype, device=self.device, max_batch=max_batch, max_len=max_len,
+                      profiler=profiler)
+
+    def _report_profile(self, engine, stage: str):
+        if engine.profiler is not None:
+            log(self.dist, f"eyas train: [{stage}] engine phases (EYAS_PROFILE=1)\n{engine.profiler.table()}")
 
     def samples(self):
         """Tokenized regenerated conversations and a hash of exactly what training will see."""
@@ -112,6 +122,7 @@ class Pipeline:
             return {"skipped": "[synth] num = 0"}
         engine = self.engine(cfg.batch, len(user_turn_prefix(self.tokenizer)) + cfg.max_tokens + 8)
         out = synthesize(self.recipe, engine, self.tokenizer, self.dist.rank, self.dist.world, self.progress)
+        self._report_profile(engine, "synth")
         self.dist.barrier()
         return out
 
@@ -122,6 +133,7 @@ class Pipeline:
         engine = self.engine(self.recipe.regen.batch, self.recipe.data.max_len)
         out = regenerate(self.recipe, engine, self.tokenizer, pool.train, self.dist.rank, self.dist.world,
                          self.progress)
+        self._report_profile(engine, "regen")
         self.dist.barrier()
         return {**pool.stats, **out}
 
