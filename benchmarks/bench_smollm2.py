@@ -9,6 +9,8 @@ Sections, all in one process so the numbers are side by side:
   lossless   fp32 (TF32 off): speculative greedy == plain greedy on the MT-bench first turns, chain and tree
   bf16       share of identical outputs in bf16; every divergence's top-2 logit gap in the plain run
   accept     acceptance length on the 80 MT-bench first turns and the 164 HumanEval prompts (bf16, greedy, stop at EOS)
+  scaling    tokens/s at batch 1, 8, 32, 64 (--batches): plain, chain 3/1/4 always, chain with the adaptive policy;
+             the smallest batch from which always speculating is slower than plain
 """
 
 from __future__ import annotations
@@ -185,6 +187,32 @@ def acceptance(model_path, tok, draft, dataset, n, batch=32, new_tokens=None):
     return res
 
 
+def batch_scaling(model_path, prompts, draft, batches, new_tokens=None):
+    """One engine per mode (slots for the largest batch); each batch size is warmed up (graph captures, and
+    the adaptive policy's first measurements) with a short run of the same size, then timed."""
+    new_tokens = new_tokens or NEW_TOKENS
+    modes = {"plain": None, "chain": CHAIN, "adaptive": SpecConfig(3, 1, adaptive=True)}
+    rows = {B: {"batch": B} for B in batches}
+    for name, spec in modes.items():
+        eng = Engine(str(model_path), dtype="bf16", device=DEVICE, draft=draft if spec else None, spec=spec,
+                     max_batch=max(batches), max_len=2048)
+        for B in batches:
+            batch = [prompts[i % len(prompts)] for i in range(B)]
+            eng.generate(batch, SamplingParams(max_tokens=64, ignore_eos=True))
+            sync()
+            t0 = time.perf_counter()
+            seqs = eng.generate(batch, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
+            sync()
+            toks = sum(len(s.output_ids) for s in seqs)
+            rows[B][f"{name}_tok_s"] = toks / (time.perf_counter() - t0)
+            if spec:
+                rows[B][f"{name}_accept_length"] = (toks - B) / sum(s.verify_passes for s in seqs)
+        del eng
+    out = [rows[B] for B in batches]
+    slower = [r["batch"] for r in out if r["chain_tok_s"] < r["plain_tok_s"]]
+    return dict(rows=out, always_speculating_slower_from=min(slower) if slower else None)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--draft", default="random")
@@ -195,6 +223,7 @@ def main():
     ap.add_argument("--accept-prompts", type=int, default=None, help="default: all 80 MT-bench and 164 HumanEval")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--accept-sets", type=int, default=2, help="1 = MT-bench only, 2 = MT-bench and HumanEval")
+    ap.add_argument("--batches", default="1,8,32,64", help="batch sizes of the scaling section")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default="bench_smollm2.json")
     args = ap.parse_args()
@@ -235,6 +264,11 @@ def main():
             results["accept"][d] = acceptance(path, tok, draft, d, args.accept_prompts or n)
             json.dump(results, open(args.out, "w"), indent=2)
         print(json.dumps(results["accept"]), flush=True)
+    if "scaling" in sections:
+        results["scaling"] = batch_scaling(path, prompts_ids(tok, 80), draft, [int(b) for b in args.batches.split(",")])
+        for r in results["scaling"]["rows"]:
+            print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}), flush=True)
+        print("always speculating is slower than plain from batch", results["scaling"]["always_speculating_slower_from"])
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
 
