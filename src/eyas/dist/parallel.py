@@ -30,6 +30,16 @@ class TPContext:
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
 
+    def agree(self, flag: bool) -> bool:
+        """Rank 0's `flag` on every rank: for choices made from a rank's own measurements (its timings),
+        which would otherwise differ between ranks and leave their collectives unpaired."""
+        if self.size == 1:
+            return flag
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" else "cpu"
+        t = torch.tensor([int(flag)], device=device)
+        dist.broadcast(t, src=dist.get_global_rank(self.group or dist.group.WORLD, 0), group=self.group)
+        return bool(t.item())
+
     def shard(self, n: int, what: str) -> int:
         """Size of this rank's share of `n` items, refusing uneven splits."""
         if n % self.size:

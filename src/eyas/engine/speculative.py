@@ -180,6 +180,8 @@ class SpeculativeDecoder:
     def cycle(self, seqs):
         """One step for the running batch: a speculative cycle, or a plain step when the policy says so."""
         speculate = self.policy.speculate(len(seqs))
+        if self.policy.adaptive:  # decided from this rank's own timings: every rank follows rank 0
+            speculate = self.target.tp.agree(speculate)
         if speculate:
             self._catch_up([s for s in seqs if s.draft_state.lag_tokens])
         captured = self._graphs_captured()

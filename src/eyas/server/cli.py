@@ -15,7 +15,6 @@ import signal
 import sys
 
 from eyas.config import SpecConfig
-from eyas.errors import EyasError
 from eyas.server.config import ServeConfig, parse_env_pairs
 
 DRAIN_TIMEOUT_S = 120  # on SIGTERM, how long running requests may take to finish before they are cut
@@ -49,11 +48,6 @@ def add_arguments(p) -> None:
 
 
 def config_from_args(args) -> ServeConfig:
-    if args.spec_adaptive and args.tp > 1:
-        # Each rank would time its own steps and could choose differently, and then their collectives
-        # would no longer pair up.
-        raise EyasError("--spec-adaptive decides from each worker's own timings and cannot keep --tp > 1 "
-                        "workers in lockstep; use --spec-max-batch N with tensor parallelism")
     spec = None
     if args.spec_adaptive or any(v is not None for v in (args.spec_steps, args.spec_topk, args.spec_draft_tokens,
                                                          args.spec_max_batch)):
