@@ -9,6 +9,8 @@ Sections, all in one process so the numbers are side by side:
   lossless   fp32 (TF32 off): speculative greedy == plain greedy on the MT-bench first turns, chain and tree
   bf16       share of identical outputs in bf16; every divergence's top-2 logit gap in the plain run
   accept     acceptance length on the 80 MT-bench first turns and the 164 HumanEval prompts (bf16, greedy, stop at EOS)
+  cycle      one speculative cycle at batch 1 under torch.profiler: CUDA kernels, graph launches and eager kernel
+             launches per cycle, host wall time, GPU busy time, and the eyas profiler's per-phase GPU times
   scaling    tokens/s at batch 1, 8, 32, 64 (--batches): plain, chain 3/1/4 always, chain with the adaptive policy;
              the smallest batch from which always speculating is slower than plain
 """
@@ -187,6 +189,38 @@ def acceptance(model_path, tok, draft, dataset, n, batch=32, new_tokens=None):
     return res
 
 
+def cycle_profile(model_path, prompt, draft, spec, cycles=20):
+    """Steady-state cycles of one sequence (graphs captured during the warm-up) under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = Profiler(DEVICE)
+    eng = Engine(str(model_path), dtype="bf16", device=DEVICE, draft=draft, spec=spec, max_batch=1, max_len=2048,
+                 profiler=prof)
+    eng.add(prompt, SamplingParams(max_tokens=40 + 10 * cycles, ignore_eos=True))
+    for _ in range(40):  # prefill, graph captures, first cycles
+        eng.step()
+    prof.drain()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
+    sync()
+    with profile(activities=activities) as trace:
+        t0 = time.perf_counter()
+        for _ in range(cycles):
+            eng.step()
+        sync()
+        wall = time.perf_counter() - t0
+    events = trace.events()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    count = lambda name: sum(e.name == name for e in events)  # noqa: E731
+    phases = {k: sum(v) / cycles for k, v in prof.drain().items()}
+    return dict(cycles=cycles, host_wall_ms=wall / cycles * 1e3,
+                gpu_busy_ms=sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / cycles,
+                kernels_per_cycle=len(kernels) / cycles,
+                graph_launches_per_cycle=count("cudaGraphLaunch") / cycles,
+                eager_kernel_launches_per_cycle=count("cudaLaunchKernel") / cycles,
+                aten_ops_per_cycle=sum(e.name.startswith("aten::") for e in events) / cycles,
+                phase_ms_per_cycle=phases)
+
+
 def batch_scaling(model_path, prompts, draft, batches, new_tokens=None):
     """One engine per mode (slots for the largest batch); each batch size is warmed up (graph captures, and
     the adaptive policy's first measurements) with a short run of the same size, then timed."""
@@ -264,6 +298,10 @@ def main():
             results["accept"][d] = acceptance(path, tok, draft, d, args.accept_prompts or n)
             json.dump(results, open(args.out, "w"), indent=2)
         print(json.dumps(results["accept"]), flush=True)
+    if "cycle" in sections:
+        results["cycle"] = {name: cycle_profile(path, prompts_ids(tok, 1)[0], draft, spec)
+                            for name, spec in (("chain", CHAIN), ("tree", TREE))}
+        print(json.dumps(results["cycle"]), flush=True)
     if "scaling" in sections:
         results["scaling"] = batch_scaling(path, prompts_ids(tok, 80), draft, [int(b) for b in args.batches.split(",")])
         for r in results["scaling"]["rows"]:
