@@ -27,7 +27,7 @@ def test_speculative_tp2_server_equals_plain_greedy(pair, tokenizer):
     args = ["--draft", str(draft), "--spec-steps", "3", "--spec-topk", "2", "--spec-draft-tokens", "5",
             "--tp", "2", "--max-running", "3", "--profile"]
     with Server(target, *args) as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=180)
 
         def one(p):
             return client.completions.create(model=server.model, prompt=p, max_tokens=40, temperature=0)
@@ -70,7 +70,7 @@ def test_adaptive_speculation_with_tensor_parallelism_stays_lossless(pair, token
     want = [tokenizer.decode(plain.generate([tokenizer.encode(p)], SamplingParams(max_tokens=40))[0].output_ids,
                              skip_special_tokens=True) for p in prompts]
     with Server(target, "--draft", str(draft), "--spec-adaptive", "--tp", "2", "--max-running", "4") as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=180)
         with ThreadPoolExecutor(4) as pool:
             got = list(pool.map(lambda p: client.completions.create(model=server.model, prompt=p, max_tokens=40,
                                                                     temperature=0), prompts))

@@ -13,7 +13,7 @@ def test_tp2_equals_tp1(tiny_model, tokenizer, reference):
     lengths = [10 + 3 * i for i in range(6)]
     want = [reference(tokenizer.encode(p), n)[0] for p, n in zip(prompts, lengths)]
     with Server(tiny_model, "--tp", "2", "--max-running", "4") as server:
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=180)
 
         def one(i):
             r = client.completions.create(model=server.model, prompt=prompts[i], max_tokens=lengths[i], temperature=0)
