@@ -18,12 +18,17 @@ def pair(tmp_path_factory):
     return predictable_pair(tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("draft"))
 
 
+def plain_texts(target, tokenizer, prompts, max_tokens=40):
+    """What the target alone writes for each prompt, greedy, one at a time."""
+    plain = Engine(str(target), dtype="fp32", max_batch=1, max_len=512)
+    return [tokenizer.decode(plain.generate([tokenizer.encode(p)], SamplingParams(max_tokens=max_tokens))[0]
+                             .output_ids, skip_special_tokens=True) for p in prompts]
+
+
 def test_speculative_tp2_server_equals_plain_greedy(pair, tokenizer):
     target, draft = pair
     prompts = [f"Draft {i}: the parser and the {'abc'[i % 3]}" for i in range(6)]
-    plain = Engine(str(target), dtype="fp32", max_batch=1, max_len=512)
-    want = [tokenizer.decode(plain.generate([tokenizer.encode(p)], SamplingParams(max_tokens=40))[0].output_ids,
-                             skip_special_tokens=True) for p in prompts]
+    want = plain_texts(target, tokenizer, prompts)
     args = ["--draft", str(draft), "--spec-steps", "3", "--spec-topk", "2", "--spec-draft-tokens", "5",
             "--tp", "2", "--max-running", "3", "--profile"]
     with Server(target, *args) as server:
@@ -66,9 +71,7 @@ def test_adaptive_speculation_with_tensor_parallelism_stays_lossless(pair, token
     """Each rank times its own steps; every rank follows rank 0's choice, so the lockstep holds."""
     target, draft = pair
     prompts = [f"Adaptive {i}: the parser and the {'abc'[i % 3]}" for i in range(4)]
-    plain = Engine(str(target), dtype="fp32", max_batch=1, max_len=512)
-    want = [tokenizer.decode(plain.generate([tokenizer.encode(p)], SamplingParams(max_tokens=40))[0].output_ids,
-                             skip_special_tokens=True) for p in prompts]
+    want = plain_texts(target, tokenizer, prompts)
     with Server(target, "--draft", str(draft), "--spec-adaptive", "--tp", "2", "--max-running", "4") as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=180)
         with ThreadPoolExecutor(4) as pool:

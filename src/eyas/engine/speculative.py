@@ -232,16 +232,16 @@ class SpeculativeDecoder:
             # Fixed length S+1 (the longest possible path), so the extend pass keeps one graph shape; rows
             # are padded with the root (node 0), which the extend pass computes past `last` and ignores.
             L = S + 1
-            sel = [path + [0] * (L - len(path)) for path in paths]
+            sel = [path + [0] * (L - len(path)) for path in paths]                     # accepted nodes
+            order = [list(range(len(path))) + [0] * (L - len(path)) for path in paths]  # where they go
             sel_t = torch.tensor(sel, device=dev)
             feats = out.aux_hidden.gather(1, sel_t[..., None].expand(-1, -1, out.aux_hidden.shape[-1]))
-            moved = [i for i, path in enumerate(paths) if path != list(range(len(path)))]
+            moved = [i for i in range(B) if sel[i] != order[i]]
             if moved:  # tree paths that skip nodes: their target KV moves to contiguous columns
                 rows = torch.tensor(moved, device=dev)
-                eng.runner.kv.compact(torch.tensor([slots[i] for i in moved], device=dev),
-                                      c_t[rows, None] + sel_t[rows], c_t[rows, None] + torch.tensor(
-                                          [list(range(len(paths[i]))) + [0] * (L - len(paths[i])) for i in moved],
-                                          device=dev))
+                base = c_t[rows, None]
+                eng.runner.kv.compact(torch.tensor([slots[i] for i in moved], device=dev), base + sel_t[rows],
+                                      base + torch.tensor([order[i] for i in moved], device=dev))
             token_rows = []
             for i, s in enumerate(seqs):
                 path = paths[i]
