@@ -10,6 +10,12 @@ import pytest
 _SESSION_HOME = tempfile.mkdtemp(prefix="eyas-test-home-")
 os.environ["EYAS_HOME"] = _SESSION_HOME
 
+# Triton kernels (eyas.kernels) run on the CPU through Triton's interpreter in tests. The flag is read when
+# a kernel is decorated, i.e. when its module is first imported, so it is set here, before any test module
+# imports eyas. With EYAS_TEST_CUDA=1 (on a GPU machine) the kernels compile for the GPU instead.
+if os.environ.get("EYAS_TEST_CUDA") != "1":
+    os.environ["TRITON_INTERPRET"] = "1"
+
 
 @pytest.fixture(scope="session")
 def demo_dir():
