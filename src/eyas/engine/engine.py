@@ -26,13 +26,14 @@ from eyas.models.loader import load_model, parse_dtype
 class Engine:
     def __init__(self, model: str, dtype="bf16", device="cpu", draft: str | None = None, spec=None,
                  max_batch: int = 8, max_len: int = 2048, tp: TPContext = SINGLE, cuda_graphs: bool = True,
-                 profiler=None):
+                 profiler=None, admit_batch: int = 1):
         self.model_path = model
         self.device = torch.device(device)
         self.dtype = parse_dtype(dtype)
         self.target = load_model(self.model_path, self.dtype, self.device, tp, max_positions=max_len)
         self.config = self.target.config
         self.max_len = max_len
+        self.admit_batch = max(1, admit_batch)
         self.runner = ModelRunner(self.target, max_batch, max_len, self.device)
         self.eos_ids = set(self.config.eos_token_ids)
         self.profiler = profiler
@@ -83,10 +84,11 @@ class Engine:
     def step(self) -> list[Sequence]:
         """Admit waiting requests, run one decode step or speculative cycle; returns finished sequences."""
         admitted = []
-        while self.waiting and self.runner.kv.free_slots:
-            seq = self.waiting.popleft()
-            seq.slot = self.runner.kv.allocate()
-            admitted.append(seq)
+        if self._should_admit():
+            while self.waiting and self.runner.kv.free_slots:
+                seq = self.waiting.popleft()
+                seq.slot = self.runner.kv.allocate()
+                admitted.append(seq)
         prof = self.profiler or NullProfiler()
         if admitted:
             with prof.phase("prefill"):
@@ -104,6 +106,19 @@ class Engine:
             self._release(s)
         self.running = [s for s in self.running if not s.finished]
         return done
+
+    def _should_admit(self) -> bool:
+        """Admit while nothing runs, or once `admit_batch` requests (or every waiting one) fit at once.
+
+        A prefill is an eager forward whose launch cost barely depends on how many prompts it holds; a
+        throughput job (synth, regen) that refilled one slot per step would pay it on nearly every step.
+        """
+        free = self.runner.kv.free_slots
+        if not self.waiting or not free:
+            return False
+        if not any(not s.finished for s in self.running):
+            return True
+        return free >= min(self.admit_batch, len(self.waiting))
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Sequence]:
         params = params if isinstance(params, list) else [params] * len(prompts)

@@ -59,13 +59,14 @@ class Pipeline:
 
     def engine(self, max_batch: int, max_len: int):
         """The generation engine of synth and regen; with EYAS_PROFILE=1 it times prefill and decode steps
-        (printed after the stage), to tell where a slow generation stage spends its time."""
+        (printed after the stage), to tell where a slow generation stage spends its time. Freed slots are
+        refilled an eighth of the batch at a time, so prefills are few and full."""
         from eyas.engine.engine import Engine
         from eyas.engine.profile import Profiler
 
         profiler = Profiler(self.device) if os.environ.get("EYAS_PROFILE") == "1" else None
         return Engine(self.recipe.target, dtype=self.dtype, device=self.device, max_batch=max_batch, max_len=max_len,
-                      profiler=profiler)
+                      profiler=profiler, admit_batch=max(1, max_batch // 8))
 
     def _report_profile(self, engine, stage: str):
         if engine.profiler is not None:

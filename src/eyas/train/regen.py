@@ -2,10 +2,11 @@
 
 Usage: regenerate(recipe, engine, tokenizer, pool.train)   # appends to <out>/data/regen-r<rank>.jsonl
 
-Conversations go through the Engine a chunk at a time, one assistant turn per round (turn i's prompt
-holds the target's own reply to turn i-1). Each finished chunk is appended to the JSONL file, so an
-interrupted run resumes by skipping the ids already written. Under torchrun, rank r takes every
-r-th conversation and writes its own file.
+All conversations stream through one continuously batched Engine: a freed slot takes the next
+conversation, or the next turn of one whose reply just finished (turn i's prompt holds the target's own
+reply to turn i-1), so no batch ever drains waiting for its longest reply. Finished conversations are
+appended to the JSONL file every FLUSH_ROWS, so an interrupted run resumes by skipping the ids already
+written. Under torchrun, rank r takes every r-th conversation and writes its own file.
 """
 
 from __future__ import annotations
@@ -44,35 +45,6 @@ def read_regenerated(recipe) -> list[Conversation]:
     return sorted(convs, key=lambda c: c.id)
 
 
-def _reply_round(engine, tokenizer, convs, turn: int, params, max_len: int, stats: dict) -> list[Conversation]:
-    """Give each conversation that has a user turn number `turn` the target's reply to it."""
-    jobs, prompts = [], []
-    for c in convs:
-        users = [i for i, m in enumerate(c.messages) if m["role"] == "user"]
-        if turn >= len(users):
-            continue
-        ids = encode_messages(tokenizer, c.messages[: users[turn] + 1])
-        if len(ids) + params.max_tokens + engine_margin(engine) > max_len:
-            c.messages = c.messages[: users[turn]]  # no room for this turn: the conversation ends before it
-            continue
-        jobs.append((c, users[turn]))
-        prompts.append(ids)
-    if not prompts:
-        return []
-    seqs = engine.generate(prompts, [SamplingParams(temperature=params.temperature, top_p=params.top_p,
-                                                    max_tokens=params.max_tokens, seed=params.seed + i,
-                                                    stop_token_ids=params.stop_token_ids)
-                                     for i in range(len(prompts))])
-    stats["generated_tokens"] = stats.get("generated_tokens", 0) + sum(len(s.output_ids) for s in seqs)
-    for (c, at), s in zip(jobs, seqs):
-        text = tokenizer.decode(s.output_ids, skip_special_tokens=True)
-        if text.strip():
-            c.messages.insert(at + 1, {"role": "assistant", "content": text})
-        else:
-            c.messages = c.messages[:at]  # an empty reply teaches nothing; end the conversation before it
-    return [c for c, _ in jobs]
-
-
 def engine_margin(engine) -> int:
     return engine.spec.lookahead if engine.spec else 1
 
@@ -83,32 +55,86 @@ def regenerate(recipe, engine, tokenizer, prompts: list[Conversation], rank: int
     path = data_dir(recipe) / f"regen-r{rank}.jsonl"
     todo = prompts[: cfg.max_samples] if cfg.max_samples else prompts
     already = done_ids(recipe)
-    mine = [c for i, c in enumerate(todo) if i % world == rank and c.id not in already]
-    stops = end_of_turn_ids(tokenizer, engine.config.eos_token_ids)
-    chunk = 4 * cfg.batch
+    mine = [(i, c) for i, c in enumerate(todo) if i % world == rank and c.id not in already]
     stats = {"conversations": 0, "replies": 0, "dropped": 0, "generated_tokens": 0,
              "skipped_done": len(todo) // world - len(mine)}
+    job = _Regen(recipe, engine, tokenizer, path, stats)
     bar = tqdm(total=len(mine), desc="regen", unit="conv", disable=not progress)
-    for start in range(0, len(mine), chunk):
-        convs = [Conversation(c.id, [dict(m) for m in c.messages if m["role"] != "assistant"])
-                 for c in mine[start: start + chunk]]
-        turns = max(sum(m["role"] == "user" for m in c.messages) for c in convs)
-        for turn in range(turns):
-            params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens,
-                                    seed=recipe.data.seed * 7919 + start * 31 + turn * 1_000_003,
-                                    stop_token_ids=stops)
-            stats["replies"] += len(_reply_round(engine, tokenizer, convs, turn, params, engine.max_len, stats))
-        # Keep conversations up to their last assistant reply; those without one are dropped.
-        rows = []
-        for c in convs:
-            last = max((i for i, m in enumerate(c.messages) if m["role"] == "assistant"), default=None)
-            if last is None:  # every reply was empty, or the first prompt left no room for one
-                stats["dropped"] += 1
-                rows.append({"id": c.id, "dropped": "no reply"})
-                continue
-            rows.append(Conversation(c.id, c.messages[: last + 1]).to_sharegpt())
-        write_jsonl(path, rows, append=True)
-        stats["conversations"] += sum("dropped" not in r for r in rows)
-        bar.update(len(convs))
+    queue = iter(mine)
+    while True:
+        # Keep about one batch waiting behind the running ones: enough to refill freed slots, while
+        # prompts are tokenized only shortly before they run.
+        while len(engine.waiting) < engine.runner.kv.num_slots:
+            nxt = next(queue, None)
+            if nxt is None:
+                break
+            index, conv = nxt
+            job.start(index, Conversation(conv.id, [dict(m) for m in conv.messages if m["role"] != "assistant"]))
+        if not engine.has_work():
+            break
+        for seq in engine.step():
+            bar.update(job.reply(seq))
+        if len(job.rows) >= FLUSH_ROWS:
+            job.flush()
+    job.flush()
     bar.close()
     return stats
+
+
+FLUSH_ROWS = 256  # finished conversations per append to the JSONL file (what an interrupted run can lose)
+
+
+class _Regen:
+    """Conversations in flight: each runs one assistant turn at a time, continuously batched with the
+    others (turn i+1 starts as soon as turn i's reply is in); finished ones wait in `rows` for a flush."""
+
+    def __init__(self, recipe, engine, tokenizer, path, stats):
+        self.recipe, self.engine, self.tokenizer, self.path, self.stats = recipe, engine, tokenizer, path, stats
+        self.stops = end_of_turn_ids(tokenizer, engine.config.eos_token_ids)
+        self.active: dict[int, tuple[int, Conversation, int, int]] = {}  # seq id -> (index, conv, turn, at)
+        self.rows: list[dict] = []
+
+    def start(self, index: int, conv: Conversation, turn: int = 0) -> int:
+        """Queue turn `turn` of `conv`; a conversation with no such turn (or no room for it) is finished.
+        Returns how many conversations finished (0 or 1)."""
+        users = [i for i, m in enumerate(conv.messages) if m["role"] == "user"]
+        if turn >= len(users):
+            return self._finish(conv)
+        cfg = self.recipe.regen
+        ids = encode_messages(self.tokenizer, conv.messages[: users[turn] + 1])
+        if len(ids) + cfg.max_tokens + engine_margin(self.engine) > self.engine.max_len:
+            conv.messages = conv.messages[: users[turn]]  # no room for this turn: the conversation ends before it
+            return self._finish(conv)
+        # The seed depends on the conversation and turn only, not on what else shares the batch.
+        seed = (self.recipe.data.seed * 1_000_003 + index) * 64 + turn
+        seq = self.engine.add(ids, SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
+                                                  max_tokens=cfg.max_tokens, seed=seed, stop_token_ids=self.stops))
+        self.active[seq.id] = (index, conv, turn, users[turn])
+        return 0
+
+    def reply(self, seq) -> int:
+        index, conv, turn, at = self.active.pop(seq.id)
+        self.stats["generated_tokens"] += len(seq.output_ids)
+        text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+        if not text.strip():
+            conv.messages = conv.messages[:at]  # an empty reply teaches nothing; end the conversation before it
+            return self._finish(conv)
+        self.stats["replies"] += 1
+        conv.messages.insert(at + 1, {"role": "assistant", "content": text})
+        return self.start(index, conv, turn + 1)
+
+    def _finish(self, conv: Conversation) -> int:
+        """Keep the conversation up to its last assistant reply; one without any is recorded as dropped."""
+        last = max((i for i, m in enumerate(conv.messages) if m["role"] == "assistant"), default=None)
+        if last is None:  # every reply was empty, or the first prompt left no room for one
+            self.stats["dropped"] += 1
+            self.rows.append({"id": conv.id, "dropped": "no reply"})
+        else:
+            self.stats["conversations"] += 1
+            self.rows.append(Conversation(conv.id, conv.messages[: last + 1]).to_sharegpt())
+        return 1
+
+    def flush(self):
+        if self.rows:
+            write_jsonl(self.path, self.rows, append=True)
+            self.rows = []
