@@ -1,0 +1,235 @@
+"""Attention straight over the slot KV cache: `store_kv` writes the new keys/values, `slot_attention` reads them.
+
+The torch reference (`attend` in eyas.layers.attention) gathers [B, kv_heads, kv_len, D] copies of the
+cache rows and runs SDPA with a dense [B, 1, T, kv_len] boolean mask. These kernels instead read each
+sequence's cache row `slots[b]` in place, derive the visibility of every (token, column) pair from
+`starts`/`visible`/`new_mask` on the fly, and stop at each row's own column count (starts + T, or
+visible + W for trees): short rows in a padded batch cost nothing, and the stale columns past a row's
+length are never read. Query heads of one kv head (GQA) share each loaded key/value block.
+
+Softmax is fp32 with online (flash) rescaling. With `splits` > 1 the column range of every row is cut into
+that many pieces processed by separate programs (flash-decoding), whose partial (max, sum, acc) are merged
+by a second small kernel: at batch 1 with a few kv heads a single pass would occupy a handful of SMs.
+Everything is decided on the host from shapes and the python int `kv_len`, so no host sync happens and
+both functions can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+MAX_BLOCK_M = 64  # query rows (token x head of one kv head) per program; more rows take more programs
+
+
+@triton.jit
+def _store_kv_kernel(k_cache, v_cache, slots, write_pos, k, v, T, KV_HEADS,
+                     s_kcs, s_kch, s_kcc, s_kcd, s_vcs, s_vch, s_vcc, s_vcd,
+                     s_wb, s_wt, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
+                     D, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    bt = tl.program_id(0)
+    b = bt // T
+    t = bt % T
+    slot = tl.load(slots + b).to(tl.int64)
+    pos = tl.load(write_pos + b * s_wb + t * s_wt).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    ok = (h < KV_HEADS) & (d < D)
+    b64 = b.to(tl.int64)
+    t64 = t.to(tl.int64)
+    kk = tl.load(k + b64 * s_kb + t64 * s_kt + h * s_kh + d * s_kd, mask=ok)
+    tl.store(k_cache + slot * s_kcs + pos * s_kcc + h * s_kch + d * s_kcd, kk, mask=ok)
+    vv = tl.load(v + b64 * s_vb + t64 * s_vt + h * s_vh + d * s_vd, mask=ok)
+    tl.store(v_cache + slot * s_vcs + pos * s_vcc + h * s_vch + d * s_vcd, vv, mask=ok)
+
+
+def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, write_pos: torch.Tensor,
+             k: torch.Tensor, v: torch.Tensor) -> None:
+    """k_cache[slots[b], :, write_pos[b, t]] = k[b, t] (and v), one launch for both.
+
+    Caches [num_slots, kv_heads, max_len, D] (one layer; distinct tensors), slots [B], write_pos [B, T],
+    k, v [B, T, kv_heads, D] in the cache dtype, any strides."""
+    B, T, kv_heads, D = k.shape
+    if B * T == 0:
+        return
+    _store_kv_kernel[(B * T,)](
+        k_cache, v_cache, slots, write_pos, k, v, T, kv_heads,
+        *k_cache.stride(), *v_cache.stride(), *write_pos.stride(), *k.stride(), *v.stride(),
+        D, BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(D))
+
+
+@triton.jit
+def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask, out, part_m, part_l, part_acc,
+                           s_qb, s_qt, s_qh, s_qd, s_kcs, s_kch, s_kcc, s_kcd, s_vcs, s_vch, s_vcc, s_vcd,
+                           s_mb, s_mt, s_mw, T, W, cap, qk_scale, SPLITS, M_PAD,
+                           KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, TREE: tl.constexpr, PARTIAL: tl.constexpr,
+                           DOT_F32: tl.constexpr):
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    mblk = tl.program_id(2) // SPLITS
+    split = tl.program_id(2) % SPLITS
+
+    offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < T * G
+    t = offs_m // G                      # query token of each row
+    h = hk * G + offs_m % G              # query head of each row
+    offs_d = tl.arange(0, D)
+    b64 = b.to(tl.int64)
+
+    slot = tl.load(slots + b).to(tl.int64)
+    start = tl.load(starts + b).to(tl.int32)
+    if TREE:
+        vis = tl.load(visible + b).to(tl.int32)
+        n_cols = vis + W
+    else:
+        n_cols = start + T
+    n_cols = tl.minimum(n_cols, cap)
+    # This split's share of the row's columns, in whole blocks; trailing splits of short rows are empty.
+    per = ((n_cols + SPLITS - 1) // SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    lo = split * per
+    hi = tl.minimum(lo + per, n_cols)
+
+    q_ptrs = q + b64 * s_qb + t[:, None].to(tl.int64) * s_qt + h[:, None] * s_qh + offs_d[None, :] * s_qd
+    qv = tl.load(q_ptrs, mask=m_ok[:, None], other=0.).to(k_cache.dtype.element_ty)
+    if DOT_F32:
+        qv = qv.to(tl.float32)
+    k_row = k_cache + slot * s_kcs + hk * s_kch
+    v_row = v_cache + slot * s_vcs + hk * s_vch
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        c_ok = cols < hi
+        kt = tl.load(k_row + cols[None, :].to(tl.int64) * s_kcc + offs_d[:, None] * s_kcd, mask=c_ok[None, :],
+                     other=0.)
+        if DOT_F32:
+            kt = kt.to(tl.float32)
+        s = tl.dot(qv, kt, input_precision="ieee") * qk_scale
+        if TREE:
+            rel = cols[None, :] - vis
+            inside = (rel >= 0) & (rel < W) & m_ok[:, None] & c_ok[None, :]
+            nm = tl.load(new_mask + b64 * s_mb + t[:, None] * s_mt + rel * s_mw, mask=inside, other=0)
+            see = (cols[None, :] < vis) | (nm != 0)
+        else:
+            see = cols[None, :] <= start + t[:, None]
+        see = see & c_ok[None, :]
+        s = tl.where(see, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0., m_new)   # rows that have seen nothing yet stay at zero
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vv = tl.load(v_row + cols[:, None].to(tl.int64) * s_vcc + offs_d[None, :] * s_vcd, mask=c_ok[:, None],
+                     other=0.)
+        if DOT_F32:
+            vv = vv.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv, input_precision="ieee")
+        m_i = m_new
+
+    if PARTIAL:
+        row = ((b64 * KV_HEADS + hk) * SPLITS + split) * M_PAD + offs_m
+        tl.store(part_m + row, m_i)
+        tl.store(part_l + row, l_i)
+        tl.store(part_acc + row[:, None] * D + offs_d[None, :], acc)
+    else:
+        o = acc / tl.where(l_i > 0, l_i, 1.)[:, None]
+        o_ptrs = out + (b64 * T + t[:, None]) * (KV_HEADS * G * D) + h[:, None] * D + offs_d[None, :]
+        tl.store(o_ptrs, o.to(out.dtype.element_ty), mask=m_ok[:, None])
+
+
+@triton.jit
+def _combine_splits_kernel(out, part_m, part_l, part_acc, T, SPLITS, M_PAD,
+                           KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr):
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    mblk = tl.program_id(2)
+    offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < T * G
+    t = offs_m // G
+    h = hk * G + offs_m % G
+    offs_d = tl.arange(0, D)
+    base = (b.to(tl.int64) * KV_HEADS + hk) * SPLITS * M_PAD + offs_m
+
+    m_g = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in range(SPLITS):
+        m_g = tl.maximum(m_g, tl.load(part_m + base + s * M_PAD))
+    m_use = tl.where(m_g == float("-inf"), 0., m_g)
+    l_g = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for s in range(SPLITS):
+        row = base + s * M_PAD
+        w = tl.exp2(tl.load(part_m + row) - m_use)   # empty splits (max -inf) weigh nothing
+        l_g += w * tl.load(part_l + row)
+        acc += w[:, None] * tl.load(part_acc + row[:, None] * D + offs_d[None, :])
+    o = acc / tl.where(l_g > 0, l_g, 1.)[:, None]
+    o_ptrs = out + (b.to(tl.int64) * T + t[:, None]) * (KV_HEADS * G * D) + h[:, None] * D + offs_d[None, :]
+    tl.store(o_ptrs, o.to(out.dtype.element_ty), mask=m_ok[:, None])
+
+
+def choose_splits(programs: int, columns: int) -> int:
+    """Column splits per row: enough programs for ~128 SMs once rows are long (> 512 columns),
+    each split keeping at least 256 columns."""
+    if columns <= 512:
+        return 1
+    return max(1, min(triton.cdiv(128, programs), columns // 256, 16))
+
+
+def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                   starts: torch.Tensor, scale: float, new_mask: torch.Tensor | None = None,
+                   visible: torch.Tensor | None = None, kv_len: int | None = None,
+                   splits: int | None = None) -> torch.Tensor:
+    """`attend()` after the new keys/values are in the cache: q [B, T, H, D] -> [B, T, H*D] in q.dtype.
+
+    Caches [num_slots, kv_heads, max_len, D] (one layer), H = kv_heads * G; slots, starts, visible [B] integer;
+    new_mask [B, T, W] bool for trees (None: causal). Row b attends to columns < starts[b] + T (causal) or
+    < visible[b] + W (tree), never beyond kv_len. `splits` overrides the split-K heuristic."""
+    B, T, H, D = q.shape
+    _, kv_heads, max_len, Dk = k_cache.shape
+    if D != Dk or tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"query head dim {D} does not match the caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    if D < 16 or D & (D - 1):
+        raise ValueError(f"head dim {D} is not a power of two >= 16")
+    if H % kv_heads:
+        raise ValueError(f"{H} query heads are not a multiple of {kv_heads} kv heads")
+    G = H // kv_heads
+    out = torch.empty((B, T, H * D), dtype=q.dtype, device=q.device)
+    if B * T == 0:
+        return out
+    cap = max_len if kv_len is None else min(kv_len, max_len)
+    block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(T * G)))
+    m_blocks = triton.cdiv(T * G, block_m)
+    block_n = 64 if D <= 128 else 32
+    if splits is None:
+        splits = choose_splits(B * kv_heads * m_blocks, cap)
+    tree = new_mask is not None
+    if tree:
+        mask = new_mask.view(torch.uint8) if new_mask.dtype == torch.bool else new_mask
+        vis = starts if visible is None else visible
+        mask_strides, W = mask.stride(), mask.shape[-1]
+    else:
+        mask, vis, mask_strides, W = starts, starts, (0, 0, 0), 0
+    m_pad = m_blocks * block_m
+    if splits > 1:
+        part_ml = torch.empty((2, B, kv_heads, splits, m_pad), dtype=torch.float32, device=q.device)
+        part_m, part_l = part_ml[0], part_ml[1]
+        part_acc = torch.empty((B, kv_heads, splits, m_pad, D), dtype=torch.float32, device=q.device)
+    else:
+        part_m = part_l = part_acc = out
+    num_warps = 8 if D >= 256 else 4
+    _slot_attention_kernel[(B, kv_heads, m_blocks * splits)](
+        q, k_cache, v_cache, slots, starts, vis, mask, out, part_m, part_l, part_acc,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides,
+        T, W, cap, scale * LOG2E, splits, m_pad,
+        KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, TREE=tree, PARTIAL=splits > 1,
+        DOT_F32=not q.is_cuda,  # Triton's interpreter (CPU tensors) multiplies the raw bits of bf16 dot operands
+        num_warps=num_warps, num_stages=2)
+    if splits > 1:
+        _combine_splits_kernel[(B, kv_heads, m_blocks)](
+            out, part_m, part_l, part_acc, T, splits, m_pad,
+            KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, num_warps=num_warps)
+    return out

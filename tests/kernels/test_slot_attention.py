@@ -1,0 +1,161 @@
+"""store_kv + slot_attention against the torch reference (`attend`: write, gather, SDPA with the prepared mask).
+
+The kernels' cache holds NaN/inf past every row's own column count (and in the slots nobody uses), so a
+kernel that read stale columns, or let them into the softmax, would fail; the reference cache holds
+finite garbage there instead, since SDPA's additive mask does not survive NaN."""
+
+import pytest
+import torch
+
+from eyas.engine.kv_cache import KVCache
+from eyas.kernels.slot_attention import choose_splits, slot_attention, store_kv
+from eyas.layers.attention import AttentionBatch, attend
+
+SLOTS = [3, 0, 5]  # permuted, not a range; slots 1, 2, 4 are unused
+KV_HEADS = 2
+LAYER = 1
+TOL = {torch.float32: dict(atol=1e-5, rtol=0), torch.bfloat16: dict(atol=2e-2, rtol=1.6e-2)}
+
+
+def _new_mask(B, T, W, own, gen):
+    """Random [B, T, W] tree mask in which token t always sees its own column own[b] + t."""
+    mask = torch.rand((B, T, W), generator=gen) < 0.5
+    rows = torch.arange(B)[:, None]
+    mask[rows, torch.arange(T)[None, :], own[:, None] + torch.arange(T)[None, :]] = True
+    return mask
+
+
+def _run(device, dtype, T, G, D, mode, starts, visible=None, splits=None, max_len=40, pass_kv_len=True):
+    gen = torch.Generator().manual_seed(1000 * T + 10 * G + D)
+    B, H = len(SLOTS), KV_HEADS * G
+    slots = torch.tensor(SLOTS)
+    starts = torch.tensor(starts)
+    new_mask = vis = None
+    if mode == "causal":
+        n_cols = starts + T
+    else:
+        vis = starts if visible is None else torch.tensor(visible)
+        W = int((starts - vis).max()) + T          # equal for every row, as the draft builds it
+        assert bool(((starts - vis) == W - T).all())
+        new_mask = _new_mask(B, T, W, starts - vis, gen)
+        n_cols = vis + W
+    kv_len = int(n_cols.max())
+
+    # Queries and new keys/values as non-contiguous views.
+    q = torch.randn((B, H, T, D), generator=gen).to(dtype).transpose(1, 2)
+    k = torch.randn((B, T, 2 * KV_HEADS, D), generator=gen).to(dtype)[:, :, KV_HEADS:]
+    v = torch.randn((B, KV_HEADS, T, D), generator=gen).to(dtype).transpose(1, 2)
+    history_k = torch.randn((2, 6, KV_HEADS, max_len, D), generator=gen).to(dtype)
+    history_v = torch.randn((2, 6, KV_HEADS, max_len, D), generator=gen).to(dtype)
+    scale = D ** -0.5
+
+    ref_kv = KVCache(2, 6, max_len, KV_HEADS, D, dtype, "cpu")
+    ref_kv.k.copy_(history_k)
+    ref_kv.v.copy_(history_v)
+    batch = AttentionBatch(kv=ref_kv, slots=slots, starts=starts, kv_len=kv_len, new_mask=new_mask,
+                           visible=None if visible is None else vis).prepare(T)
+    expected = attend(q, k, v, LAYER, batch, scale)
+
+    kv = KVCache(2, 6, max_len, KV_HEADS, D, dtype, device)
+    kv.k.copy_(history_k)
+    kv.v.copy_(history_v)
+    kv.k[LAYER].fill_(float("inf"))
+    kv.v[LAYER].fill_(float("nan"))
+    for slot, n in zip(SLOTS, n_cols.tolist()):
+        kv.k[LAYER, slot, :, :n] = history_k[LAYER, slot, :, :n]
+        kv.v[LAYER, slot, :, :n] = history_v[LAYER, slot, :, :n]
+        kv.k[LAYER, slot, :, n:] = float("nan")
+    to = dict(device=device)
+    store_kv(kv.k[LAYER], kv.v[LAYER], slots.to(**to), batch.write_pos.to(**to), k.to(**to), v.to(**to))
+    out = slot_attention(q.to(**to), kv.k[LAYER], kv.v[LAYER], slots.to(**to), starts.to(**to), scale,
+                         new_mask=None if new_mask is None else new_mask.to(**to),
+                         visible=None if visible is None else vis.to(**to),
+                         kv_len=kv_len if pass_kv_len else None, splits=splits)
+    assert out.shape == (B, T, H * D) and out.dtype == dtype and out.is_contiguous()
+    torch.testing.assert_close(out.cpu(), expected, **TOL[dtype])
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("G", [1, 3])
+@pytest.mark.parametrize("T", [1, 4, 9])
+def test_causal_matches_reference(device, T, G, D):
+    _run(device, torch.float32, T, G, D, "causal", starts=[5, 17, 0])
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("T", [1, 4, 9])
+def test_tree_verify_matches_reference(device, T, D):
+    _run(device, torch.float32, T, 3, D, "tree", starts=[5, 17, 0])
+
+
+@pytest.mark.parametrize("T", [1, 4])
+@pytest.mark.parametrize("G", [1, 3])
+def test_draft_tree_matches_reference(device, T, G):
+    """Draft step: earlier tree nodes [visible, starts) follow new_mask too, W = starts - visible + T."""
+    _run(device, torch.float32, T, G, 64, "tree", starts=[2 + 2 * T, 10 + 2 * T, 2 * T], visible=[2, 10, 0])
+
+
+@pytest.mark.parametrize("D", [32, 256])
+def test_other_head_dims(device, D):
+    _run(device, torch.float32, 4, 3, D, "tree", starts=[5, 17, 0])
+
+
+@pytest.mark.parametrize("mode", ["causal", "tree"])
+@pytest.mark.parametrize("T", [1, 9])
+def test_bf16_matches_reference(device, T, mode):
+    _run(device, torch.bfloat16, T, 3, 128, mode, starts=[5, 17, 0])
+
+
+def test_several_query_blocks(device):
+    """T * G = 72 query rows: two row blocks per kv head, also with split-K."""
+    _run(device, torch.float32, 24, 3, 64, "tree", starts=[5, 3, 0])
+    _run(device, torch.float32, 24, 3, 64, "causal", starts=[5, 3, 0], splits=2)
+
+
+def test_kv_len_unknown(device):
+    """Without kv_len the row lengths alone bound the columns read."""
+    _run(device, torch.float32, 4, 3, 64, "causal", starts=[5, 17, 0], pass_kv_len=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_k_long_row(device, dtype):
+    """A ~700-column row next to short ones: the heuristic splits it, and forced split counts agree."""
+    assert choose_splits(len(SLOTS) * KV_HEADS, 704) > 1
+    starts = [690, 3, 300]
+    _run(device, dtype, 4, 3, 64, "causal", starts=starts, max_len=720)
+    _run(device, dtype, 4, 3, 64, "causal", starts=starts, max_len=720, splits=5)
+    _run(device, dtype, 4, 3, 64, "tree", starts=[690, 11, 300], visible=[682, 3, 292], max_len=720, splits=3)
+
+
+def test_choose_splits():
+    assert choose_splits(4, 512) == 1
+    assert choose_splits(4, 4096) == 16
+    assert choose_splits(256, 4096) == 1
+
+
+def test_head_dim_not_power_of_two_is_refused(device):
+    kv = KVCache(1, 2, 8, 1, 48, torch.float32, device)
+    q = torch.zeros((1, 1, 1, 48), device=device)
+    one = torch.zeros(1, dtype=torch.long, device=device)
+    with pytest.raises(ValueError):
+        slot_attention(q, kv.k[0], kv.v[0], one, one, 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_store_kv_matches_cache_write(device, dtype):
+    gen = torch.Generator().manual_seed(7)
+    B, T, H, D = 3, 5, 3, 64
+    ref = KVCache(2, 6, 16, H, D, dtype, "cpu")
+    ref.k.copy_(torch.randn(ref.k.shape, generator=gen))
+    ref.v.copy_(torch.randn(ref.v.shape, generator=gen))
+    kv = KVCache(2, 6, 16, H, D, dtype, device)
+    kv.k.copy_(ref.k)
+    kv.v.copy_(ref.v)
+    slots = torch.tensor(SLOTS)
+    write_pos = torch.tensor([2, 9, 0])[:, None] + torch.arange(T)[None, :]
+    k = torch.randn((B, H, T, D), generator=gen).to(dtype).transpose(1, 2)
+    v = torch.randn((B, T, H, 2 * D), generator=gen).to(dtype)[..., D:]
+    ref.write(LAYER, slots, write_pos, k, v)
+    to = dict(device=device)
+    store_kv(kv.k[LAYER], kv.v[LAYER], slots.to(**to), write_pos.to(**to), k.to(**to), v.to(**to))
+    assert torch.equal(kv.k.cpu(), ref.k) and torch.equal(kv.v.cpu(), ref.v)
