@@ -1,0 +1,125 @@
+"""Fused RMSNorm, and a residual add fused with the RMSNorm that follows it.
+
+RMSNorm in torch launches about eight kernels (cast, square, mean, add eps, rsqrt, scale, cast, weight);
+at batch 1 each of them costs a launch and almost no arithmetic, so one kernel per norm (one per residual
+add and norm) removes most of a decoder layer's small launches. The meaning is eyas.layers.norm.RMSNorm:
+normalise in fp32, round to the input dtype, then multiply by the weight in torch's promoted dtype
+(computed in fp32 and rounded once, which is how torch rounds bf16 * bf16).
+
+One program normalises one row of N elements, held whole in registers (BLOCK = next power of two of N).
+Rows are addressed through two strides, so views such as Qwen3's per-head q/k [B, T, heads, D] sliced out
+of a fused qkv projection are read in place, without a copy.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from eyas.kernels.rounding import rounded
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@triton.jit
+def _normalise(x32, dtype: tl.constexpr, w_ptr, y_ptr, cols, mask, n_cols, eps):
+    """RMSNorm.forward of one row (fp32 values of a `dtype` row), stored at y_ptr in y's dtype."""
+    inv_rms = tl.rsqrt(tl.sum(x32 * x32, axis=0) / n_cols + eps)
+    normed = rounded(x32 * inv_rms, dtype)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    out_dtype = y_ptr.dtype.element_ty
+    tl.store(y_ptr + cols, rounded(w * normed, out_dtype).to(out_dtype), mask=mask)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, inner_rows, x_outer_stride, x_inner_stride, n_cols, eps,
+                     BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + (row // inner_rows) * x_outer_stride + (row % inner_rows) * x_inner_stride
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_row + cols, mask=mask, other=0.0)
+    _normalise(x.to(tl.float32), x.dtype, w_ptr, y_ptr + row * n_cols, cols, mask, n_cols, eps)
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, inner_rows, x_outer_stride, x_inner_stride,
+                         d_outer_stride, d_inner_stride, n_cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    outer, inner = row // inner_rows, row % inner_rows
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + outer * x_outer_stride + inner * x_inner_stride + cols, mask=mask, other=0.0)
+    d = tl.load(d_ptr + outer * d_outer_stride + inner * d_inner_stride + cols, mask=mask, other=0.0)
+    h = rounded(x.to(tl.float32) + d.to(tl.float32), x.dtype)  # torch's `x + delta`: fp32 sum, rounded once
+    tl.store(h_ptr + row * n_cols + cols, h.to(x.dtype), mask=mask)
+    _normalise(h, x.dtype, w_ptr, y_ptr + row * n_cols, cols, mask, n_cols, eps)
+
+
+def _row_layout(*tensors: torch.Tensor):
+    """The rows of same-shaped [..., N] tensors as an (outer, inner) grid of rows: leading dims that every
+    tensor lays out back to back are merged; when more than two groups remain, or the last dim is strided,
+    the tensors are copied contiguous. Returns the tensors, the inner row count and each tensor's
+    (outer, inner) row strides."""
+    if any(t.stride(-1) != 1 for t in tensors):
+        tensors = tuple(t.contiguous() for t in tensors)
+    groups: list[tuple[int, list[int]]] = []  # (rows, each tensor's stride between them)
+    for dim, size in enumerate(tensors[0].shape[:-1]):
+        if size == 1:
+            continue
+        strides = [t.stride(dim) for t in tensors]
+        if groups and all(prev == size * s for prev, s in zip(groups[-1][1], strides)):
+            groups[-1] = (groups[-1][0] * size, strides)
+        else:
+            groups.append((size, strides))
+    if len(groups) > 2:
+        return _row_layout(*(t.contiguous() for t in tensors))
+    groups = [(1, [0] * len(tensors))] * (2 - len(groups)) + groups
+    (_, outer), (inner_rows, inner) = groups
+    return tensors, inner_rows, list(zip(outer, inner))
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    if x.dtype not in _DTYPES or weight.dtype not in _DTYPES:
+        raise TypeError(f"rms_norm supports {_DTYPES}, got x {x.dtype} and weight {weight.dtype}")
+    if weight.shape != (x.shape[-1],):
+        raise ValueError(f"weight shape {tuple(weight.shape)} does not match the last dim of x {tuple(x.shape)}")
+    if x.shape[-1] > 65536:
+        raise ValueError(f"rows of {x.shape[-1]} elements do not fit one program (at most 65536)")
+    return torch.promote_types(weight.dtype, x.dtype)  # the dtype of torch's `weight * normed`
+
+
+def _launch_options(n_cols: int) -> dict:
+    block = triton.next_power_of_2(n_cols)
+    return {"BLOCK": block, "num_warps": min(max(block // 256, 1), 16)}
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm(x) with `weight` over the last dim; returns a new contiguous tensor of x's shape in the dtype
+    torch gives `weight * x` (x.dtype when the weight matches it)."""
+    out_dtype = _check(x, weight)
+    n_cols = x.shape[-1]
+    (x,), inner_rows, [(x_outer, x_inner)] = _row_layout(x)
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    rows = x.numel() // n_cols
+    _rms_norm_kernel[(rows,)](x, weight.contiguous(), y, inner_rows, x_outer, x_inner, n_cols, eps,
+                              **_launch_options(n_cols))
+    return y
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = x + delta (rounded to x.dtype), y = RMSNorm(h) with `weight`, in one kernel. Returns new contiguous
+    (h, y); y's dtype follows rms_norm's rule."""
+    out_dtype = _check(x, weight)
+    if delta.shape != x.shape or delta.dtype != x.dtype:
+        raise ValueError(f"delta {tuple(delta.shape)} {delta.dtype} must match x {tuple(x.shape)} {x.dtype}")
+    n_cols = x.shape[-1]
+    (x, delta), inner_rows, [(x_outer, x_inner), (d_outer, d_inner)] = _row_layout(x, delta)
+    h = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    rows = x.numel() // n_cols
+    _add_rms_norm_kernel[(rows,)](x, delta, weight.contiguous(), h, y, inner_rows, x_outer, x_inner,
+                                  d_outer, d_inner, n_cols, eps, **_launch_options(n_cols))
+    return h, y

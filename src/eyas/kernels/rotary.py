@@ -1,0 +1,81 @@
+"""Rotary position embedding for q and k in one kernel.
+
+The torch reference (eyas.layers.rotary.RotaryEmbedding.forward) launches about fourteen kernels: two
+table gathers and casts, and for each of q and k a rotate-half (slices, negation, concatenation), two
+products and a sum. At batch 1 these launches, not the arithmetic, are the cost; here one launch rotates
+every head of q and k, reading them in place (strided views out of a fused qkv projection are fine).
+
+Rounding follows torch op by op: the cos/sin rows are cast to q's dtype, q * cos and rotate_half(q) * sin
+are each rounded to that dtype, and so is their sum; all of it computed in fp32, as torch's elementwise
+kernels do, and with multiply-add fusion turned off (torch rounds each product before the sum), so results
+are bit-identical to the reference in fp32, bf16 and fp16.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from eyas.kernels.rounding import rounded
+
+
+@triton.jit
+def _rotate_head(src, src_stride, dst, cos_row, sin_row, offs, mask, half):
+    """One head: out[:half] = x1*c1 - x2*s1, out[half:] = x2*c2 + x1*s2, each op rounded to x's dtype."""
+    x1 = tl.load(src + offs * src_stride, mask=mask, other=0.0)
+    x2 = tl.load(src + (offs + half) * src_stride, mask=mask, other=0.0)
+    dtype = x1.dtype
+    c1 = rounded(tl.load(cos_row + offs, mask=mask, other=0.0).to(tl.float32), dtype)
+    c2 = rounded(tl.load(cos_row + half + offs, mask=mask, other=0.0).to(tl.float32), dtype)
+    s1 = rounded(tl.load(sin_row + offs, mask=mask, other=0.0).to(tl.float32), dtype)
+    s2 = rounded(tl.load(sin_row + half + offs, mask=mask, other=0.0).to(tl.float32), dtype)
+    x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+    out1 = rounded(rounded(x1 * c1, dtype) + rounded(-x2 * s1, dtype), dtype)
+    out2 = rounded(rounded(x2 * c2, dtype) + rounded(x1 * s2, dtype), dtype)
+    tl.store(dst + offs, out1.to(dtype), mask=mask)
+    tl.store(dst + half + offs, out2.to(dtype), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, pos_ptr, seq_len, q_heads, k_heads,
+                   q_sb, q_st, q_sh, q_sd, k_sb, k_st, k_sh, k_sd, pos_sb, pos_st, table_stride, half,
+                   HALF_BLOCK: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)  # b * T + t
+    head = tl.program_id(1).to(tl.int64)  # q heads first, then k heads
+    b, t = token // seq_len, token % seq_len
+    pos = tl.load(pos_ptr + b * pos_sb + t * pos_st).to(tl.int64)
+    cos_row, sin_row = cos_ptr + pos * table_stride, sin_ptr + pos * table_stride
+    offs = tl.arange(0, HALF_BLOCK)
+    mask = offs < half
+    if head < q_heads:
+        _rotate_head(q_ptr + b * q_sb + t * q_st + head * q_sh, q_sd,
+                     q_out_ptr + (token * q_heads + head) * 2 * half, cos_row, sin_row, offs, mask, half)
+    else:
+        kv_head = head - q_heads
+        _rotate_head(k_ptr + b * k_sb + t * k_st + kv_head * k_sh, k_sd,
+                     k_out_ptr + (token * k_heads + kv_head) * 2 * half, cos_row, sin_row, offs, mask, half)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RotaryEmbedding.forward: q [B, T, H, D] and k [B, T, Hk, D] (any strides, same dtype), cos/sin tables
+    [max_positions, D], positions [B, T] (integers below max_positions, not checked). Returns new contiguous
+    rotated (q, k)."""
+    B, T, q_heads, D = q.shape
+    k_heads = k.shape[2]
+    if k.shape[:2] != (B, T) or k.shape[3] != D or positions.shape != (B, T):
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and positions {tuple(positions.shape)} "
+                         "must share B and T, and q and k the head dim")
+    if k.dtype != q.dtype or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"q ({q.dtype}) and k ({k.dtype}) must share one of fp32, bf16 and fp16")
+    if D % 2 or cos.shape != sin.shape or cos.shape[1] != D:
+        raise ValueError(f"cos/sin tables {tuple(cos.shape)} must be [max_positions, {D}] with {D} even")
+    cos, sin = cos.contiguous(), sin.contiguous()
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    _rotary_kernel[(B * T, q_heads + k_heads)](
+        q, k, q_out, k_out, cos, sin, positions, T, q_heads, k_heads, *q.stride(), *k.stride(),
+        *positions.stride(), D, D // 2, HALF_BLOCK=triton.next_power_of_2(D // 2), num_warps=1,
+        enable_fp_fusion=False)
+    return q_out, k_out
