@@ -72,3 +72,29 @@ def test_draft_config_validation():
     with pytest.raises(EyasError, match="draft_vocab_size"):
         DraftConfig(hidden_size=8, intermediate_size=8, num_heads=2, num_kv_heads=1, head_dim=4, vocab_size=10,
                     draft_vocab_size=20, target_hidden_size=8)
+
+
+def test_fused_projections_give_the_same_logits_and_follow_loaded_weights():
+    """Inference fuses q/k/v and gate/up into one matmul each; the output is unchanged, checkpoints keep the
+    separate weights, and weights loaded afterwards (training-time evaluation reloads every eval) reach the
+    fused matmul."""
+    from eyas.engine.kv_cache import KVCache
+    from eyas.layers.attention import AttentionBatch
+    from tests.helpers import random_draft
+
+    def run(d):
+        kv = KVCache(1, 2, 16, d.config.num_kv_heads, d.config.head_dim, torch.float32, "cpu")
+        batch = AttentionBatch(kv=kv, slots=torch.arange(2), starts=torch.zeros(2, dtype=torch.long), kv_len=16)
+        g = torch.Generator().manual_seed(1)
+        embeds, hidden = torch.randn(2, 5, 32, generator=g), torch.randn(2, 5, 96, generator=g)
+        return d.logits(d(embeds, hidden, torch.arange(5).expand(2, 5), batch, fuse=True))
+
+    plain, other = random_draft(32, 64, 48, seed=0).eval(), random_draft(32, 64, 48, seed=1).eval()
+    keys = set(plain.state_dict())
+    expected = run(plain)
+    with torch.no_grad():
+        plain.fuse_projections()
+        assert set(plain.state_dict()) == keys
+        assert torch.allclose(run(plain), expected, atol=1e-5)
+        plain.load_state_dict(other.state_dict())
+        assert torch.allclose(run(plain), run(other), atol=1e-5)

@@ -59,6 +59,7 @@ class SpeculativeDecoder:
                 self.draft.rotary = RotaryEmbedding(r.head_dim, r.theta, r.scaling, positions).to(engine.device)
         else:
             self.draft = load_draft(draft_path, self.target.config, dtype, engine.device, max_positions=positions)
+        self.draft.fuse_projections()
         self.target.capture_layers = self.draft.config.capture_layers(self.target.config.num_layers)
         self.policy = SpecPolicy(max_batch=self.spec.max_batch, adaptive=self.spec.adaptive)
         heads, head_dim, shared = self.draft.config.kv_cache_layout()  # an MLA draft caches one latent per token

@@ -1,8 +1,8 @@
 """Triton kernels for the decode-shaped hot path (fused norms, rotary, activation, slot-cache attention).
 
 Every kernel has a torch reference in eyas.layers that defines its meaning; the layers call a kernel
-only when `enabled(tensor)`: the tensor is on a CUDA device, Triton imports, and EYAS_KERNELS is not
-"0". The kernel functions themselves launch on any tensor, so the tests run them on the CPU through
+only when `enabled(*tensors)`: the tensors are on a CUDA device, none needs a gradient (the kernels have
+no backward: training keeps the torch paths), Triton imports, and EYAS_KERNELS is not "0". The kernel functions themselves launch on any tensor, so the tests run them on the CPU through
 Triton's interpreter (TRITON_INTERPRET=1, set in tests/kernels/conftest.py before Triton is imported).
 """
 
@@ -20,5 +20,9 @@ except ImportError:  # CPU-only installs without Triton: the torch reference pat
     HAVE_TRITON = False
 
 
-def enabled(t: torch.Tensor) -> bool:
-    return HAVE_TRITON and t.is_cuda and os.environ.get("EYAS_KERNELS", "1") != "0"
+def enabled(*tensors: torch.Tensor) -> bool:
+    """EYAS_KERNELS: "1" (default) on CUDA, "0" never, "force" on any device (CPU tests via the interpreter)."""
+    mode = os.environ.get("EYAS_KERNELS", "1")
+    if not HAVE_TRITON or mode == "0" or not (tensors[0].is_cuda or mode == "force"):
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))

@@ -1,9 +1,11 @@
 """Attention over the slot KV cache behind a small interface.
 
 `AttentionBatch` is the per-forward metadata (buildable by hand in a test); `prepare` derives the
-mask once per forward. The reference path is torch SDPA with an explicit boolean mask, which
-handles prefill, decode, several-token appends and tree verification alike: a tree is just a
-`new_mask` other than the causal one.
+write positions once per forward, and the mask on first use. The reference path is torch SDPA with an
+explicit boolean mask, which handles prefill, decode, several-token appends and tree verification
+alike: a tree is just a `new_mask` other than the causal one. On CUDA, decode-shaped forwards (up to
+KERNEL_TOKENS new tokens) instead run eyas.kernels.slot_attention, which reads each sequence's cache
+row in place over that row's own length, with the same visibility rule.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from eyas.engine.kv_cache import KVCache
+from eyas.kernels import enabled
 
 
 @dataclass
@@ -24,13 +27,24 @@ class AttentionBatch:
     kv_len: int                    # cache columns attended over; >= max(starts) + T
     new_mask: torch.Tensor | None = None  # [B, T, starts - visible + T] which recent columns each token sees
     visible: torch.Tensor | None = None   # [B] columns always visible; default = starts (causal/tree verify)
-    mask: torch.Tensor | None = None      # [B, 1, T, kv_len], filled by prepare()
-    write_pos: torch.Tensor | None = None  # [B, T]
+    write_pos: torch.Tensor | None = None  # [B, T], filled by prepare()
+    _mask: torch.Tensor | None = None
 
     def prepare(self, num_new: int) -> "AttentionBatch":
+        self.write_pos = self.starts[:, None] + torch.arange(num_new, device=self.starts.device)[None, :]
+        self._mask = None
+        return self
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """[B, 1, T, kv_len] which cache columns each new token sees (built once per forward, when needed)."""
+        if self._mask is None:
+            self._mask = self._build_mask(self.write_pos.shape[1])
+        return self._mask
+
+    def _build_mask(self, num_new: int) -> torch.Tensor:
         device = self.starts.device
         t = torch.arange(num_new, device=device)
-        self.write_pos = self.starts[:, None] + t[None, :]
         cols = torch.arange(self.kv_len, device=device)
         if self.new_mask is None:
             rel = cols[None, None, :] - self.starts[:, None, None]          # [B, 1, kv_len]
@@ -45,14 +59,29 @@ class AttentionBatch:
             inside = (rel >= 0) & (rel < width)
             idx = rel.clamp(0, width - 1).expand(-1, num_new, -1)
             new = inside & torch.gather(self.new_mask, 2, idx)
-        self.mask = (past | new).unsqueeze(1)
-        return self
+        return (past | new).unsqueeze(1)
+
+
+KERNEL_TOKENS = 64  # new tokens per row up to which the slot-attention kernel runs (decode, verify, draft)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: AttentionBatch, scale: float):
     """q: [B, T, H, D]; k, v: [B, T, Hkv, D] for the new tokens. Returns [B, T, H*D]."""
+    if _kernel_fits(q, batch):
+        from eyas.kernels.slot_attention import slot_attention, store_kv
+
+        k_cache, v_cache = batch.kv.k[layer], batch.kv.v[layer]
+        store_kv(k_cache, v_cache, batch.slots, batch.write_pos, k, v)
+        return slot_attention(q, k_cache, v_cache, batch.slots, batch.starts, scale, new_mask=batch.new_mask,
+                              visible=batch.visible, kv_len=batch.kv_len)
     batch.kv.write(layer, batch.slots, batch.write_pos, k, v)
     keys, values = batch.kv.read(layer, batch.slots, batch.kv_len)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=batch.mask,
                                          scale=scale, enable_gqa=keys.shape[1] != q.shape[2])
     return out.transpose(1, 2).flatten(2)
+
+
+def _kernel_fits(q: torch.Tensor, batch: AttentionBatch) -> bool:
+    D = q.shape[-1]
+    return (enabled(q) and not batch.kv.shared and q.shape[1] <= KERNEL_TOKENS and D & (D - 1) == 0
+            and 32 <= D <= 256)

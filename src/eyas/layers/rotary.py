@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from eyas.kernels import enabled
+
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -91,7 +93,11 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", emb.sin() * scale, persistent=False)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
-        """q, k: [B, T, heads, D]; positions: [B, T]."""
+        """q, k: [B, T, heads, D]; positions: [B, T]. One fused kernel on CUDA at inference."""
+        if enabled(q, k):
+            from eyas.kernels.rotary import apply_rotary
+
+            return apply_rotary(q, k, self.cos, self.sin, positions)
         cos = self.cos[positions].to(q.dtype).unsqueeze(2)
         sin = self.sin[positions].to(q.dtype).unsqueeze(2)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

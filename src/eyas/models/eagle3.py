@@ -20,10 +20,24 @@ from torch import nn
 
 from eyas.config import DraftConfig
 from eyas.dist.parallel import SINGLE
+from eyas.layers.activation import silu_mul
 from eyas.layers.attention import AttentionBatch, attend
 from eyas.layers.norm import RMSNorm
 from eyas.layers.rotary import RotaryEmbedding
 from eyas.models.mla import MLAttention
+
+
+def fuse_linears(owner: nn.Module, linears: list[nn.Linear], name: str):
+    """Concatenate the linears' weights into one non-persistent buffer `name` of `owner`, and make each
+    linear's weight a view into it: one matmul instead of several at inference, checkpoints keep the
+    separate EAGLE-3 weights, and load_state_dict (which copies into the views) updates the fused one."""
+    fused = torch.cat([m.weight.detach() for m in linears])
+    owner.register_buffer(name, fused, persistent=False)
+    row = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight = nn.Parameter(fused[row: row + n], requires_grad=False)
+        row += n
 
 
 class DraftAttention(nn.Module):
@@ -38,15 +52,20 @@ class DraftAttention(nn.Module):
         self.v_proj = nn.Linear(2 * h, cfg.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
         self.scale = d ** -0.5
+        self.register_buffer("qkv_weight", None, persistent=False)  # set by fuse_projections() for inference
+
+    def fuse_projections(self):
+        fuse_linears(self, [self.q_proj, self.k_proj, self.v_proj], "qkv_weight")
 
     def project(self, x, positions, rotary):
         B, T, _ = x.shape
         d = self.head_dim
-        q = self.q_proj(x).view(B, T, self.heads, d)
-        k = self.k_proj(x).view(B, T, self.kv_heads, d)
-        v = self.v_proj(x).view(B, T, self.kv_heads, d)
-        q, k = rotary(q, k, positions)
-        return q, k, v
+        if self.qkv_weight is not None:
+            q, k, v = F.linear(x, self.qkv_weight).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], -1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k = rotary(q.view(B, T, self.heads, d), k.view(B, T, self.kv_heads, d), positions)
+        return q, k, v.view(B, T, self.kv_heads, d)
 
     def output(self, out):
         return self.o_proj(out)
@@ -72,8 +91,14 @@ class DraftMLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.register_buffer("gate_up_weight", None, persistent=False)  # set by fuse_projections()
+
+    def fuse_projections(self):
+        fuse_linears(self, [self.gate_proj, self.up_proj], "gate_up_weight")
 
     def forward(self, x):
+        if self.gate_up_weight is not None:
+            return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -91,8 +116,8 @@ class MidLayer(nn.Module):
         normed = self.hidden_norm(hidden)
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
-        h = residual + self.self_attn(x, positions, batch, rotary)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h, x = self.post_attention_layernorm.residual(residual, self.self_attn(x, positions, batch, rotary))
+        return h + self.mlp(x)
 
 
 class Eagle3Draft(nn.Module):
@@ -115,6 +140,13 @@ class Eagle3Draft(nn.Module):
         if fuse:
             hidden = self.fc(hidden.to(self.fc.weight.dtype))
         return self.midlayer(embeds.to(hidden.dtype), hidden, positions, batch, self.rotary)
+
+    def fuse_projections(self) -> "Eagle3Draft":
+        """Inference only: fused q/k/v and gate/up matmuls (the draft step is launch-bound at small batch)."""
+        for m in (self.midlayer.self_attn, self.midlayer.mlp):
+            if hasattr(m, "fuse_projections"):
+                m.fuse_projections()
+        return self
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary (fp32)."""

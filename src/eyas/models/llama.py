@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from eyas.config import ModelConfig
 from eyas.dist.parallel import SINGLE, TPContext
+from eyas.layers.activation import silu_mul
 from eyas.layers.attention import AttentionBatch, attend
 from eyas.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from eyas.layers.norm import RMSNorm
@@ -65,8 +65,7 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, False, tp)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 def make_mlp(cfg: ModelConfig, layer: int, tp: TPContext) -> nn.Module:
@@ -85,8 +84,8 @@ class DecoderLayer(nn.Module):
         self.mlp = make_mlp(cfg, layer, tp)
 
     def forward(self, h, positions, batch, rotary):
-        h = h + self.self_attn(self.input_layernorm(h), positions, batch, rotary)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h, x = self.post_attention_layernorm.residual(h, self.self_attn(self.input_layernorm(h), positions, batch, rotary))
+        return h + self.mlp(x)
 
 
 class Decoder(nn.Module):

@@ -1,0 +1,54 @@
+"""The engine with every Triton kernel on (EYAS_KERNELS=force runs them on the CPU through Triton's
+interpreter): the same greedy tokens as the torch reference paths, plain and speculative, chain and tree.
+
+On a GPU (EYAS_TEST_CUDA=1) the same test runs the compiled kernels in bf16 against the reference."""
+
+import os
+
+import pytest
+import torch
+
+from eyas.config import SpecConfig
+from eyas.engine.engine import Engine
+from eyas.layers.sampling import SamplingParams
+from tests.helpers import random_draft, tiny_llama
+
+pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.[test]' brings it)")
+
+CUDA = os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available()
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_llama(path, vocab=32, layers=3, hidden=64)
+    return str(path)
+
+
+def _generate(target_dir, kernels: str, monkeypatch, spec=None):
+    monkeypatch.setenv("EYAS_KERNELS", kernels)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 32, (n,), generator=g).tolist() for n in (5, 11)]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (10, 14)]
+    draft = random_draft(64, 32, draft_vocab=24) if spec else None
+    engine = Engine(target_dir, dtype="fp32", device="cuda" if CUDA else "cpu", max_batch=2, max_len=64,
+                    draft=draft, spec=spec)
+    return [s.output_ids for s in engine.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1), SpecConfig(3, 2, 5)], ids=["plain", "chain", "tree"])
+def test_kernels_give_the_reference_tokens(target_dir, monkeypatch, spec):
+    reference = _generate(target_dir, "0", monkeypatch)  # plain greedy, torch paths
+    assert _generate(target_dir, "force", monkeypatch, spec) == reference
+
+
+def test_kernels_run_when_forced(monkeypatch):
+    """Guards the test above against silently comparing the reference with itself."""
+    from eyas.kernels import enabled
+
+    x = torch.zeros(2)
+    monkeypatch.setenv("EYAS_KERNELS", "force")
+    assert enabled(x)
+    assert not enabled(torch.zeros(2, requires_grad=True))  # no backward: training keeps the torch paths
+    monkeypatch.setenv("EYAS_KERNELS", "0")
+    assert not enabled(x)
