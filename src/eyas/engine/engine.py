@@ -161,8 +161,8 @@ class Engine:
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """logits [B, V] -> tokens [B]. Greedy rows take the argmax; sampled rows sharing temperature, top-p
-        and top-k are adjusted together, and each draws its one uniform from its own generator, so a
-        seeded request gets the same tokens whatever else is in the batch."""
+        and top-k are adjusted together; a seeded row draws its one uniform from its own generator, so it
+        gets the same tokens whatever else is in the batch, and unseeded rows share one batched draw."""
         tokens = logits.argmax(-1)
         groups: dict[tuple, list[int]] = {}
         for i, s in enumerate(seqs):
@@ -171,7 +171,10 @@ class Engine:
                 groups.setdefault((p.temperature, p.top_p, p.top_k), []).append(i)
         for (temperature, top_p, top_k), rows in groups.items():
             probs = adjusted_probs(logits[rows], temperature, top_p, top_k)
-            u = torch.cat([uniform(probs, seqs[i].generator) for i in rows])
+            u = torch.rand(len(rows), device=probs.device, dtype=probs.dtype)  # unseeded rows: one draw for all
+            for j, i in enumerate(rows):
+                if seqs[i].generator is not None:
+                    u[j:j + 1] = uniform(probs, seqs[i].generator)
             tokens[rows] = sample_from(probs, None, u)
         return tokens
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import sys
 
+import torch
+
 from tqdm import tqdm
 
 from eyas.layers.sampling import SamplingParams
@@ -43,8 +45,12 @@ def synthesize(recipe, engine, tokenizer, rank: int = 0, world: int = 1, progres
         # Filters drop a share of rows; ask for a little more than is missing, at least one full batch.
         n = max(cfg.batch, math.ceil((want - have) * 1.3))
         base = (recipe.data.seed * 1_000_003 + rank) * 1_000_003 + round_ * 100_003 + have
-        params = [SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens,
-                                 seed=base + i, stop_token_ids=stops) for i in range(n)]
+        # One seed per round, not per request: unseeded rows share one batched draw per step (a seed per
+        # row costs a random-number launch per row per step), and the round stays reproducible because
+        # the engine admits and steps the same rows in the same order.
+        torch.manual_seed(base)
+        params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens,
+                                stop_token_ids=stops)
         seqs = engine.generate([prefix] * n, params)
         rows = []
         for s in seqs:
