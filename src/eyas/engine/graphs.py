@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from eyas.layers.attention import AttentionBatch
+from eyas.layers.attention import AttentionBatch, kernel_reads_cache
 from eyas.models.llama import ModelOutput
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
@@ -22,6 +22,19 @@ def kv_bucket(need: int, max_len: int) -> int:
     while b < need:
         b *= 2
     return min(b, max_len)
+
+
+def graph_kv_len(kv, need: int) -> int:
+    """Cache columns a forward attends over. The torch attention pays for every column, so its graphs
+    come in doubling buckets. The slot-attention kernel reads each row over its own length, so with it
+    only two bounds matter: up to SHORT_ROWS columns (one pass per row) and the whole row (split-K for
+    long rows); a growing context then captures at most one new graph per shape."""
+    if kernel_reads_cache(kv):
+        return min(SHORT_ROWS, kv.max_len) if need <= SHORT_ROWS else kv.max_len
+    return kv_bucket(need, kv.max_len)
+
+
+SHORT_ROWS = 512  # slot_attention.choose_splits keeps rows up to this many columns in one pass
 
 
 def capture(fn, pool):
@@ -79,7 +92,7 @@ class CudaGraphs:
     def run(self, ids, pos, slots: list[int], starts: list[int], new_mask):
         B, T = ids.shape
         bucket = next(b for b in BATCH_BUCKETS if b >= B)
-        kv_len = kv_bucket(max(starts) + T, self.runner.max_len)
+        kv_len = graph_kv_len(self.runner.kv, max(starts) + T)
         key = (bucket, T, new_mask is not None, kv_len)
         g = self.graphs.get(key)
         if g is None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eyas.config import SpecConfig
-from eyas.engine.graphs import BATCH_BUCKETS, kv_bucket
+from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
 from eyas.engine.kv_cache import KVCache
 from eyas.engine.profile import NullProfiler
 from eyas.engine.spec_policy import SpecPolicy
@@ -132,7 +132,7 @@ class SpeculativeDecoder:
 
     def _run(self, name, fn, B, kv_need, inputs, pads):
         """Run `fn` on inputs padded to a batch bucket; replayed from a CUDA graph when the engine has them."""
-        kv_len = kv_bucket(kv_need, self.kv.max_len)
+        kv_len = graph_kv_len(self.kv, kv_need)
         graphs = self.graphs
         Bp = B if graphs is None else next((b for b in BATCH_BUCKETS if b >= B), B)
         if Bp > B:
@@ -171,7 +171,7 @@ class SpeculativeDecoder:
         B = len(seqs)
         pos = torch.arange(T, device=dev)[None].expand(B, T)
         out = self._draft_forward(self.target.embed(ids), features, pos, torch.tensor([s.slot for s in seqs], device=dev),
-                                  torch.zeros(B, dtype=torch.long, device=dev), kv_bucket(T, self.kv.max_len), fuse=True)
+                                  torch.zeros(B, dtype=torch.long, device=dev), graph_kv_len(self.kv, T), fuse=True)
         h = out[torch.arange(B, device=dev), torch.tensor(lens, device=dev) - 1]
         logp = torch.log_softmax(self.draft.logits(h), dim=-1)
         for i, s in enumerate(seqs):
@@ -278,9 +278,10 @@ class SpeculativeDecoder:
         for L, group in by_len.items():
             ids = torch.tensor([s.draft_state.lag_tokens for s in group], device=dev)
             feats = torch.stack([torch.stack(s.draft_state.lag_feats) for s in group])
-            starts = torch.tensor([s.cached - L for s in group], device=dev)
+            first = [s.cached - L for s in group]
+            starts = torch.tensor(first, device=dev)
             slots = torch.tensor([s.slot for s in group], device=dev)
             last = torch.full((len(group),), L - 1, device=dev)
-            h, logp = self._extend_fn(ids, feats, last, starts, slots, kv_bucket(int(starts.max()) + L, self.kv.max_len))
+            h, logp = self._extend_fn(ids, feats, last, starts, slots, graph_kv_len(self.kv, max(first) + L))
             for i, s in enumerate(group):
                 s.draft_state = DraftState(h[i], logp[i])

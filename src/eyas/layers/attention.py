@@ -82,6 +82,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch:
 
 
 def _kernel_fits(q: torch.Tensor, batch: AttentionBatch) -> bool:
-    D = q.shape[-1]
-    return (enabled(q) and not batch.kv.shared and q.shape[1] <= KERNEL_TOKENS and D & (D - 1) == 0
-            and 32 <= D <= 256)
+    return q.shape[1] <= KERNEL_TOKENS and enabled(q) and kernel_reads_cache(batch.kv)
+
+
+def kernel_reads_cache(kv: KVCache) -> bool:
+    """Whether decode-shaped forwards over this cache run the slot-attention kernel, which reads each row
+    over its own length: then how many columns a forward may attend over costs nothing."""
+    D = kv.k.shape[-1]
+    return enabled(kv.k) and not kv.shared and D & (D - 1) == 0 and 32 <= D <= 256
