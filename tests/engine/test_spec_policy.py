@@ -36,3 +36,18 @@ def test_moving_average_follows_a_change():
     for _ in range(5):  # speculation got slower (say, acceptance fell with new traffic)
         p.record(4, True, 40, 1.0)
     assert p.rates[(4, True)] < p.rates[(4, False)]
+
+
+def test_switches_only_past_the_margin():
+    """Measurements a few percent apart do not flip the choice back and forth (each flip to speculation
+    costs a catch-up pass); a clear difference does."""
+    p = SpecPolicy(adaptive=True, explore_every=1000, margin=0.05)
+    p.record(2, True, 100, 1.0)
+    p.record(2, False, 97, 1.0)
+    assert p.speculate(2) is True
+    p.rates[(2, False)] = 103.0  # plain now 3% ahead: within the margin, keep speculating
+    assert p.speculate(2) is True
+    p.rates[(2, False)] = 110.0  # 10% ahead: switch
+    assert p.speculate(2) is False
+    p.rates[(2, True)] = 112.0   # speculation 2% ahead again: stay with plain
+    assert p.speculate(2) is False

@@ -148,9 +148,8 @@ class Engine:
 
     def _decode(self, seqs: list[Sequence]):
         """One plain decode step; returns the target's output (the speculative decoder reads its features)."""
-        ids = torch.tensor([[s.output_ids[-1]] for s in seqs], device=self.device)
         starts = [s.cached for s in seqs]
-        pos = torch.tensor(starts, device=self.device)[:, None]
+        ids, pos = torch.tensor([[s.output_ids[-1] for s in seqs], starts], device=self.device)[:, :, None]
         out = self.runner.forward(ids, pos, [s.slot for s in seqs], starts)
         tokens = self.sample(self.target.logits(out.hidden[:, -1]), seqs).tolist()
         for s, t in zip(seqs, tokens):

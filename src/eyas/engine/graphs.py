@@ -97,9 +97,7 @@ class CudaGraphs:
         g = self.graphs.get(key)
         if g is None:
             g = self.graphs[key] = _Graph(self.runner, bucket, T, new_mask is not None, kv_len, self.pool)
-        dev = self.runner.device
-        slots_t = torch.tensor(slots, dtype=torch.long, device=dev)
-        starts_t = torch.tensor(starts, dtype=torch.long, device=dev)
+        slots_t, starts_t = torch.tensor([slots, starts], dtype=torch.long, device=self.runner.device)  # one copy
         return g.run(ids, pos, slots_t, starts_t, new_mask, self.runner.scratch_slot)
 
 

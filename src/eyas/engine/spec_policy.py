@@ -4,7 +4,9 @@ Speculation pays at small batches (decode is memory-bound, verifying N tokens co
 and stops paying as the batch grows. Where that happens depends on the model, the draft's acceptance and
 the hardware, so the adaptive policy measures it while serving: for each batch-size bucket it keeps a
 moving average of tokens per second for speculative cycles and for plain steps, takes the better one, and
-tries the other one now and then so a change (new traffic, another prompt mix) is noticed. Both modes are
+tries the other one now and then so a change (new traffic, another prompt mix) is noticed; it switches
+only when the other mode is faster by a margin, since every switch back to speculation costs a catch-up
+pass of the draft (charged to the speculative step that runs it). Both modes are
 lossless and the draft catches up on the plain steps before it drafts again, so switching never changes
 the output. Steps that captured a CUDA graph are not recorded (speculative.py): a capture costs far more
 than the step, and counting it would make the first mode tried in each bucket look slow.
@@ -28,8 +30,10 @@ class SpecPolicy:
     adaptive: bool = False         # choose per bucket from measured throughput
     explore_every: int = 32        # steps in a bucket between tries of the mode not preferred
     alpha: float = 0.2             # weight of the newest measurement in the moving average
+    margin: float = 0.05           # the other mode must be this much faster to take over (no flapping on noise)
     rates: dict = field(default_factory=dict)   # (bucket, speculated) -> tokens/s moving average
     steps: dict = field(default_factory=dict)   # bucket -> steps decided there
+    preferred: dict = field(default_factory=dict)  # bucket -> the mode currently preferred there
 
     def speculate(self, batch_size: int) -> bool:
         if self.max_batch is not None and batch_size > self.max_batch:
@@ -41,8 +45,12 @@ class SpecPolicy:
         spec, plain = self.rates.get((b, True)), self.rates.get((b, False))
         if spec is None or plain is None:
             return spec is None  # measure speculation first, then plain decoding
-        better = spec >= plain
-        return (not better) if n % self.explore_every == 0 else better
+        current = self.preferred.get(b, spec >= plain)
+        mine, other = (spec, plain) if current else (plain, spec)
+        if other > mine * (1 + self.margin):
+            current = not current
+        self.preferred[b] = current
+        return (not current) if n % self.explore_every == 0 else current
 
     def record(self, batch_size: int, speculated: bool, tokens: int, seconds: float):
         if not self.adaptive or seconds <= 0:

@@ -38,10 +38,37 @@ LAG_FLUSH = 256  # plain-step pairs a sequence may hold back from the draft befo
 
 @dataclass
 class DraftState:
-    hidden: torch.Tensor   # [H] the draft's pre-norm output at position c-1 (c - len(lag_tokens) while lagging)
-    logp: torch.Tensor     # [draft_vocab] its log-probabilities for x_{c+1}
+    """Row `row` of the draft pass that last ran for this sequence: its pre-norm output at position c-1
+    (c - len(lag_tokens) while lagging) and its log-probabilities for x_{c+1}. Rows stay in the pass's
+    batched tensors, so a batch that runs together again is read back without a gather."""
+    batch_hidden: torch.Tensor  # [n, H]
+    batch_logp: torch.Tensor    # [n, draft_vocab]
+    row: int
     lag_tokens: list = field(default_factory=list)  # tokens of plain steps the draft has not seen yet
     lag_feats: list = field(default_factory=list)   # their features, [3H] each
+
+    @property
+    def hidden(self) -> torch.Tensor:
+        return self.batch_hidden[self.row]
+
+    @property
+    def logp(self) -> torch.Tensor:
+        return self.batch_logp[self.row]
+
+
+def set_states(seqs, hidden: torch.Tensor, logp: torch.Tensor):
+    for i, s in enumerate(seqs):
+        s.draft_state = DraftState(hidden, logp, i)
+
+
+def gather_states(seqs) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B, H], [B, V]) draft states of `seqs`: the pass's own tensors when the batch is that pass's rows
+    in order (the steady state), else stacked row by row."""
+    first = seqs[0].draft_state
+    if first.batch_hidden.shape[0] == len(seqs) and all(
+            s.draft_state.batch_hidden is first.batch_hidden and s.draft_state.row == i for i, s in enumerate(seqs)):
+        return first.batch_hidden, first.batch_logp
+    return (torch.stack([s.draft_state.hidden for s in seqs]), torch.stack([s.draft_state.logp for s in seqs]))
 
 
 class SpeculativeDecoder:
@@ -130,35 +157,36 @@ class SpeculativeDecoder:
         tokens = torch.cat([tree.tokens[:, :1], self.draft.to_target_ids(tree.tokens[:, 1:])], dim=1)
         return tokens, tree.parents, tree.depth, tree.mask
 
-    def _run(self, name, fn, B, kv_need, inputs, pads):
-        """Run `fn` on inputs padded to a batch bucket; replayed from a CUDA graph when the engine has them."""
-        kv_len = graph_kv_len(self.kv, kv_need)
+    def _verify_fn(self, tokens, depth, mask, c_t, slots, kv_len):
+        """The target over the drafted tree at columns c..c+N-1; returns its greedy tokens, logits and features."""
+        batch = AttentionBatch(kv=self.engine.runner.kv, slots=slots, starts=c_t, kv_len=kv_len, new_mask=mask)
+        out = self.target(tokens, c_t[:, None] + depth, batch)
+        logits = self.target.logits(out.hidden)
+        return logits.argmax(-1), logits, out.aux_hidden
+
+    def _run(self, name, fn, B, kv, kv_need, inputs, pads, padded=False):
+        """Run `fn` on inputs padded to a batch bucket; replayed from a CUDA graph when the engine has them.
+        Inputs may arrive already padded (another _run's outputs); `padded` returns the outputs unsliced."""
+        kv_len = graph_kv_len(kv, kv_need)
         graphs = self.graphs
         Bp = B if graphs is None else next((b for b in BATCH_BUCKETS if b >= B), B)
-        if Bp > B:
-            inputs = [torch.cat([x, torch.full((Bp - B,) + x.shape[1:], pad, dtype=x.dtype, device=x.device)])
-                      for x, pad in zip(inputs, pads)]
+        inputs = [x if x.shape[0] == Bp else
+                  torch.cat([x, torch.full((Bp - x.shape[0],) + x.shape[1:], pad, dtype=x.dtype, device=x.device)])
+                  for x, pad in zip(inputs, pads)]
         if graphs is None:
             outs = fn(*inputs, kv_len)
         else:
             outs = graphs.run((name, Bp, kv_len, tuple(x.shape[1:] for x in inputs)), lambda *xs: fn(*xs, kv_len), inputs)
-        return [o[:B] for o in outs]
+        return outs if padded else [o[:B] for o in outs]
 
-    def _extend(self, seqs, token_rows: list[list[int]], feats: torch.Tensor, starts: list[int]):
-        """Run the draft over accepted pairs (padded to a fixed length); keep its last output per sequence."""
-        dev = self.engine.device
-        L = feats.shape[1]
-        ids = torch.tensor([r + [r[-1]] * (L - len(r)) for r in token_rows], device=dev)
-        last = torch.tensor([len(r) - 1 for r in token_rows], device=dev)
-        st = torch.tensor(starts, device=dev)
-        slots = torch.tensor([s.slot for s in seqs], device=dev)
-        scratch = self.engine.runner.scratch_slot
-        h, logp = self._run("extend", self._extend_fn, len(seqs), max(starts) + L,
-                            [ids, feats, last, st, slots], [0, 0, 0, 0, scratch])
+    def _extend(self, seqs, ids: torch.Tensor, last: torch.Tensor, feats: torch.Tensor, starts: torch.Tensor,
+                slots: torch.Tensor, max_start: int):
+        """Run the draft over accepted pairs (ids, feats [B, L], padded to a fixed length) at columns
+        starts..; keep its output at `last` per sequence."""
+        h, logp = self._run("extend", self._extend_fn, len(seqs), self.kv, max_start + feats.shape[1],
+                            [ids, feats, last, starts, slots], [0, 0, 0, 0, self.engine.runner.scratch_slot])
         # Copies: under CUDA graphs h and logp are static buffers that the next replay overwrites.
-        h, logp = h.clone(), logp.clone()
-        for i, s in enumerate(seqs):
-            s.draft_state = DraftState(h[i], logp[i])
+        set_states(seqs, h.clone(), logp.clone())
 
     # -- prefill ---------------------------------------------------------------------------------
     def prefill(self, seqs, features, lens: list[int]):
@@ -173,9 +201,7 @@ class SpeculativeDecoder:
         out = self._draft_forward(self.target.embed(ids), features, pos, torch.tensor([s.slot for s in seqs], device=dev),
                                   torch.zeros(B, dtype=torch.long, device=dev), graph_kv_len(self.kv, T), fuse=True)
         h = out[torch.arange(B, device=dev), torch.tensor(lens, device=dev) - 1]
-        logp = torch.log_softmax(self.draft.logits(h), dim=-1)
-        for i, s in enumerate(seqs):
-            s.draft_state = DraftState(h[i], logp[i])
+        set_states(seqs, h, torch.log_softmax(self.draft.logits(h), dim=-1))
 
     # -- one cycle -------------------------------------------------------------------------------
     def cycle(self, seqs):
@@ -183,11 +209,11 @@ class SpeculativeDecoder:
         speculate = self.policy.speculate(len(seqs))
         if self.policy.adaptive:  # decided from this rank's own timings: every rank follows rank 0
             speculate = self.target.tp.agree(speculate)
-        if speculate:
-            self._catch_up([s for s in seqs if s.draft_state.lag_tokens])
         captured = self._graphs_captured()
         before = sum(len(s.output_ids) for s in seqs)
-        t0 = time.perf_counter()
+        t0 = time.perf_counter()  # a catch-up is part of what speculating costs after plain steps
+        if speculate:
+            self._catch_up([s for s in seqs if s.draft_state.lag_tokens])
         (self._speculative_cycle if speculate else self._plain_step)(seqs)
         # Both paths end in a device-to-host copy, so the host clock has waited for the GPU here. A step
         # that captured a CUDA graph took far longer than its kind does: it says nothing about speed.
@@ -204,25 +230,25 @@ class SpeculativeDecoder:
         S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
         B = len(seqs)
         c = [s.cached for s in seqs]
-        slots = [s.slot for s in seqs]
-        c_t = torch.tensor(c, device=dev)
+        scratch = eng.runner.scratch_slot
         with prof.phase("draft"):
-            logp0 = torch.stack([s.draft_state.logp for s in seqs])
-            hidden0 = torch.stack([s.draft_state.hidden for s in seqs])
-            root = torch.tensor([s.output_ids[-1] for s in seqs], device=dev)
-            tokens, parents, depth, mask = self._run(
-                "tree", self._tree_fn, B, max(c) + (S - 1) * k, [logp0, hidden0, root, c_t, torch.tensor(slots, device=dev)],
-                [0, 0, 0, 0, eng.runner.scratch_slot])
+            hidden0, logp0 = gather_states(seqs)
+            root, c_t, slots_t = torch.tensor([[s.output_ids[-1] for s in seqs], c, [s.slot for s in seqs]],
+                                              device=dev)  # one host-to-device copy for the cycle's inputs
+            tokens, parents, depth, mask = self._run("tree", self._tree_fn, B, self.kv, max(c) + (S - 1) * k,
+                                                     [logp0, hidden0, root, c_t, slots_t], [0, 0, 0, 0, scratch],
+                                                     padded=True)
         with prof.phase("verify"):
-            out = eng.runner.forward(tokens, c_t[:, None] + depth, slots, c, new_mask=mask)
-            logits = self.target.logits(out.hidden)                          # [B, N, V]
+            # The tree's outputs go straight in, padding rows included (they write only the scratch row).
+            argmax, logits, aux = self._run("verify", self._verify_fn, B, eng.runner.kv, max(c) + N,
+                                            [tokens, depth, mask, c_t, slots_t], [0, 0, True, 0, scratch])
         with prof.phase("accept"):
-            host = torch.cat([tokens, parents, logits.argmax(-1)], dim=1).tolist()  # the cycle's one sync
+            host = torch.cat([tokens[:B], parents[:B], argmax], dim=1).tolist()  # the cycle's one sync
             paths, bonus = [], []
             for i, s in enumerate(seqs):
-                toks, par, argmax = host[i][:N], host[i][N:2 * N], host[i][2 * N:]
+                toks, par, best = host[i][:N], host[i][N:2 * N], host[i][2 * N:]
                 if s.params.greedy:
-                    path, b = accept_greedy(toks, par, argmax)
+                    path, b = accept_greedy(toks, par, best)
                 else:
                     p = s.params
                     probs = adjusted_probs(logits[i], p.temperature, p.top_p, p.top_k)
@@ -235,24 +261,24 @@ class SpeculativeDecoder:
             L = S + 1
             sel = [path + [0] * (L - len(path)) for path in paths]                     # accepted nodes
             order = [list(range(len(path))) + [0] * (L - len(path)) for path in paths]  # where they go
-            sel_t = torch.tensor(sel, device=dev)
-            feats = out.aux_hidden.gather(1, sel_t[..., None].expand(-1, -1, out.aux_hidden.shape[-1]))
+            new_tokens = [[host[i][j] for j in paths[i][1:]] + [bonus[i]] for i in range(B)]
+            # One host-to-device copy: accepted nodes, the extend pass's tokens, and its last valid index.
+            meta = torch.tensor([sel[i] + t + [t[-1]] * (L - len(t)) + [len(t) - 1] for i, t in enumerate(new_tokens)],
+                                device=dev)
+            sel_t, ids, last = meta[:, :L], meta[:, L:2 * L], meta[:, 2 * L]
+            feats = aux[:B].gather(1, sel_t[..., None].expand(-1, -1, aux.shape[-1]))
             moved = [i for i in range(B) if sel[i] != order[i]]
             if moved:  # tree paths that skip nodes: their target KV moves to contiguous columns
                 rows = torch.tensor(moved, device=dev)
                 base = c_t[rows, None]
-                eng.runner.kv.compact(torch.tensor([slots[i] for i in moved], device=dev), base + sel_t[rows],
+                eng.runner.kv.compact(slots_t[rows], base + sel_t[rows],
                                       base + torch.tensor([order[i] for i in moved], device=dev))
-            token_rows = []
             for i, s in enumerate(seqs):
-                path = paths[i]
-                new = [host[i][j] for j in path[1:]] + [bonus[i]]
-                token_rows.append(new)
-                prof.record_accept(len(path) - 1, S)
-                s.cached += len(path)
+                prof.record_accept(len(paths[i]) - 1, S)
+                s.cached += len(paths[i])
                 s.verify_passes += 1
-                s.append(new, eng.eos_ids)
-            self._extend(seqs, token_rows, feats, c)
+                s.append(new_tokens[i], eng.eos_ids)
+            self._extend(seqs, ids, last, feats, c_t, slots_t, max(c))
 
     def _plain_step(self, seqs):
         """One plain decode step; the draft catches up later (see the module docstring), so speculation
@@ -283,5 +309,4 @@ class SpeculativeDecoder:
             slots = torch.tensor([s.slot for s in group], device=dev)
             last = torch.full((len(group),), L - 1, device=dev)
             h, logp = self._extend_fn(ids, feats, last, starts, slots, graph_kv_len(self.kv, max(first) + L))
-            for i, s in enumerate(group):
-                s.draft_state = DraftState(h[i], logp[i])
+            set_states(group, h, logp)
