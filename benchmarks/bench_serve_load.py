@@ -3,9 +3,9 @@
 Usage: python3 benchmarks/bench_serve_load.py --out out/serve_load.json [--concurrency 1,4,16,64] [--configs plain,spec,adaptive]
        python3 benchmarks/bench_serve_load.py --device cpu --concurrency 1,2 --num-prompts 2 --max-tokens 8   (smoke run)
 
-Each configuration gets its own real `eyas serve` subprocess (plain: no draft; spec: the draft, chain 3/1/4;
-adaptive: the same with --spec-adaptive), started, waited on until /health answers, measured at every concurrency
-with the `eyas bench` client (MT-bench, greedy, warm-up left out), then stopped with SIGTERM. The markdown table
+Each configuration gets its own real `eyas serve` subprocess (plain: no draft; spec: the draft, chain 3/1/4, speculating
+at every step (--no-spec-adaptive); adaptive: the server default with a draft), started, waited on until /health
+answers, measured at every concurrency with the `eyas bench` client (MT-bench, greedy, warm-up left out), then stopped with SIGTERM. The markdown table
 puts every configuration beside the plain server at the same concurrency: speculation must never be the slower one.
 """
 
@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DRAFT = REPO / "assets" / "smollm2-135m-eagle3"
 CONFIGS = {  # name -> extra `eyas serve` flags; "{draft}" is filled in from --draft
     "plain": [],
-    "spec": ["--draft", "{draft}", "--spec-steps", "3", "--spec-topk", "1", "--spec-draft-tokens", "4"],
+    "spec": ["--draft", "{draft}", "--spec-steps", "3", "--spec-topk", "1", "--spec-draft-tokens", "4",
+             "--no-spec-adaptive"],
     "adaptive": ["--draft", "{draft}", "--spec-steps", "3", "--spec-topk", "1", "--spec-draft-tokens", "4",
                  "--spec-adaptive"],
 }

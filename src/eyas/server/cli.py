@@ -10,6 +10,8 @@ then serves HTTP until SIGTERM/SIGINT (drain running requests, exit 0) or until 
 
 from __future__ import annotations
 
+import argparse
+
 import platform
 import signal
 import sys
@@ -28,8 +30,9 @@ def add_arguments(p) -> None:
     p.add_argument("--spec-draft-tokens", type=int, help="tree nodes sent to verify, root included")
     p.add_argument("--spec-max-batch", type=int, help="decode without speculation while more sequences than this run "
                                                        "(the draft catches up when speculation resumes below it)")
-    p.add_argument("--spec-adaptive", action="store_true",
-                   help="measure tokens/s with and without speculation per batch size and use the faster")
+    p.add_argument("--spec-adaptive", action=argparse.BooleanOptionalAction, default=None,
+                   help="measure tokens/s with and without speculation per batch size and use the faster "
+                        "(on by default with --draft; --no-spec-adaptive speculates at every step)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel workers (default 1)")
     p.add_argument("--env", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                    help="set in every worker's environment and verified there at start-up (repeatable)")
@@ -49,10 +52,11 @@ def add_arguments(p) -> None:
 
 def config_from_args(args) -> ServeConfig:
     spec = None
-    if args.spec_adaptive or any(v is not None for v in (args.spec_steps, args.spec_topk, args.spec_draft_tokens,
-                                                         args.spec_max_batch)):
+    if args.draft or args.spec_adaptive is not None or any(
+            v is not None for v in (args.spec_steps, args.spec_topk, args.spec_draft_tokens, args.spec_max_batch)):
+        # Adaptive by default: speculation must never make serving slower than plain decoding.
         spec = SpecConfig(steps=args.spec_steps or 3, topk=args.spec_topk or 1, draft_tokens=args.spec_draft_tokens,
-                          max_batch=args.spec_max_batch, adaptive=args.spec_adaptive)
+                          max_batch=args.spec_max_batch, adaptive=args.spec_adaptive is not False)
     return ServeConfig(model=args.model, draft=args.draft, spec=spec, tp=args.tp, env=parse_env_pairs(args.env),
                        env_check=args.env_check, host=args.host, port=args.port, api_key=args.api_key,
                        max_running=args.max_running, max_queue=args.max_queue, max_model_len=args.max_model_len,
