@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
+from timing import kernel_table, median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 USER_NCCL = dict(NCCL_PROTO="LL", NCCL_ALGO="Ring", NCCL_P2P_LEVEL="SYS", NCCL_MAX_NCHANNELS="16",
                  NCCL_BUFFSIZE="16777216", NCCL_NTHREADS="512")
@@ -79,6 +79,9 @@ def _worker(rank, tp, port, queue, graphs):
         pos = torch.arange(CONTEXT, CONTEXT + T, device="cuda")[None]
         mask = None if T == 1 else torch.tril(torch.ones(T, T, dtype=torch.bool, device="cuda"))[None]
         res[f"T{T}_ms"] = median_ms(lambda: model.logits(runner.forward(x, pos, [0], [CONTEXT], new_mask=mask).hidden))
+    if rank == 0 and tp == 1 and graphs:  # where a decode step's GPU time goes, kernel by kernel
+        x, pos = torch.randint(0, cfg.vocab_size, (1, 1), device="cuda"), torch.tensor([[CONTEXT]], device="cuda")
+        res["decode_kernels"] = kernel_table(lambda: model.logits(runner.forward(x, pos, [0], [CONTEXT]).hidden))
     # all-reduce cost of one decode pass: 2 per layer of [1, hidden] bf16
     buf = torch.randn(1, cfg.hidden_size, dtype=torch.bfloat16, device="cuda")
     if tp > 1:
@@ -130,6 +133,7 @@ def run_config(tp, env, graphs=True, timeout_s=240):
                verify3_over_decode=r0["T3_ms"] / r0["T1_ms"], verify4_over_decode=r0["T4_ms"] / r0["T1_ms"],
                verify8_over_decode=r0["T8_ms"] / r0["T1_ms"], T3_ms=r0["T3_ms"], T4_ms=r0["T4_ms"], T8_ms=r0["T8_ms"],
                allreduce_per_pass_ms=r0.get("allreduce_per_pass_ms"), nccl=r0["nccl"],
+               decode_kernels=r0.get("decode_kernels"),
                worker_env=[{"rank": r["rank"], "pid": r["pid"], **r["env"]} for r in results])
     bound_ms = (r0["weight_bytes_per_rank"] + r0["kv_bytes_per_rank"]) / r0["copy_bw"] * 1e3
     out.update(bandwidth_bound_ms=bound_ms, fraction_of_bound=bound_ms / r0["T1_ms"], copy_bw_tb_s=r0["copy_bw"] / 1e12)

@@ -22,3 +22,26 @@ def median_ms(fn, reps: int = 30, warmup: int = 3, cuda: bool | None = None) -> 
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
+
+
+def kernel_table(fn, reps: int = 10, top: int = 12) -> dict:
+    """GPU kernels of one call of `fn` under torch.profiler: count, busy time, and the kernels that take
+    the most time (name, calls and microseconds per call of `fn`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    by_name: dict[str, list] = {}
+    for e in trace.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            row = by_name.setdefault(e.name[:80], [0, 0.0])
+            row[0] += 1
+            row[1] += e.time_range.elapsed_us()
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])
+    return dict(kernels=sum(n for n, _ in by_name.values()) / reps,
+                gpu_busy_us=sum(us for _, us in by_name.values()) / reps,
+                top=[dict(name=k, calls=n / reps, us=round(us / reps, 1)) for k, (n, us) in ranked[:top]])

@@ -24,3 +24,17 @@ def test_graph_replay_equals_eager(tmp_path, spec):
                         cuda_graphs=graphs)
         outs.append([s.output_ids for s in engine.generate(prompts, params)])
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, adaptive=True)], ids=["plain", "adaptive"])
+def test_warm_up_captures_every_bucket_up_front(tmp_path, spec):
+    """After warm_up, batches of any size (speculating or not) replay graphs without capturing new ones."""
+    tiny_llama(tmp_path, vocab=64)
+    draft = random_draft(64, 64, draft_vocab=48) if spec else None
+    engine = Engine(str(tmp_path), dtype="fp32", device="cuda", max_batch=8, max_len=256, draft=draft, spec=spec)
+    assert engine.warm_up() > 0
+    graphs = engine.runner.graphs
+    count = len(graphs.graphs) + len(graphs.functions.graphs)
+    for n in (1, 3, 8):
+        engine.generate([[1, 2, 3]] * n, SamplingParams(max_tokens=30, ignore_eos=True))
+    assert len(graphs.graphs) + len(graphs.functions.graphs) == count

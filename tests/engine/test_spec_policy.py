@@ -16,11 +16,14 @@ def test_adaptive_measures_both_then_keeps_the_faster_and_still_explores():
     p = SpecPolicy(adaptive=True, explore_every=4)
     # batch 32: speculation measured first, then plain; plain is faster there
     assert p.speculate(32) is True
-    p.record(32, True, tokens=64, seconds=1.0)
+    p.record(32, True, tokens=80, seconds=1.0)
     assert p.speculate(32) is False
     p.record(32, False, tokens=96, seconds=1.0)
     choices = [p.speculate(32) for _ in range(8)]
     assert choices.count(False) == 6 and choices.count(True) == 2  # the slower mode is retried every 4th step
+    p.rates[(32, True)] = 40.0  # far behind (< 0.7x): retried every 8 * 4 steps only
+    choices = [p.speculate(32) for _ in range(64)]
+    assert choices.count(True) == 2
     # batch 1 is its own bucket: speculation is faster there
     assert p.speculate(1) is True
     p.record(1, True, tokens=300, seconds=1.0)

@@ -81,8 +81,11 @@ def build_engine(spec: WorkerSpec, rank: int, size: int, device: str):
         tp = TPContext(rank, size, dist.new_group(list(range(size))))
     dtype = spec.dtype or ("bf16" if device.startswith("cuda") else "fp32")
     profiler = Profiler(device) if spec.profile else None
-    return Engine(spec.model, dtype=dtype, device=device, draft=spec.draft, spec=spec.spec, max_batch=spec.max_running,
-                  max_len=max_len, tp=tp, cuda_graphs=spec.cuda_graphs, profiler=profiler), dtype
+    engine = Engine(spec.model, dtype=dtype, device=device, draft=spec.draft, spec=spec.spec,
+                    max_batch=spec.max_running, max_len=max_len, tp=tp, cuda_graphs=spec.cuda_graphs, profiler=None)
+    engine.warm_up()  # every rank captures the same graphs in the same order (their collectives must pair up)
+    engine.profiler = profiler  # the warm-up's steps are not the server's
+    return engine, dtype
 
 
 def _share_cpu_threads(size: int) -> None:

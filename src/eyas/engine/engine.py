@@ -107,6 +107,32 @@ class Engine:
         self.running = [s for s in self.running if not s.finished]
         return done
 
+    def warm_up(self) -> int:
+        """Capture the CUDA graphs of every batch bucket now (a server's start), not on first use in the
+        middle of traffic, where each capture stalls every running request. Speculative engines capture
+        both the cycle's graphs and the plain step's, which the adaptive policy may choose. Returns the
+        number of graphs captured; a no-op without CUDA graphs."""
+        graphs = self.runner.graphs
+        if graphs is None:
+            return 0
+        from eyas.engine.graphs import BATCH_BUCKETS
+        from eyas.engine.spec_policy import SpecPolicy
+
+        before = len(graphs.graphs) + len(graphs.functions.graphs)
+        modes = [SpecPolicy(), SpecPolicy(max_batch=0)] if self.spec else [None]  # always / never speculate
+        for policy in modes:
+            saved = self.spec.policy if self.spec else None
+            if self.spec:
+                self.spec.policy = policy
+            try:
+                for b in (b for b in BATCH_BUCKETS if b <= graphs.max_batch):
+                    lookahead = self.spec.lookahead if self.spec else 1
+                    self.generate([[0] * 8] * b, SamplingParams(max_tokens=2 * lookahead + 2, ignore_eos=True))
+            finally:
+                if self.spec:
+                    self.spec.policy = saved
+        return len(graphs.graphs) + len(graphs.functions.graphs) - before
+
     def _should_admit(self) -> bool:
         """Admit while nothing runs, or once `admit_batch` requests (or every waiting one) fit at once.
 

@@ -4,12 +4,12 @@ Speculation pays at small batches (decode is memory-bound, verifying N tokens co
 and stops paying as the batch grows. Where that happens depends on the model, the draft's acceptance and
 the hardware, so the adaptive policy measures it while serving: for each batch-size bucket it keeps a
 moving average of tokens per second for speculative cycles and for plain steps, takes the better one, and
-tries the other one now and then so a change (new traffic, another prompt mix) is noticed; it switches
-only when the other mode is faster by a margin, since every switch back to speculation costs a catch-up
-pass of the draft (charged to the speculative step that runs it). Both modes are
-lossless and the draft catches up on the plain steps before it drafts again, so switching never changes
-the output. Steps that captured a CUDA graph are not recorded (speculative.py): a capture costs far more
-than the step, and counting it would make the first mode tried in each bucket look slow.
+tries the other one now and then (less often when it is far behind) so that a change (new traffic, another
+prompt mix) is noticed. It switches only when the other mode is faster by a margin: every switch back to
+speculation costs a catch-up pass of the draft. Both modes are lossless and the draft catches up on the
+plain steps before it drafts again, so switching never changes the output. Steps that captured a CUDA
+graph are not recorded (speculative.py): a capture costs far more than the step, and counting it would
+make the first mode tried in each bucket look slow.
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ class SpecPolicy:
         if other > mine * (1 + self.margin):
             current = not current
         self.preferred[b] = current
-        return (not current) if n % self.explore_every == 0 else current
+        # A mode far behind is retried less often: each retry of it costs a step at its (slow) rate.
+        every = self.explore_every * (8 if (plain if current else spec) < 0.7 * (spec if current else plain) else 1)
+        return (not current) if n % every == 0 else current
 
     def record(self, batch_size: int, speculated: bool, tokens: int, seconds: float):
         if not self.adaptive or seconds <= 0:

@@ -45,7 +45,7 @@ class DraftState:
     batch_logp: torch.Tensor    # [n, draft_vocab]
     row: int
     lag_tokens: list = field(default_factory=list)  # tokens of plain steps the draft has not seen yet
-    lag_feats: list = field(default_factory=list)   # their features, [3H] each
+    lag_feats: list = field(default_factory=list)   # their features: (plain step's [B, 3H] features, row)
 
     @property
     def hidden(self) -> torch.Tensor:
@@ -59,6 +59,22 @@ class DraftState:
 def set_states(seqs, hidden: torch.Tensor, logp: torch.Tensor):
     for i, s in enumerate(seqs):
         s.draft_state = DraftState(hidden, logp, i)
+
+
+def lag_features(seqs, L: int) -> torch.Tensor:
+    """[n, L, 3H] the held-back features of `seqs` (L each): one concatenation of the plain steps'
+    feature tensors and one gather, however many sequences and steps."""
+    offsets: dict[int, int] = {}
+    sources, index, total = [], [], 0
+    for s in seqs:
+        for feats, row in s.draft_state.lag_feats:
+            if id(feats) not in offsets:
+                offsets[id(feats)] = total
+                sources.append(feats)
+                total += feats.shape[0]
+            index.append(offsets[id(feats)] + row)
+    flat = torch.cat(sources) if len(sources) > 1 else sources[0]
+    return flat[torch.tensor(index, device=flat.device)].view(len(seqs), L, -1)
 
 
 def gather_states(seqs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -209,11 +225,14 @@ class SpeculativeDecoder:
         speculate = self.policy.speculate(len(seqs))
         if self.policy.adaptive:  # decided from this rank's own timings: every rank follows rank 0
             speculate = self.target.tp.agree(speculate)
+        if speculate:
+            # Not timed: a catch-up is the price of switching modes, paid once per switch, not per step
+            # (the policy's margin keeps switches rare); timing it would make every retry of
+            # speculation after plain steps look slow.
+            self._catch_up([s for s in seqs if s.draft_state.lag_tokens])
         captured = self._graphs_captured()
         before = sum(len(s.output_ids) for s in seqs)
-        t0 = time.perf_counter()  # a catch-up is part of what speculating costs after plain steps
-        if speculate:
-            self._catch_up([s for s in seqs if s.draft_state.lag_tokens])
+        t0 = time.perf_counter()
         (self._speculative_cycle if speculate else self._plain_step)(seqs)
         # Both paths end in a device-to-host copy, so the host clock has waited for the GPU here. A step
         # that captured a CUDA graph took far longer than its kind does: it says nothing about speed.
@@ -290,7 +309,7 @@ class SpeculativeDecoder:
             feats = out.aux_hidden[:, 0].clone()  # a CUDA graph's output buffer is overwritten next replay
             for i, s in enumerate(seqs):
                 s.draft_state.lag_tokens.append(s.output_ids[-1])
-                s.draft_state.lag_feats.append(feats[i])
+                s.draft_state.lag_feats.append((feats, i))  # a row reference: no tensor op per sequence
                 prof.record_accept(0, 0)
             self._catch_up([s for s in seqs if len(s.draft_state.lag_tokens) >= LAG_FLUSH and not s.finished])
 
@@ -303,7 +322,7 @@ class SpeculativeDecoder:
         dev = self.engine.device
         for L, group in by_len.items():
             ids = torch.tensor([s.draft_state.lag_tokens for s in group], device=dev)
-            feats = torch.stack([torch.stack(s.draft_state.lag_feats) for s in group])
+            feats = lag_features(group, L)
             first = [s.cached - L for s in group]
             starts = torch.tensor(first, device=dev)
             slots = torch.tensor([s.slot for s in group], device=dev)
