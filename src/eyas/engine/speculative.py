@@ -234,8 +234,11 @@ class SpeculativeDecoder:
         before = sum(len(s.output_ids) for s in seqs)
         t0 = time.perf_counter()
         (self._speculative_cycle if speculate else self._plain_step)(seqs)
-        # Both paths end in a device-to-host copy, so the host clock has waited for the GPU here. A step
-        # that captured a CUDA graph took far longer than its kind does: it says nothing about speed.
+        if self.policy.adaptive and speculate and self.engine.device.type == "cuda":
+            # A plain step ends in its device-to-host copy; a cycle's last pass (the draft's extend) is
+            # still running here. Wait for it, or the next step, whichever mode, would be charged for it.
+            torch.cuda.current_stream().synchronize()
+        # A step that captured a CUDA graph took far longer than its kind does: it says nothing about speed.
         if self._graphs_captured() == captured:
             self.policy.record(len(seqs), speculate, sum(len(s.output_ids) for s in seqs) - before,
                                time.perf_counter() - t0)
