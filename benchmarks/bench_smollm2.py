@@ -233,6 +233,7 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None):
     for name, spec in modes.items():
         eng = Engine(str(model_path), dtype="bf16", device=DEVICE, draft=draft if spec else None, spec=spec,
                      max_batch=max(batches), max_len=2048)
+        eng.warm_up()  # every batch bucket's graphs, as `eyas serve` captures them at start
         for B in batches:
             batch = [prompts[i % len(prompts)] for i in range(B)]
             eng.generate(batch, SamplingParams(max_tokens=64, ignore_eos=True))
