@@ -282,7 +282,8 @@ def main():
     args.max_len = 256 if args.tiny else 1024
     cuda = args.device == "cuda"
     bw = copy_bandwidth() if cuda else None
-    results = dict(kernels=os.environ.get("EYAS_KERNELS", "1"), gpu=torch.cuda.get_device_name() if cuda else "cpu", torch=torch.__version__,
+    results = dict(kernels=os.environ.get("EYAS_KERNELS", "1"), gpu=torch.cuda.get_device_name() if cuda else "cpu",
+                   torch=torch.__version__,
                    date=time.strftime("%Y-%m-%d"), tiny=args.tiny, dtype=args.dtype,
                    spec=dict(steps=args.spec.steps, topk=args.spec.topk, draft_tokens=args.spec.draft_tokens),
                    copy_bw_tb_s=bw / 1e12 if bw else None, rows=[], failed={})

@@ -3,10 +3,11 @@
 Usage: python3 benchmarks/bench_serve_load.py --out out/serve_load.json [--concurrency 1,4,16,64] [--configs plain,spec,adaptive]
        python3 benchmarks/bench_serve_load.py --device cpu --concurrency 1,2 --num-prompts 2 --max-tokens 8   (smoke run)
 
-Each configuration gets its own real `eyas serve` subprocess (plain: no draft; spec: the draft, chain 3/1/4, speculating
-at every step (--no-spec-adaptive); adaptive: the server default with a draft), started, waited on until /health
-answers, measured at every concurrency with the `eyas bench` client (MT-bench, greedy, warm-up left out), then stopped with SIGTERM. The markdown table
-puts every configuration beside the plain server at the same concurrency: speculation must never be the slower one.
+Each configuration gets its own real `eyas serve` subprocess (plain: no draft; spec: the draft, chain 3/1/4,
+speculating at every step (--no-spec-adaptive); adaptive: the server default with a draft), started, waited on
+until /health answers, measured at every concurrency with the `eyas bench` client (MT-bench, greedy, warm-up
+left out), then stopped with SIGTERM. The markdown table puts every configuration beside the plain server at
+the same concurrency: speculation must never be the slower one.
 """
 
 from __future__ import annotations

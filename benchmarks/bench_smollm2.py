@@ -270,7 +270,9 @@ def main():
     sections = set(args.sections.split(","))
     path = demo_model_path()
     tok = load_tokenizer(path)
-    results = dict(kernels=os.environ.get("EYAS_KERNELS", "1"), gpu=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", torch=torch.__version__, python=platform.python_version(),
+    results = dict(kernels=os.environ.get("EYAS_KERNELS", "1"),
+                   gpu=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", torch=torch.__version__,
+                   python=platform.python_version(),
                    date=time.strftime("%Y-%m-%d"), draft=args.draft)
     draft = draft_arg(args, path)
     prompts = prompts_ids(tok, max(args.prompts, args.lossless))

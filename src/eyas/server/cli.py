@@ -11,7 +11,6 @@ then serves HTTP until SIGTERM/SIGINT (drain running requests, exit 0) or until 
 from __future__ import annotations
 
 import argparse
-
 import platform
 import signal
 import sys

@@ -69,7 +69,8 @@ def regenerate(recipe, engine, tokenizer, prompts: list[Conversation], rank: int
             if nxt is None:
                 break
             index, conv = nxt
-            job.start(index, Conversation(conv.id, [dict(m) for m in conv.messages if m["role"] != "assistant"]))
+            bar.update(job.start(index, Conversation(conv.id, [dict(m) for m in conv.messages
+                                                               if m["role"] != "assistant"])))
         if not engine.has_work():
             break
         for seq in engine.step():
