@@ -54,3 +54,13 @@ def test_switches_only_past_the_margin():
     assert p.speculate(2) is False
     p.rates[(2, True)] = 112.0   # speculation 2% ahead again: stay with plain
     assert p.speculate(2) is False
+
+
+def test_peek_tells_the_next_decision_without_counting_it():
+    p = SpecPolicy(adaptive=True, explore_every=4)
+    p.record(8, True, 100, 1.0)
+    p.record(8, False, 90, 1.0)
+    for _ in range(10):
+        told = p.speculate(8, peek=True)
+        assert p.speculate(8, peek=True) == told  # peeking twice changes nothing
+        assert p.speculate(8) == told             # and the step then decides exactly that

@@ -35,13 +35,17 @@ class SpecPolicy:
     steps: dict = field(default_factory=dict)   # bucket -> steps decided there
     preferred: dict = field(default_factory=dict)  # bucket -> the mode currently preferred there
 
-    def speculate(self, batch_size: int) -> bool:
+    def speculate(self, batch_size: int, peek: bool = False) -> bool:
+        """The decision for the next step at this batch size; `peek` tells it without counting the step
+        (the speculative decoder asks ahead of time whether the next step will speculate)."""
         if self.max_batch is not None and batch_size > self.max_batch:
             return False
         if not self.adaptive:
             return True
         b = bucket(batch_size)
-        n = self.steps[b] = self.steps.get(b, 0) + 1
+        n = self.steps.get(b, 0) + 1
+        if not peek:
+            self.steps[b] = n
         spec, plain = self.rates.get((b, True)), self.rates.get((b, False))
         if spec is None or plain is None:
             return spec is None  # measure speculation first, then plain decoding
@@ -49,7 +53,8 @@ class SpecPolicy:
         mine, other = (spec, plain) if current else (plain, spec)
         if other > mine * (1 + self.margin):
             current = not current
-        self.preferred[b] = current
+        if not peek:
+            self.preferred[b] = current
         # A mode far behind is retried less often: each retry of it costs a step at its (slow) rate.
         every = self.explore_every * (8 if (plain if current else spec) < 0.7 * (spec if current else plain) else 1)
         return (not current) if n % every == 0 else current

@@ -8,6 +8,9 @@ output token x_c pending (the tree root):
 - verify runs the whole tree through the target in one forward at columns c..c+N-1;
 - commit compacts the accepted path's target KV to c..c+m and re-runs the draft on the accepted
   pairs with the target's fresh features (overwriting the speculative draft entries).
+When the batch will not change (nobody finished or waits, the policy would speculate, one rank), the
+commit's extend pass and the next cycle's draft and verify run as one pass (`_go_ahead`): the GPU then
+works through a whole cycle while the host only accepts, instead of idling between three launches.
 When the policy chooses a plain step, the draft does not run: the step's (feature, token) pair is kept
 in the sequence's lag, and one eager pass catches the draft up before the next speculative cycle (or
 once LAG_FLUSH pairs have piled up). Plain steps then cost what plain decoding costs.
@@ -107,6 +110,8 @@ class SpeculativeDecoder:
         self.policy = SpecPolicy(max_batch=self.spec.max_batch, adaptive=self.spec.adaptive)
         heads, head_dim, shared = self.draft.config.kv_cache_layout()  # an MLA draft caches one latent per token
         self.kv = KVCache(1, engine.runner.kv.num_slots, positions, heads, head_dim, dtype, engine.device, shared)
+        self.go_ahead = True  # launch the next cycle's draft and verify with this cycle's commit when possible
+        self._ahead = None    # (seq ids, their cached lengths, verify outputs, c, slots) of that launch
 
     @property
     def lookahead(self) -> int:
@@ -123,6 +128,7 @@ class SpeculativeDecoder:
 
     def release(self, seq):
         seq.draft_state = None
+        self._ahead = None
 
     # -- draft forwards (tensor-only, fixed shapes: CUDA-graph capturable) -----------------------------
     def _draft_forward(self, embeds, hidden, positions, slots, starts, kv_len, fuse=False, new_mask=None, visible=None):
@@ -179,6 +185,16 @@ class SpeculativeDecoder:
         out = self.target(tokens, c_t[:, None] + depth, batch)
         logits = self.target.logits(out.hidden)
         return logits.argmax(-1), logits, out.aux_hidden
+
+    def _ahead_fn(self, ids, feats, last, c_t, slots, root, c_next, kv_len):
+        """One cycle's commit and the next cycle's draft and verify as one pass (one graph): the draft's
+        extend over the accepted pairs, the next tree from its output, the target over that tree."""
+        h, logp = self._extend_fn(ids, feats, last, c_t, slots, kv_len)
+        tokens, parents, depth, mask = self._tree_fn(logp, h, root, c_next, slots, kv_len)
+        # kv_len fits the draft's cache, which is longer than the target's by the lookahead.
+        argmax, logits, aux = self._verify_fn(tokens, depth, mask, c_next, slots,
+                                              min(kv_len, self.engine.runner.max_len))
+        return h, logp, tokens, parents, argmax, logits, aux
 
     def _run(self, name, fn, B, kv, kv_need, inputs, pads, padded=False):
         """Run `fn` on inputs padded to a batch bucket; replayed from a CUDA graph when the engine has them.
@@ -249,21 +265,15 @@ class SpeculativeDecoder:
 
     def _speculative_cycle(self, seqs):
         eng, prof, dev = self.engine, self.profiler, self.engine.device
-        S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
+        S, N = self.spec.steps, self.spec.draft_tokens
         B = len(seqs)
         c = [s.cached for s in seqs]
-        scratch = eng.runner.scratch_slot
-        with prof.phase("draft"):
-            hidden0, logp0 = gather_states(seqs)
-            root, c_t, slots_t = torch.tensor([[s.output_ids[-1] for s in seqs], c, [s.slot for s in seqs]],
-                                              device=dev)  # one host-to-device copy for the cycle's inputs
-            tokens, parents, depth, mask = self._run("tree", self._tree_fn, B, self.kv, max(c) + (S - 1) * k,
-                                                     [logp0, hidden0, root, c_t, slots_t], [0, 0, 0, 0, scratch],
-                                                     padded=True)
-        with prof.phase("verify"):
-            # The tree's outputs go straight in, padding rows included (they write only the scratch row).
-            argmax, logits, aux = self._run("verify", self._verify_fn, B, eng.runner.kv, max(c) + N,
-                                            [tokens, depth, mask, c_t, slots_t], [0, 0, True, 0, scratch])
+        ahead = self._take_ahead(seqs)
+        if ahead is not None:  # the previous cycle already drafted and verified this one
+            (tokens, parents, argmax, logits, aux), c_t, slots_t = ahead
+            argmax, logits = argmax[:B], logits[:B]
+        else:
+            tokens, parents, argmax, logits, aux, c_t, slots_t = self._draft_and_verify(seqs, c)
         with prof.phase("accept"):
             host = torch.cat([tokens[:B], parents[:B], argmax], dim=1).tolist()  # the cycle's one sync
             paths, bonus = [], []
@@ -284,10 +294,17 @@ class SpeculativeDecoder:
             sel = [path + [0] * (L - len(path)) for path in paths]                     # accepted nodes
             order = [list(range(len(path))) + [0] * (L - len(path)) for path in paths]  # where they go
             new_tokens = [[host[i][j] for j in paths[i][1:]] + [bonus[i]] for i in range(B)]
-            # One host-to-device copy: accepted nodes, the extend pass's tokens, and its last valid index.
-            meta = torch.tensor([sel[i] + t + [t[-1]] * (L - len(t)) + [len(t) - 1] for i, t in enumerate(new_tokens)],
-                                device=dev)
-            sel_t, ids, last = meta[:, :L], meta[:, L:2 * L], meta[:, 2 * L]
+            for i, s in enumerate(seqs):
+                prof.record_accept(len(paths[i]) - 1, S)
+                s.cached += len(paths[i])
+                s.verify_passes += 1
+                s.append(new_tokens[i], eng.eos_ids)
+            # One host-to-device copy: accepted nodes, the extend pass's tokens and last valid index, and the
+            # next cycle's root and start.
+            meta = torch.tensor([sel[i] + t + [t[-1]] * (L - len(t)) + [len(t) - 1, s.output_ids[-1], s.cached]
+                                 for i, (s, t) in enumerate(zip(seqs, new_tokens))], device=dev)
+            sel_t, ids, last, root_next, c_next = (meta[:, :L], meta[:, L:2 * L], meta[:, 2 * L], meta[:, 2 * L + 1],
+                                                   meta[:, 2 * L + 2])
             feats = aux[:B].gather(1, sel_t[..., None].expand(-1, -1, aux.shape[-1]))
             moved = [i for i in range(B) if sel[i] != order[i]]
             if moved:  # tree paths that skip nodes: their target KV moves to contiguous columns
@@ -295,17 +312,62 @@ class SpeculativeDecoder:
                 base = c_t[rows, None]
                 eng.runner.kv.compact(slots_t[rows], base + sel_t[rows],
                                       base + torch.tensor([order[i] for i in moved], device=dev))
-            for i, s in enumerate(seqs):
-                prof.record_accept(len(paths[i]) - 1, S)
-                s.cached += len(paths[i])
-                s.verify_passes += 1
-                s.append(new_tokens[i], eng.eos_ids)
-            self._extend(seqs, ids, last, feats, c_t, slots_t, max(c))
+            if self._may_go_ahead(seqs):
+                self._go_ahead(seqs, ids, last, feats, c_t, slots_t, root_next, c_next)
+            else:
+                self._extend(seqs, ids, last, feats, c_t, slots_t, max(c))
+
+    def _draft_and_verify(self, seqs, c: list[int]):
+        """Draft a tree for every sequence from its draft state, and verify it with the target."""
+        eng, prof, dev = self.engine, self.profiler, self.engine.device
+        S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
+        B, scratch = len(seqs), eng.runner.scratch_slot
+        with prof.phase("draft"):
+            hidden0, logp0 = gather_states(seqs)
+            root, c_t, slots_t = torch.tensor([[s.output_ids[-1] for s in seqs], c, [s.slot for s in seqs]],
+                                              device=dev)  # one host-to-device copy for the cycle's inputs
+            tokens, parents, depth, mask = self._run("tree", self._tree_fn, B, self.kv, max(c) + (S - 1) * k,
+                                                     [logp0, hidden0, root, c_t, slots_t], [0, 0, 0, 0, scratch],
+                                                     padded=True)
+        with prof.phase("verify"):
+            # The tree's outputs go straight in, padding rows included (they write only the scratch row).
+            argmax, logits, aux = self._run("verify", self._verify_fn, B, eng.runner.kv, max(c) + N,
+                                            [tokens, depth, mask, c_t, slots_t], [0, 0, True, 0, scratch])
+        return tokens, parents, argmax, logits, aux, c_t, slots_t
+
+    # -- going ahead: the next cycle's draft and verify launched with this cycle's commit ------------------
+    def _may_go_ahead(self, seqs) -> bool:
+        """Only when the next step should be a speculative cycle over exactly this batch: nobody finished or
+        waits to join, the policy would speculate (if its next measurement changes its mind, the pass is
+        discarded), one rank (ranks decide adaptively on rank 0's word, so they could launch different
+        passes), and no profiler (whose draft and verify phases would blur)."""
+        return (self.go_ahead and not self.engine.waiting and not any(s.finished for s in seqs)
+                and self.policy.speculate(len(seqs), peek=True) and self.target.tp.size == 1
+                and self.engine.profiler is None)
+
+    def _go_ahead(self, seqs, ids, last, feats, c_t, slots_t, root_next, c_next):
+        S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
+        B, scratch = len(seqs), self.engine.runner.scratch_slot
+        need = max(s.cached for s in seqs) + max(N, (S - 1) * k, S + 1)
+        h, logp, *verify = self._run("ahead", self._ahead_fn, B, self.kv, need,
+                                     [ids, feats, last, c_t, slots_t, root_next, c_next],
+                                     [0, 0, 0, 0, scratch, 0, 0], padded=True)
+        set_states(seqs, h[:B].clone(), logp[:B].clone())
+        self._ahead = (tuple(s.id for s in seqs), tuple(s.cached for s in seqs), verify, c_next, slots_t)
+
+    def _take_ahead(self, seqs):
+        """The pass launched ahead for this batch in this state, or None (any change discards it: the
+        columns it wrote past each sequence's length are rewritten by whatever runs next)."""
+        pending, self._ahead = self._ahead, None
+        if pending is None or pending[0] != tuple(s.id for s in seqs) or pending[1] != tuple(s.cached for s in seqs):
+            return None
+        return pending[2], pending[3], pending[4]
 
     def _plain_step(self, seqs):
         """One plain decode step; the draft catches up later (see the module docstring), so speculation
         can resume on any later step."""
         eng, prof = self.engine, self.profiler
+        self._ahead = None
         with prof.phase("verify"):
             out = eng._decode(seqs)  # samples and appends too
         with prof.phase("commit"):
