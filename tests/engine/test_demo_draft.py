@@ -41,7 +41,15 @@ def _draft_states(demo_dir, prompts, monkeypatch, pattern=None):
                     spec=SpecConfig(3, 1))
     if pattern is not None:
         it = iter(pattern * 100)
-        monkeypatch.setattr(engine.spec.policy, "speculate", lambda batch_size: next(it))
+        upcoming = [next(it)]
+
+        def forced(batch_size, peek=False):  # peek tells the next step's choice without taking it
+            choice = upcoming[0]
+            if not peek:
+                upcoming[0] = next(it)
+            return choice
+
+        monkeypatch.setattr(engine.spec.policy, "speculate", forced)
     states, cycle = {}, engine.spec._speculative_cycle
 
     def recorded(seqs):
