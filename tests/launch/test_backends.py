@@ -78,3 +78,14 @@ def test_dry_run_prints_the_exact_command_and_starts_nothing(tmp_path, capsys, h
     script = capsys.readouterr().out
     assert "exec env -i \\" in script and "  NCCL_PROTO=LL \\" in script and "  'ODD=a b' \\" in script
     assert "setsid nohup" in script
+
+
+def test_eyas_launches_speculate_every_step_unless_asked_to_adapt():
+    """SGLang and vLLM speculate at every step with the settings they are given; an eyas launch does the same
+    (eyas serve alone would adapt), so a launch or tune point measures the configuration it names."""
+    spec = LaunchSpec(backend="eyas", **{**KIMI, "spec_draft_tokens": None})
+    assert "--no-spec-adaptive" in build_command(spec)
+    adaptive = LaunchSpec(backend="eyas", **{**KIMI, "spec_draft_tokens": None, "extra_args": ["--spec-adaptive"]})
+    argv = build_command(adaptive)
+    assert "--no-spec-adaptive" not in argv and argv[-1] == "--spec-adaptive"
+    assert LaunchSpec(**spec_fields(argv)) == adaptive

@@ -73,6 +73,10 @@ def build_command(spec: LaunchSpec, python: str | None = None) -> list[str]:
                 argv += [flag["algorithm"], "EAGLE3"]
             argv += [flag["draft"], spec.draft, flag["spec_steps"], str(spec.spec_steps), flag["spec_topk"],
                      str(spec.spec_topk), flag["spec_draft_tokens"], str(spec.spec_draft_tokens)]
+            if spec.backend == "eyas" and not any(a.startswith("--spec-adaptive") for a in spec.extra_args):
+                # Speculate at every step, as SGLang and vLLM do with these settings: a launch (and a tune
+                # sweep) measures the configuration it names. `--spec-adaptive` in extra_args opts back in.
+                argv.append("--no-spec-adaptive")
     argv += [flag["tp"], str(spec.tp), flag["host"], spec.host, flag["port"], str(spec.port)]
     return argv + list(spec.extra_args)
 
@@ -111,6 +115,9 @@ def spec_fields(argv: list[str]) -> dict:
         word = args[i]
         name, eq, value = word.partition("=")
         key = by_flag.get(name)
+        if backend == "eyas" and word == "--no-spec-adaptive":  # what build_command writes for every eyas spec
+            i += 1
+            continue
         if key is None:
             if backend == "vllm" and "model" not in out and not word.startswith("-"):
                 out["model"] = word  # `vllm serve MODEL`
