@@ -25,6 +25,18 @@ ARCHITECTURES = {
 }
 
 
+def validate_mla_dims(cfg, attention: str, who: str) -> None:
+    """The latent-attention widths a target or draft config (`cfg`) must have; `attention` and `who` name
+    it in the error."""
+    for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        if getattr(cfg, name) <= 0:
+            raise EyasError(f"{attention} needs a positive {name}, got {getattr(cfg, name)}")
+    if cfg.qk_rope_head_dim % 2:
+        raise EyasError(f"{who}qk_rope_head_dim must be even for rotary embeddings, got {cfg.qk_rope_head_dim}")
+    if cfg.q_lora_rank is not None and cfg.q_lora_rank <= 0:
+        raise EyasError(f"{who}q_lora_rank must be positive or null, got {cfg.q_lora_rank}")
+
+
 @dataclass
 class ModelConfig:
     """What the decoder needs to know, normalized from an HF `config.json`."""
@@ -122,15 +134,8 @@ class ModelConfig:
                                 f"{self.num_experts_per_tok}")
 
     def _validate_mla(self):
-        if not self.mla:
-            return
-        for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-            if getattr(self, name) <= 0:
-                raise EyasError(f"multi-head latent attention needs a positive {name}, got {getattr(self, name)}")
-        if self.qk_rope_head_dim % 2:
-            raise EyasError(f"qk_rope_head_dim must be even for rotary embeddings, got {self.qk_rope_head_dim}")
-        if self.q_lora_rank is not None and self.q_lora_rank <= 0:
-            raise EyasError(f"q_lora_rank must be positive or null, got {self.q_lora_rank}")
+        if self.mla:
+            validate_mla_dims(self, "multi-head latent attention", "")
 
     @classmethod
     def from_hf(cls, hf: dict) -> "ModelConfig":
@@ -270,13 +275,7 @@ class DraftConfig:
         if not 0 < self.draft_vocab_size <= self.vocab_size:
             raise EyasError(f"draft_vocab_size {self.draft_vocab_size} must be in 1..vocab_size ({self.vocab_size})")
         if self.mla:
-            for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-                if getattr(self, name) <= 0:
-                    raise EyasError(f"draft latent attention needs a positive {name}, got {getattr(self, name)}")
-            if self.qk_rope_head_dim % 2:
-                raise EyasError(f"draft qk_rope_head_dim must be even for rotary embeddings, got {self.qk_rope_head_dim}")
-            if self.q_lora_rank is not None and self.q_lora_rank <= 0:
-                raise EyasError(f"draft q_lora_rank must be positive or null, got {self.q_lora_rank}")
+            validate_mla_dims(self, "draft latent attention", "draft ")
 
     @classmethod
     def from_hf(cls, hf: dict) -> "DraftConfig":
