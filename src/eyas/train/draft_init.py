@@ -53,8 +53,24 @@ def draft_config_for(target: ModelConfig, section) -> DraftConfig:
     )
 
 
+@torch.no_grad()
+def init_head_from_target(draft: Eagle3Draft, lm_head: torch.Tensor, final_norm: torch.Tensor | None):
+    """Start the draft's output where the target's is: the target's LM-head rows of the draft vocabulary
+    and its final norm. The draft then only has to learn a hidden state like the target's own, instead of
+    also learning a (draft_vocab x hidden) head from scratch out of a few million tokens; that head is the
+    draft's largest matrix, and learned from random it fits the training replies more than it generalises."""
+    rows = torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device) + draft.d2t.long()
+    if int(rows.max()) >= lm_head.shape[0] or lm_head.shape[1] != draft.config.hidden_size:
+        raise EyasError(f"the target's LM head {tuple(lm_head.shape)} does not fit the draft "
+                        f"(hidden {draft.config.hidden_size}, vocabulary {draft.config.vocab_size})")
+    draft.lm_head.weight.copy_(lm_head.to(rows.device)[rows].to(draft.lm_head.weight.dtype))
+    if final_norm is not None:
+        draft.norm.weight.copy_(final_norm.to(draft.norm.weight))
+
+
 def new_draft(target: ModelConfig, section, mapping: VocabMapping, seed: int = 0) -> Eagle3Draft:
-    """Random weights (torch's default init, norms at 1), or `section.init_from`'s, with the data's vocabulary."""
+    """Random weights (torch's default init, norms at 1), or `section.init_from`'s, with the data's vocabulary.
+    The pipeline then copies the target's head in when `section.head_init` is "target" (init_head_from_target)."""
     if section.init_from:
         draft = load_draft(section.init_from, target).float().requires_grad_(True).train()
         if draft.config.draft_vocab_size != mapping.d2t.numel():

@@ -166,7 +166,7 @@ class Pipeline:
                                 self.progress)
 
     def fit(self) -> dict:
-        from eyas.train.draft_init import new_draft
+        from eyas.train.draft_init import init_head_from_target, new_draft
         from eyas.train.evaluate import plot_metrics
         from eyas.train.trainer import Trainer
         from eyas.train.vocab import load_mapping
@@ -183,6 +183,7 @@ class Pipeline:
             target = load_model(r.target, self.dtype, self.device, max_positions=r.data.max_len + 8)
             target.capture_layers = draft.config.capture_layers(self.target_config.num_layers)
             source = OnlineSource(target, samples, *args)
+            head, norm = target.lm_head.weight, target.model.norm.weight
         else:
             from eyas.models.loader import parse_dtype
             from eyas.train.shards import FeatureStore
@@ -193,7 +194,11 @@ class Pipeline:
             if store.info.get("data_hash") != data_hash:
                 raise EyasError(f"the features in {self.out / 'features'} were captured from other data; "
                                 "run `eyas train capture` again")
-            source = OfflineSource(TargetHeads.load(r.target, parse_dtype(self.dtype), self.device), store, *args)
+            heads = TargetHeads.load(r.target, parse_dtype(self.dtype), self.device)
+            source = OfflineSource(heads, store, *args)
+            head, norm = heads.lm_head_weight, heads.norm_weight
+        if r.draft.head_init == "target" and not r.draft.init_from:
+            init_head_from_target(draft, head, norm)  # a resumed run then loads its checkpoint over this
         evaluator = self.evaluator() if r.eval.every and self.dist.main else None
         tr = {k: v for k, v in r.to_dict()["train"].items() if k not in ("log_every", "checkpoint_every",
                                                                           "keep_checkpoints")}

@@ -89,9 +89,12 @@ class DraftSection:
     intermediate_size: int = 0    # 0 = the target's
     aux_layer_ids: list[int] = field(default_factory=list)  # SGLang meaning; empty = EAGLE's default
     init_from: str = ""           # start from an existing draft checkpoint instead of random weights
+    head_init: str = "target"     # "target": LM head rows and final norm copied from the target; "random"
 
     def __post_init__(self):
         _positive("draft", draft_vocab_size=self.draft_vocab_size, rope_theta=self.rope_theta)
+        if self.head_init not in ("target", "random"):
+            raise EyasError(f"[draft] head_init must be \"target\" or \"random\", got {self.head_init!r}")
         if self.aux_layer_ids and len(self.aux_layer_ids) != 3:
             raise EyasError(f"[draft] aux_layer_ids must list 3 layers (low, mid, high), got {self.aux_layer_ids}")
 

@@ -54,11 +54,13 @@ class TargetHeads(torch.nn.Module):
     """The target's embedding and LM head alone, read straight from its checkpoint (offline training
     needs nothing else of the target, so a large target never has to fit beside the draft)."""
 
-    def __init__(self, config: ModelConfig, embed: torch.Tensor, lm_head: torch.Tensor):
+    def __init__(self, config: ModelConfig, embed: torch.Tensor, lm_head: torch.Tensor,
+                 norm: torch.Tensor | None = None):
         super().__init__()
         self.config = config
         self.register_buffer("embed_weight", embed)
         self.register_buffer("lm_head_weight", lm_head)
+        self.norm_weight = norm  # the final RMSNorm's weight, where the checkpoint has one (draft head init)
 
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype, device) -> "TargetHeads":
@@ -69,7 +71,7 @@ class TargetHeads(torch.nn.Module):
         found = {}
         for f in safetensors_files(path):
             with safe_open(str(f), framework="pt") as fh:
-                for key in ("model.embed_tokens.weight", "lm_head.weight"):
+                for key in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"):
                     if key in fh.keys():
                         found[key] = fh.get_tensor(key)
         if "model.embed_tokens.weight" not in found:
@@ -79,7 +81,9 @@ class TargetHeads(torch.nn.Module):
             if not cfg.tie_word_embeddings:
                 raise EyasError(f"{path} has no lm_head.weight and does not tie it to the embedding")
             head = found["model.embed_tokens.weight"]
-        return cls(cfg, found["model.embed_tokens.weight"].to(device, dtype), head.to(device, dtype))
+        norm = found.get("model.norm.weight")
+        return cls(cfg, found["model.embed_tokens.weight"].to(device, dtype), head.to(device, dtype),
+                   None if norm is None else norm.to(device, dtype))
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_weight)
