@@ -3,9 +3,8 @@
 Usage: python benchmarks/bench_smollm2.py --draft DIR|random --out results.json [--prompts 10] [--lossless 80] [--sections speed,phases,lossless,bf16,accept]
 
 Sections, all in one process so the numbers are side by side:
-  speed      batch-1 greedy decode of 256 new tokens on MT-bench prompts: eyas plain, eyas + draft (chain 3/1/4,
-             also without going ahead, and tree 5/4/8), HF `generate` with a static cache, HF prompt-lookup
-             decoding (bf16)
+  speed      batch-1 greedy decode of 256 new tokens on MT-bench prompts: eyas plain, eyas + draft (chain 3/1/4
+             and tree 5/4/8), HF `generate` with a static cache, HF prompt-lookup decoding (bf16)
   phases     one target decode step vs a verify pass of 4 and 8 tokens vs one draft step (CUDA events)
   lossless   fp32 (TF32 off): speculative greedy == plain greedy on the MT-bench first turns, chain and tree
   bf16       share of identical outputs in bf16; every divergence's top-2 logit gap in the plain run
@@ -60,11 +59,9 @@ def draft_arg(args, model_path):
     return random_draft(cfg.hidden_size, cfg.vocab_size, draft_vocab=8192)
 
 
-def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=None, go_ahead=True):
+def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=None):
     new_tokens = new_tokens or NEW_TOKENS
     eng = Engine(str(model_path), dtype=dtype, device=DEVICE, draft=draft, spec=spec, max_batch=1, max_len=2048)
-    if eng.spec is not None:
-        eng.spec.go_ahead = go_ahead  # False: draft, verify and extend as three launches (the before of go-ahead)
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     eng.generate([prompts[0]], SamplingParams(max_tokens=32, ignore_eos=True))  # warm-up + graph capture
     toks, secs, passes = 0, 0.0, 0
@@ -197,8 +194,7 @@ def acceptance(model_path, tok, draft, dataset, n, batch=32, new_tokens=None):
 
 def cycle_profile(model_path, prompt, draft, spec, cycles=20):
     """Steady-state cycles of one sequence (graphs captured during the warm-up) under torch.profiler, then
-    the eyas profiler's per-phase GPU times over as many cycles (with it on, a cycle does not launch the
-    next one ahead: its phases would blur, so those cycles run draft, verify and extend separately)."""
+    the eyas profiler's per-phase GPU times over as many cycles."""
     from torch.profiler import ProfilerActivity, profile
 
     eng = Engine(str(model_path), dtype="bf16", device=DEVICE, draft=draft, spec=spec, max_batch=1, max_len=2048)
@@ -285,7 +281,6 @@ def main():
         sp = {}
         sp["eyas_plain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16")
         sp["eyas_chain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
-        sp["eyas_chain_no_ahead"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN, go_ahead=False)
         sp["eyas_tree"], eng = eyas_speed(path, prompts[:args.prompts], "bf16", draft, TREE)
         if args.hf_prompts > 0:
             sp["hf_static"] = hf_speed(path, prompts[:args.hf_prompts])

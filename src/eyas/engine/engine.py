@@ -116,28 +116,26 @@ class Engine:
         if graphs is None:
             return 0
         from eyas.engine.graphs import BATCH_BUCKETS, SHORT_ROWS
-        from eyas.engine.spec_policy import SpecPolicy
         from eyas.layers.attention import kernel_reads_cache
 
         before = len(graphs.graphs) + len(graphs.functions.graphs)
         lookahead = self.spec.lookahead if self.spec else 1
-        params = SamplingParams(max_tokens=2 * lookahead + 2, ignore_eos=True)
+        params = SamplingParams(max_tokens=4 * lookahead + 2, ignore_eos=True)  # a few timed steps per mode
         # Graphs over the slot-attention kernel come in two widths: rows up to SHORT_ROWS columns, and longer.
         lengths = [8]
         if kernel_reads_cache(self.runner.kv) and SHORT_ROWS + 8 + params.max_tokens + lookahead <= self.max_len:
             lengths.append(SHORT_ROWS + 8)
-        modes = [SpecPolicy(), SpecPolicy(max_batch=0)] if self.spec else [None]  # always / never speculate
-        for policy in modes:
-            saved = self.spec.policy if self.spec else None
+        # Speculative engines run both modes; an adaptive policy keeps their step times as its first costs.
+        for forced in ([True, False] if self.spec else [None]):
             if self.spec:
-                self.spec.policy = policy
+                self.spec.policy.forced = forced
             try:
                 for n in lengths:
                     for b in (b for b in BATCH_BUCKETS if b <= graphs.max_batch):
                         self.generate([[0] * n] * b, params)
             finally:
                 if self.spec:
-                    self.spec.policy = saved
+                    self.spec.policy.forced = None
         return len(graphs.graphs) + len(graphs.functions.graphs) - before
 
     def _should_admit(self) -> bool:

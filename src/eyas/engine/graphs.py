@@ -109,7 +109,9 @@ class FunctionGraphs:
     """CUDA graphs of arbitrary tensor functions (the draft phases), keyed by the caller.
 
     The caller pads inputs to a fixed shape; inputs are copied into static buffers and outputs are
-    the graph's static tensors (valid until the next replay of the same key).
+    the graph's static tensors. Every graph shares the engine's memory pool, so a graph captured later
+    may keep its outputs where an earlier-captured graph keeps temporaries: outputs are valid until the
+    next replay of the same key *or of any other graph*. Copy what must outlive another replay.
     """
 
     def __init__(self, pool):

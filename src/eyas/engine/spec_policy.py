@@ -1,15 +1,19 @@
-"""When to speculate: measured, per batch size.
+"""When to speculate: a cost model per batch size, fed by measurements.
 
 Speculation pays at small batches (decode is memory-bound, verifying N tokens costs little more than one)
-and stops paying as the batch grows. Where that happens depends on the model, the draft's acceptance and
-the hardware, so the adaptive policy measures it while serving: for each batch-size bucket it keeps a
-moving average of tokens per second for speculative cycles and for plain steps, takes the better one, and
-tries the other one now and then (less often when it is far behind) so that a change (new traffic, another
-prompt mix) is noticed. It switches only when the other mode is faster by a margin: every switch back to
-speculation costs a catch-up pass of the draft. Both modes are lossless and the draft catches up on the
-plain steps before it drafts again, so switching never changes the output. Steps that captured a CUDA
-graph are not recorded (speculative.py): a capture costs far more than the step, and counting it would
-make the first mode tried in each bucket look slow.
+and stops paying as the batch grows. The adaptive policy predicts both modes' throughput at the batch
+size of the next step from two things it keeps apart, because they change for different reasons:
+- step costs, per batch-size bucket: seconds per plain step and per speculative cycle (hardware and
+  batch size). The engine's warm-up measures both modes at every bucket before traffic arrives
+  (`forced`), and serving keeps refining them;
+- the acceptance length, one moving average over all speculative cycles (the draft and the traffic).
+Speculating is predicted faster when acceptance x plain step > cycle x (1 + margin); the margin keeps
+the choice from flapping on noise (every switch back to speculation costs a catch-up pass of the draft).
+While it decodes plainly, a speculative cycle now and then (`probe_every` steps, 8x less often when
+speculation is far behind) keeps the acceptance estimate current; while it speculates, a plain step
+now and then keeps the plain cost current. Both modes are lossless and the draft catches up on plain
+steps before it drafts again, so no choice ever changes the output. Steps that captured a CUDA graph are
+not recorded (speculative.py): a capture costs far more than the step.
 """
 
 from __future__ import annotations
@@ -27,42 +31,58 @@ def bucket(batch_size: int) -> int:
 @dataclass
 class SpecPolicy:
     max_batch: int | None = None   # fixed rule: never speculate above this (None = no fixed limit)
-    adaptive: bool = False         # choose per bucket from measured throughput
-    explore_every: int = 32        # steps in a bucket between tries of the mode not preferred
-    alpha: float = 0.2             # weight of the newest measurement in the moving average
-    margin: float = 0.05           # the other mode must be this much faster to take over (no flapping on noise)
-    rates: dict = field(default_factory=dict)   # (bucket, speculated) -> tokens/s moving average
-    steps: dict = field(default_factory=dict)   # bucket -> steps decided there
-    preferred: dict = field(default_factory=dict)  # bucket -> the mode currently preferred there
+    adaptive: bool = False         # choose per bucket from the cost model
+    probe_every: int = 64          # steps between tries of the mode not chosen
+    alpha: float = 0.2             # weight of the newest measurement in the moving averages
+    margin: float = 0.05           # speculation must be predicted this much faster to be chosen, and vice versa
+    forced: bool | None = None     # warm-up: run this mode whatever the model says (still measured)
+    costs: dict = field(default_factory=dict)      # (bucket, speculated) -> seconds per step, moving average
+    accept: float | None = None                    # tokens per sequence per speculative cycle, moving average
+    steps: dict = field(default_factory=dict)      # bucket -> steps decided there
+    preferred: dict = field(default_factory=dict)  # bucket -> the mode chosen there last
 
-    def speculate(self, batch_size: int, peek: bool = False) -> bool:
-        """The decision for the next step at this batch size; `peek` tells it without counting the step
-        (the speculative decoder asks ahead of time whether the next step will speculate)."""
+    def gain(self, batch_size: int) -> float | None:
+        """Predicted speculative throughput over plain throughput at this batch size (None: not known yet)."""
+        b = bucket(batch_size)
+        spec, plain = self.costs.get((b, True)), self.costs.get((b, False))
+        if spec is None or plain is None or self.accept is None:
+            return None
+        return self.accept * plain / spec
+
+    def speculate(self, batch_size: int) -> bool:
+        """The decision for the next step at this batch size."""
         if self.max_batch is not None and batch_size > self.max_batch:
             return False
+        if self.forced is not None:
+            return self.forced
         if not self.adaptive:
             return True
         b = bucket(batch_size)
-        n = self.steps.get(b, 0) + 1
-        if not peek:
-            self.steps[b] = n
-        spec, plain = self.rates.get((b, True)), self.rates.get((b, False))
-        if spec is None or plain is None:
-            return spec is None  # measure speculation first, then plain decoding
-        current = self.preferred.get(b, spec >= plain)
-        mine, other = (spec, plain) if current else (plain, spec)
-        if other > mine * (1 + self.margin):
-            current = not current
-        if not peek:
-            self.preferred[b] = current
-        # A mode far behind is retried less often: each retry of it costs a step at its (slow) rate.
-        every = self.explore_every * (8 if (plain if current else spec) < 0.7 * (spec if current else plain) else 1)
+        n = self.steps[b] = self.steps.get(b, 0) + 1
+        if (b, True) not in self.costs or self.accept is None:
+            return True   # measure speculation first (cost and acceptance) ...
+        if (b, False) not in self.costs:
+            return False  # ... then plain decoding
+        g = self.gain(batch_size)
+        current = self.preferred.get(b, g >= 1.0)
+        if current and g < 1 / (1 + self.margin):
+            current = False
+        elif not current and g > 1 + self.margin:
+            current = True
+        self.preferred[b] = current
+        # The mode not chosen is tried now and then; much less often when it is far behind, since each
+        # try costs a step at its (slow) rate.
+        far = g < 0.7 or g > 1 / 0.7
+        every = self.probe_every * (8 if far else 1)
         return (not current) if n % every == 0 else current
 
-    def record(self, batch_size: int, speculated: bool, tokens: int, seconds: float):
-        if not self.adaptive or seconds <= 0:
+    def record(self, batch_size: int, speculated: bool, seconds: float, accept: float | None = None):
+        """One step: its wall time (0 = not timed), and for a speculative cycle its tokens per sequence."""
+        if not self.adaptive:
             return
-        key = (bucket(batch_size), speculated)
-        rate = tokens / seconds
-        old = self.rates.get(key)
-        self.rates[key] = rate if old is None else (1 - self.alpha) * old + self.alpha * rate
+        if seconds > 0:
+            key = (bucket(batch_size), speculated)
+            old = self.costs.get(key)
+            self.costs[key] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+        if accept is not None and self.forced is None:  # warm-up's dummy prompts say nothing about acceptance
+            self.accept = accept if self.accept is None else (1 - self.alpha) * self.accept + self.alpha * accept

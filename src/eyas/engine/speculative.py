@@ -8,12 +8,9 @@ output token x_c pending (the tree root):
 - verify runs the whole tree through the target in one forward at columns c..c+N-1;
 - commit compacts the accepted path's target KV to c..c+m and re-runs the draft on the accepted
   pairs with the target's fresh features (overwriting the speculative draft entries).
-When the batch will not change (nobody finished or waits, the policy would speculate, one rank), the
-commit's extend pass and the next cycle's draft and verify run as one pass (`_go_ahead`): the GPU then
-works through a whole cycle while the host only accepts, instead of idling between three launches.
 When the policy chooses a plain step, the draft does not run: the step's (feature, token) pair is kept
-in the sequence's lag, and one eager pass catches the draft up before the next speculative cycle (or
-once LAG_FLUSH pairs have piled up). Plain steps then cost what plain decoding costs.
+in the sequence's lag, and one eager pass over the whole batch catches the draft up before the next
+speculative cycle (or once LAG_FLUSH pairs have piled up). Plain steps then cost what plain decoding costs.
 """
 
 from __future__ import annotations
@@ -65,10 +62,11 @@ def set_states(seqs, hidden: torch.Tensor, logp: torch.Tensor):
 
 
 def lag_features(seqs, L: int) -> torch.Tensor:
-    """[n, L, 3H] the held-back features of `seqs` (L each): one concatenation of the plain steps'
-    feature tensors and one gather, however many sequences and steps."""
+    """[n, L, 3H] the held-back features of `seqs`, zero rows after a shorter lag: one concatenation of
+    the plain steps' feature tensors and one gather, however many sequences and steps."""
     offsets: dict[int, int] = {}
     sources, index, total = [], [], 0
+    pads = []
     for s in seqs:
         for feats, row in s.draft_state.lag_feats:
             if id(feats) not in offsets:
@@ -76,6 +74,11 @@ def lag_features(seqs, L: int) -> torch.Tensor:
                 sources.append(feats)
                 total += feats.shape[0]
             index.append(offsets[id(feats)] + row)
+        pads.extend(range(len(index), len(index) + L - len(s.draft_state.lag_feats)))
+        index.extend([-1] * (L - len(s.draft_state.lag_feats)))
+    if pads:
+        sources.append(torch.zeros_like(sources[0][:1]))
+        index = [total if i < 0 else i for i in index]
     flat = torch.cat(sources) if len(sources) > 1 else sources[0]
     return flat[torch.tensor(index, device=flat.device)].view(len(seqs), L, -1)
 
@@ -110,8 +113,7 @@ class SpeculativeDecoder:
         self.policy = SpecPolicy(max_batch=self.spec.max_batch, adaptive=self.spec.adaptive)
         heads, head_dim, shared = self.draft.config.kv_cache_layout()  # an MLA draft caches one latent per token
         self.kv = KVCache(1, engine.runner.kv.num_slots, positions, heads, head_dim, dtype, engine.device, shared)
-        self.go_ahead = True  # launch the next cycle's draft and verify with this cycle's commit when possible
-        self._ahead = None    # (seq ids, their cached lengths, verify outputs, c, slots) of that launch
+        self._last_step = None  # (sequence ids, start time, speculated) of the last step, for the policy
 
     @property
     def lookahead(self) -> int:
@@ -128,7 +130,6 @@ class SpeculativeDecoder:
 
     def release(self, seq):
         seq.draft_state = None
-        self._ahead = None
 
     # -- draft forwards (tensor-only, fixed shapes: CUDA-graph capturable) -----------------------------
     def _draft_forward(self, embeds, hidden, positions, slots, starts, kv_len, fuse=False, new_mask=None, visible=None):
@@ -186,16 +187,6 @@ class SpeculativeDecoder:
         logits = self.target.logits(out.hidden)
         return logits.argmax(-1), logits, out.aux_hidden
 
-    def _ahead_fn(self, ids, feats, last, c_t, slots, root, c_next, kv_len):
-        """One cycle's commit and the next cycle's draft and verify as one pass (one graph): the draft's
-        extend over the accepted pairs, the next tree from its output, the target over that tree."""
-        h, logp = self._extend_fn(ids, feats, last, c_t, slots, kv_len)
-        tokens, parents, depth, mask = self._tree_fn(logp, h, root, c_next, slots, kv_len)
-        # kv_len fits the draft's cache, which is longer than the target's by the lookahead.
-        argmax, logits, aux = self._verify_fn(tokens, depth, mask, c_next, slots,
-                                              min(kv_len, self.engine.runner.max_len))
-        return h, logp, tokens, parents, argmax, logits, aux
-
     def _run(self, name, fn, B, kv, kv_need, inputs, pads, padded=False):
         """Run `fn` on inputs padded to a batch bucket; replayed from a CUDA graph when the engine has them.
         Inputs may arrive already padded (another _run's outputs); `padded` returns the outputs unsliced."""
@@ -238,26 +229,37 @@ class SpeculativeDecoder:
     # -- one cycle -------------------------------------------------------------------------------
     def cycle(self, seqs):
         """One step for the running batch: a speculative cycle, or a plain step when the policy says so."""
-        speculate = self.policy.speculate(len(seqs))
+        n = len(seqs)
+        speculate = self.policy.speculate(n)
         if self.policy.adaptive:  # decided from this rank's own timings: every rank follows rank 0
             speculate = self.target.tp.agree(speculate)
-        if speculate:
-            # Not timed: a catch-up is the price of switching modes, paid once per switch, not per step
-            # (the policy's margin keeps switches rare); timing it would make every retry of
-            # speculation after plain steps look slow.
-            self._catch_up([s for s in seqs if s.draft_state.lag_tokens])
+        now = time.perf_counter()
+        if self.policy.adaptive:
+            self._time_last_step(seqs, now)
+        lagging = [s for s in seqs if s.draft_state.lag_tokens] if speculate else []
+        if lagging:
+            # Timed as neither step: a catch-up is the price of switching modes, paid once per switch, not
+            # per step (the policy's margin and rare probes keep switches rare).
+            self._catch_up(lagging)
+            now = time.perf_counter()
         captured = self._graphs_captured()
         before = sum(len(s.output_ids) for s in seqs)
-        t0 = time.perf_counter()
         (self._speculative_cycle if speculate else self._plain_step)(seqs)
-        if self.policy.adaptive and speculate and self.engine.device.type == "cuda":
-            # A plain step ends in its device-to-host copy; a cycle's last pass (the draft's extend) is
-            # still running here. Wait for it, or the next step, whichever mode, would be charged for it.
-            torch.cuda.current_stream().synchronize()
-        # A step that captured a CUDA graph took far longer than its kind does: it says nothing about speed.
-        if self._graphs_captured() == captured:
-            self.policy.record(len(seqs), speculate, sum(len(s.output_ids) for s in seqs) - before,
-                               time.perf_counter() - t0)
+        if self.policy.adaptive:
+            if speculate:
+                self.policy.record(n, True, 0.0, accept=(sum(len(s.output_ids) for s in seqs) - before) / n)
+            # A step that captured a CUDA graph took far longer than its kind does: its time says nothing.
+            clean = self._graphs_captured() == captured
+            self._last_step = (tuple(s.id for s in seqs), now, speculate) if clean else None
+
+    def _time_last_step(self, seqs, now: float):
+        """A step's cost is the time from its start to the next step's start over the same batch: that
+        includes its GPU work still running when the host moved on (a cycle ends by launching the
+        draft's extend) without ever waiting for the GPU to measure it. Steps followed by a change of
+        the batch (a join's prefill, a finish) are not timed."""
+        last, self._last_step = self._last_step, None
+        if last is not None and last[0] == tuple(s.id for s in seqs):
+            self.policy.record(len(seqs), last[2], now - last[1])
 
     def _graphs_captured(self) -> int:
         g = self.engine.runner.graphs
@@ -268,12 +270,7 @@ class SpeculativeDecoder:
         S, N = self.spec.steps, self.spec.draft_tokens
         B = len(seqs)
         c = [s.cached for s in seqs]
-        ahead = self._take_ahead(seqs)
-        if ahead is not None:  # the previous cycle already drafted and verified this one
-            (tokens, parents, argmax, logits, aux), c_t, slots_t = ahead
-            argmax, logits = argmax[:B], logits[:B]
-        else:
-            tokens, parents, argmax, logits, aux, c_t, slots_t = self._draft_and_verify(seqs, c)
+        tokens, parents, argmax, logits, aux, c_t, slots_t = self._draft_and_verify(seqs, c)
         with prof.phase("accept"):
             host = torch.cat([tokens[:B], parents[:B], argmax], dim=1).tolist()  # the cycle's one sync
             paths, bonus = [], []
@@ -299,12 +296,10 @@ class SpeculativeDecoder:
                 s.cached += len(paths[i])
                 s.verify_passes += 1
                 s.append(new_tokens[i], eng.eos_ids)
-            # One host-to-device copy: accepted nodes, the extend pass's tokens and last valid index, and the
-            # next cycle's root and start.
-            meta = torch.tensor([sel[i] + t + [t[-1]] * (L - len(t)) + [len(t) - 1, s.output_ids[-1], s.cached]
-                                 for i, (s, t) in enumerate(zip(seqs, new_tokens))], device=dev)
-            sel_t, ids, last, root_next, c_next = (meta[:, :L], meta[:, L:2 * L], meta[:, 2 * L], meta[:, 2 * L + 1],
-                                                   meta[:, 2 * L + 2])
+            # One host-to-device copy: accepted nodes, the extend pass's tokens and its last valid index.
+            meta = torch.tensor([sel[i] + t + [t[-1]] * (L - len(t)) + [len(t) - 1]
+                                 for i, t in enumerate(new_tokens)], device=dev)
+            sel_t, ids, last = meta[:, :L], meta[:, L:2 * L], meta[:, 2 * L]
             feats = aux[:B].gather(1, sel_t[..., None].expand(-1, -1, aux.shape[-1]))
             moved = [i for i in range(B) if sel[i] != order[i]]
             if moved:  # tree paths that skip nodes: their target KV moves to contiguous columns
@@ -312,10 +307,7 @@ class SpeculativeDecoder:
                 base = c_t[rows, None]
                 eng.runner.kv.compact(slots_t[rows], base + sel_t[rows],
                                       base + torch.tensor([order[i] for i in moved], device=dev))
-            if self._may_go_ahead(seqs):
-                self._go_ahead(seqs, ids, last, feats, c_t, slots_t, root_next, c_next)
-            else:
-                self._extend(seqs, ids, last, feats, c_t, slots_t, max(c))
+            self._extend(seqs, ids, last, feats, c_t, slots_t, max(c))
 
     def _draft_and_verify(self, seqs, c: list[int]):
         """Draft a tree for every sequence from its draft state, and verify it with the target."""
@@ -329,45 +321,20 @@ class SpeculativeDecoder:
             tokens, parents, depth, mask = self._run("tree", self._tree_fn, B, self.kv, max(c) + (S - 1) * k,
                                                      [logp0, hidden0, root, c_t, slots_t], [0, 0, 0, 0, scratch],
                                                      padded=True)
+            # Read after the verify graph replays, which may keep its temporaries where these live (graphs.py):
+            # a chain's verify pass crosses a length bucket two columns before its draft does, so its graph is
+            # captured first and the draft's is then free to reuse that memory. Copies, outside the pool.
+            tokens, parents = tokens.clone(), parents.clone()
         with prof.phase("verify"):
             # The tree's outputs go straight in, padding rows included (they write only the scratch row).
             argmax, logits, aux = self._run("verify", self._verify_fn, B, eng.runner.kv, max(c) + N,
                                             [tokens, depth, mask, c_t, slots_t], [0, 0, True, 0, scratch])
         return tokens, parents, argmax, logits, aux, c_t, slots_t
 
-    # -- going ahead: the next cycle's draft and verify launched with this cycle's commit ------------------
-    def _may_go_ahead(self, seqs) -> bool:
-        """Only when the next step should be a speculative cycle over exactly this batch: nobody finished or
-        waits to join, the policy would speculate (if its next measurement changes its mind, the pass is
-        discarded), one rank (ranks decide adaptively on rank 0's word, so they could launch different
-        passes), and no profiler (whose draft and verify phases would blur)."""
-        return (self.go_ahead and not self.engine.waiting and not any(s.finished for s in seqs)
-                and self.policy.speculate(len(seqs), peek=True) and self.target.tp.size == 1
-                and self.engine.profiler is None)
-
-    def _go_ahead(self, seqs, ids, last, feats, c_t, slots_t, root_next, c_next):
-        S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
-        B, scratch = len(seqs), self.engine.runner.scratch_slot
-        need = max(s.cached for s in seqs) + max(N, (S - 1) * k, S + 1)
-        h, logp, *verify = self._run("ahead", self._ahead_fn, B, self.kv, need,
-                                     [ids, feats, last, c_t, slots_t, root_next, c_next],
-                                     [0, 0, 0, 0, scratch, 0, 0], padded=True)
-        set_states(seqs, h[:B].clone(), logp[:B].clone())
-        self._ahead = (tuple(s.id for s in seqs), tuple(s.cached for s in seqs), verify, c_next, slots_t)
-
-    def _take_ahead(self, seqs):
-        """The pass launched ahead for this batch in this state, or None (any change discards it: the
-        columns it wrote past each sequence's length are rewritten by whatever runs next)."""
-        pending, self._ahead = self._ahead, None
-        if pending is None or pending[0] != tuple(s.id for s in seqs) or pending[1] != tuple(s.cached for s in seqs):
-            return None
-        return pending[2], pending[3], pending[4]
-
     def _plain_step(self, seqs):
         """One plain decode step; the draft catches up later (see the module docstring), so speculation
         can resume on any later step."""
         eng, prof = self.engine, self.profiler
-        self._ahead = None
         with prof.phase("verify"):
             out = eng._decode(seqs)  # samples and appends too
         with prof.phase("commit"):
@@ -379,18 +346,24 @@ class SpeculativeDecoder:
             self._catch_up([s for s in seqs if len(s.draft_state.lag_tokens) >= LAG_FLUSH and not s.finished])
 
     def _catch_up(self, seqs):
-        """Run the draft over the pairs its sequences hold back: one eager pass per lag length (equal
-        lengths need no padding, which near the end of a cache row would write past it)."""
-        by_len: dict[int, list] = {}
-        for s in seqs:
-            by_len.setdefault(len(s.draft_state.lag_tokens), []).append(s)
+        """Run the draft over the pairs its sequences hold back, in one eager pass: shorter lags are padded
+        at their end (the pads write draft cache columns past the sequence, which nothing reads before
+        the next draft overwrites them). A row whose padding would run past the end of its cache row
+        goes in a pass of its own lag length instead."""
+        if not seqs:
+            return
         dev = self.engine.device
-        for L, group in by_len.items():
-            ids = torch.tensor([s.draft_state.lag_tokens for s in group], device=dev)
+        L = max(len(s.draft_state.lag_tokens) for s in seqs)
+        groups: dict[int, list] = {}  # L: padded to the longest lag; -n: exactly n, no padding
+        for s in seqs:
+            n = len(s.draft_state.lag_tokens)
+            groups.setdefault(L if s.cached - n + L <= self.kv.max_len else -n, []).append(s)
+        for key, group in groups.items():
+            L = abs(key)
+            lens = [len(s.draft_state.lag_tokens) for s in group]
+            ids = torch.tensor([s.draft_state.lag_tokens + [0] * (L - n) for s, n in zip(group, lens)], device=dev)
             feats = lag_features(group, L)
-            first = [s.cached - L for s in group]
-            starts = torch.tensor(first, device=dev)
-            slots = torch.tensor([s.slot for s in group], device=dev)
-            last = torch.full((len(group),), L - 1, device=dev)
-            h, logp = self._extend_fn(ids, feats, last, starts, slots, graph_kv_len(self.kv, max(first) + L))
+            first = [s.cached - n for s, n in zip(group, lens)]
+            meta = torch.tensor([first, [s.slot for s in group], [n - 1 for n in lens]], device=dev)
+            h, logp = self._extend_fn(ids, feats, meta[2], meta[0], meta[1], graph_kv_len(self.kv, max(first) + L))
             set_states(group, h, logp)

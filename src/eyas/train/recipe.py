@@ -89,7 +89,7 @@ class DraftSection:
     intermediate_size: int = 0    # 0 = the target's
     aux_layer_ids: list[int] = field(default_factory=list)  # SGLang meaning; empty = EAGLE's default
     init_from: str = ""           # start from an existing draft checkpoint instead of random weights
-    head_init: str = "target"     # "target": LM head rows and final norm copied from the target; "random"
+    head_init: str = "random"     # or "target": LM-head rows and final norm copied from the target
 
     def __post_init__(self):
         _positive("draft", draft_vocab_size=self.draft_vocab_size, rope_theta=self.rope_theta)

@@ -1,0 +1,51 @@
+"""Catching the draft up after plain steps: one padded pass over sequences whose lags differ gives each
+sequence the draft state that a pass of its own gives, rows near the end of their cache included."""
+
+import pytest
+import torch
+
+from eyas.config import SpecConfig
+from eyas.engine.engine import Engine
+from eyas.layers.sampling import SamplingParams
+from tests.helpers import random_draft, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_llama(path, vocab=32, layers=3, hidden=64)
+    return path
+
+
+def test_catch_up_over_ragged_lags_matches_a_pass_per_sequence(target_dir):
+    engine = Engine(str(target_dir), dtype="fp32", max_batch=4, max_len=64,
+                    draft=random_draft(64, 32, draft_vocab=24), spec=SpecConfig(3, 1))
+    engine.spec.policy.forced = False  # plain steps only: every step adds to each sequence's lag
+    g = torch.Generator().manual_seed(0)
+    prompt = lambda n: torch.randint(0, 32, (n,), generator=g).tolist()  # noqa: E731
+    engine.add(prompt(5), SamplingParams(max_tokens=40))
+    for _ in range(20):
+        engine.step()
+    engine.add(prompt(9), SamplingParams(max_tokens=30))
+    for _ in range(6):
+        engine.step()
+    engine.add(prompt(54), SamplingParams(max_tokens=4))  # its row ends right after its lag
+    engine.step()
+    engine.step()
+    seqs = list(engine.running)
+    lags = [len(s.draft_state.lag_tokens) for s in seqs]
+    assert len(set(lags)) == 3, lags
+    L, kv = max(lags), engine.spec.kv
+    assert any(s.cached - n + L > kv.max_len for s, n in zip(seqs, lags))  # the unpadded branch runs too
+
+    states = [s.draft_state for s in seqs]
+    want = []
+    for s, state in zip(seqs, states):
+        engine.spec._catch_up([s])
+        want.append((s.draft_state.hidden.clone(), s.draft_state.logp.clone()))
+        s.draft_state = state
+    engine.spec._catch_up(seqs)
+    for s, (h, logp) in zip(seqs, want):
+        assert not s.draft_state.lag_tokens
+        torch.testing.assert_close(s.draft_state.hidden, h, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(s.draft_state.logp, logp, atol=1e-5, rtol=1e-5)
