@@ -13,9 +13,11 @@ def test_fixed_limit():
 
 
 def test_measures_speculation_then_plain_then_chooses_by_the_cost_model():
-    p = SpecPolicy(adaptive=True, probe_every=4)
-    assert p.speculate(32) is True                   # nothing known: speculate (cost and acceptance)
-    p.record(32, True, seconds=0.010, accept=1.8)
+    p = SpecPolicy(adaptive=True, probe_every=4, min_accept_cycles=3)
+    for accept in (1.0, 2.0, 2.4):                   # nothing known: speculate (cost, and acceptance over 3 cycles)
+        assert p.speculate(32) is True
+        p.record(32, True, seconds=0.010, accept=accept)
+    assert abs(p.accept - 1.8) < 1e-9                # their mean, not the first cycle's 1.0
     assert p.speculate(32) is False                  # then plain
     p.record(32, False, seconds=0.006)
     # 1.8 tokens per 10 ms cycle vs 1 token per 6 ms step: 1.08x, speculation chosen; plain tried every 4th
@@ -32,7 +34,7 @@ def test_measures_speculation_then_plain_then_chooses_by_the_cost_model():
 
 
 def test_acceptance_is_shared_by_all_batch_sizes_and_costs_are_not():
-    p = SpecPolicy(adaptive=True, probe_every=1000)
+    p = SpecPolicy(adaptive=True, probe_every=1000, min_accept_cycles=1)
     p.record(1, True, seconds=0.002, accept=2.0)
     p.record(1, False, seconds=0.0015)
     p.record(64, True, seconds=0.020)
@@ -43,7 +45,7 @@ def test_acceptance_is_shared_by_all_batch_sizes_and_costs_are_not():
 
 
 def test_moving_averages_follow_a_change():
-    p = SpecPolicy(adaptive=True, alpha=0.5)
+    p = SpecPolicy(adaptive=True, alpha=0.5, min_accept_cycles=1)
     p.record(4, True, seconds=0.01, accept=3.0)
     for _ in range(6):
         p.record(4, True, seconds=0.0, accept=1.0)  # untimed cycles still report their acceptance
@@ -53,7 +55,7 @@ def test_moving_averages_follow_a_change():
 def test_switches_only_past_the_margin():
     """Predictions a few percent apart do not flip the choice back and forth (each flip to speculation
     costs a catch-up pass); a clear difference does."""
-    p = SpecPolicy(adaptive=True, probe_every=1000, margin=0.05)
+    p = SpecPolicy(adaptive=True, probe_every=1000, margin=0.05, min_accept_cycles=1)
     p.record(2, True, seconds=1.0, accept=1.0)
     p.record(2, False, seconds=0.97)
     assert p.speculate(2) is False   # 0.97x

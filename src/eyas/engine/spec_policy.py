@@ -38,6 +38,8 @@ class SpecPolicy:
     forced: bool | None = None     # warm-up: run this mode whatever the model says (still measured)
     costs: dict = field(default_factory=dict)      # (bucket, speculated) -> seconds per step, moving average
     accept: float | None = None                    # tokens per sequence per speculative cycle, moving average
+    accept_cycles: int = 0                         # speculative cycles behind that average
+    min_accept_cycles: int = 8                     # speculate at least this many cycles before judging the draft
     steps: dict = field(default_factory=dict)      # bucket -> steps decided there
     preferred: dict = field(default_factory=dict)  # bucket -> the mode chosen there last
 
@@ -59,8 +61,8 @@ class SpecPolicy:
             return True
         b = bucket(batch_size)
         n = self.steps[b] = self.steps.get(b, 0) + 1
-        if (b, True) not in self.costs or self.accept is None:
-            return True   # measure speculation first (cost and acceptance) ...
+        if (b, True) not in self.costs or self.accept_cycles < self.min_accept_cycles:
+            return True   # measure speculation first (cost, and acceptance over several cycles: one says little) ...
         if (b, False) not in self.costs:
             return False  # ... then plain decoding
         g = self.gain(batch_size)
@@ -85,4 +87,7 @@ class SpecPolicy:
             old = self.costs.get(key)
             self.costs[key] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
         if accept is not None and self.forced is None:  # warm-up's dummy prompts say nothing about acceptance
-            self.accept = accept if self.accept is None else (1 - self.alpha) * self.accept + self.alpha * accept
+            self.accept_cycles += 1
+            # The first cycles' plain mean, then the moving average (one unlucky first cycle must not decide).
+            w = max(self.alpha, 1 / self.accept_cycles)
+            self.accept = accept if self.accept is None else (1 - w) * self.accept + w * accept
