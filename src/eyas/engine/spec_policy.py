@@ -4,7 +4,8 @@ Speculation pays at small batches (decode is memory-bound, verifying N tokens co
 and stops paying as the batch grows. The adaptive policy predicts both modes' throughput at the batch
 size of the next step from two things it keeps apart, because they change for different reasons:
 - step costs, per batch-size bucket: seconds per plain step and per speculative cycle (hardware and
-  batch size). The engine's warm-up measures both modes at every bucket before traffic arrives
+  batch size), each step timed from its start to the next step's start over the same batch
+  (speculative.py). The engine's warm-up measures both modes at every bucket before traffic arrives
   (`forced`), and serving keeps refining them;
 - the acceptance length, one moving average over all speculative cycles (the draft and the traffic).
 Speculating is predicted faster when acceptance x plain step > cycle x (1 + margin); the margin keeps

@@ -66,7 +66,6 @@ def lag_features(seqs, L: int) -> torch.Tensor:
     the plain steps' feature tensors and one gather, however many sequences and steps."""
     offsets: dict[int, int] = {}
     sources, index, total = [], [], 0
-    pads = []
     for s in seqs:
         for feats, row in s.draft_state.lag_feats:
             if id(feats) not in offsets:
@@ -74,9 +73,8 @@ def lag_features(seqs, L: int) -> torch.Tensor:
                 sources.append(feats)
                 total += feats.shape[0]
             index.append(offsets[id(feats)] + row)
-        pads.extend(range(len(index), len(index) + L - len(s.draft_state.lag_feats)))
-        index.extend([-1] * (L - len(s.draft_state.lag_feats)))
-    if pads:
+        index.extend([-1] * (L - len(s.draft_state.lag_feats)))  # padding: the zero row appended below
+    if -1 in index:
         sources.append(torch.zeros_like(sources[0][:1]))
         index = [total if i < 0 else i for i in index]
     flat = torch.cat(sources) if len(sources) > 1 else sources[0]

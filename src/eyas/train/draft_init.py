@@ -56,9 +56,9 @@ def draft_config_for(target: ModelConfig, section) -> DraftConfig:
 @torch.no_grad()
 def init_head_from_target(draft: Eagle3Draft, lm_head: torch.Tensor, final_norm: torch.Tensor | None):
     """Start the draft's output where the target's is: the target's LM-head rows of the draft vocabulary
-    and its final norm. The draft then only has to learn a hidden state like the target's own, instead of
-    also learning a (draft_vocab x hidden) head from scratch out of a few million tokens; that head is the
-    draft's largest matrix, and learned from random it fits the training replies more than it generalises."""
+    and its final norm, so that training starts from a head that already reads the target's hidden
+    states. Not the default: on the demo target it ended lower than a random head (held-out acceptance
+    1.95 vs 2.03 after 3,000 steps, docs/BENCHMARKS.md)."""
     rows = torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device) + draft.d2t.long()
     if int(rows.max()) >= lm_head.shape[0] or lm_head.shape[1] != draft.config.hidden_size:
         raise EyasError(f"the target's LM head {tuple(lm_head.shape)} does not fit the draft "
