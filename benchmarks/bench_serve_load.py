@@ -111,13 +111,28 @@ def serve_argv(args, name: str, port: int) -> list[str]:
     return argv + (["--dtype", args.dtype] if args.dtype else [])
 
 
+def spec_steps(url: str) -> dict[str, float]:
+    """The server's steps under a draft so far, by mode (`eyas_spec_steps_total`, summed over batch buckets)."""
+    out = {"speculative": 0.0, "plain": 0.0}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("eyas_spec_steps_total{"):
+            labels, value = line.rsplit(" ", 1)
+            mode = "speculative" if 'mode="speculative"' in labels else "plain"
+            out[mode] += float(value)
+    return out
+
+
 def measure(args, server: Server, concurrency: int) -> dict:
     num_prompts = args.num_prompts or max(16, 4 * concurrency)
     # Warm-up fills the batch once, so CUDA graphs, allocator and the adaptive policy have seen this batch size.
     warmup = concurrency if args.warmup is None else args.warmup
     config = BenchConfig(url=server.url, dataset=args.dataset, num_prompts=num_prompts, concurrency=concurrency,
                          max_tokens=args.max_tokens, temperature=0.0, seed=args.seed, warmup=warmup, progress=False)
+    before = spec_steps(server.url)
     result = run_benchmark(config).to_dict()
+    after = spec_steps(server.url)
+    # What the server chose during this level (its warm-up requests included): how the adaptive policy decided.
+    result["spec_steps"] = {mode: after[mode] - before[mode] for mode in after}
     if not result["completed"]:
         raise EyasError(f"'{server.name}' at concurrency {concurrency}: every request failed, "
                         f"first with {next(iter(result['error_messages']), 'no message')}")
@@ -131,13 +146,17 @@ def ms(stats: dict | None) -> str:
 def table(rows: list[dict]) -> str:
     plain = {r["concurrency"]: r["output_tok_s"] for r in rows if r["server"] == "plain"}
     lines = ["| server | conc | prompts ok/err | out tok/s | req/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms "
-             "| accept len | spec/plain |", "|" + "---|" * 9]
+             "| accept len | speculative steps | spec/plain |", "|" + "---|" * 10]
     for r in rows:
         base = plain.get(r["concurrency"])
         ratio = f"{r['output_tok_s'] / base:.2f}x" if base and r["server"] != "plain" else "-"
         accept = f"{r['accept_length']:.2f}" if r["accept_length"] is not None else "-"
+        steps = r.get("spec_steps") or {}
+        total = sum(steps.values())
+        share = f"{steps['speculative'] / total:.0%} of {total:.0f}" if total else "-"
         lines.append(f"| {r['server']} | {r['concurrency']} | {r['completed']}/{r['errors']} | {r['output_tok_s']:.1f} "
-                     f"| {r['request_s']:.2f} | {ms(r['ttft_ms'])} | {ms(r['itl_ms'])} | {accept} | {ratio} |")
+                     f"| {r['request_s']:.2f} | {ms(r['ttft_ms'])} | {ms(r['itl_ms'])} | {accept} | {share} "
+                     f"| {ratio} |")
     return "\n".join(lines)
 
 

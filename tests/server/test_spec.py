@@ -50,6 +50,8 @@ def test_speculative_tp2_server_equals_plain_greedy(pair, tokenizer):
         tokens = sum(r.usage.completion_tokens for r in got)
         assert m["eyas_spec_verify_passes_total"] == [passes]
         assert m["eyas_spec_accepted_tokens_total"] == [tokens - len(got) - passes]
+        # Steps by mode and batch bucket: each step verified 1..3 (max running) sequences at once.
+        assert passes / 3 <= sum(m["eyas_spec_steps_total"]) <= passes
         text = httpx.get(server.url + "/metrics").text
         assert 'phase="draft"' in text and 'phase="verify"' in text  # --profile exports the cycle's phases
 

@@ -186,6 +186,8 @@ class Lockstep:
     def step(self) -> None:
         eng = self.engine
         t0 = time.perf_counter()
+        if eng.spec is not None:
+            eng.spec.last_decision = None
         if eng.has_work():
             eng.step()
         step_ms = (time.perf_counter() - t0) * 1e3
@@ -203,4 +205,5 @@ class Lockstep:
         slots = len(eng.running) + eng.runner.kv.free_slots
         phases = eng.profiler.drain() if eng.profiler is not None else {}
         self.results.put(StepResult(updates, running=len(eng.running), waiting=len(eng.waiting),
-                                    kv_usage=len(eng.running) / slots, step_ms=step_ms, phase_ms=phases))
+                                    kv_usage=len(eng.running) / slots, step_ms=step_ms, phase_ms=phases,
+                                    spec_step=eng.spec.last_decision if eng.spec is not None else None))

@@ -112,6 +112,7 @@ class SpeculativeDecoder:
         heads, head_dim, shared = self.draft.config.kv_cache_layout()  # an MLA draft caches one latent per token
         self.kv = KVCache(1, engine.runner.kv.num_slots, positions, heads, head_dim, dtype, engine.device, shared)
         self._last_step = None  # (sequence ids, start time, speculated) of the last step, for the policy
+        self.last_decision = None  # (batch size, speculated) of the last step, for the server's metrics
 
     @property
     def lookahead(self) -> int:
@@ -231,6 +232,7 @@ class SpeculativeDecoder:
         speculate = self.policy.speculate(n)
         if self.policy.adaptive:  # decided from this rank's own timings: every rank follows rank 0
             speculate = self.target.tp.agree(speculate)
+        self.last_decision = (n, speculate)
         now = time.perf_counter()
         if self.policy.adaptive:
             self._time_last_step(seqs, now)

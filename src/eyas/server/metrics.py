@@ -10,6 +10,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from eyas.engine.spec_policy import bucket
+
 LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
            20.0, 40.0, 80.0)
 CYCLE_MS = (0.5, 1, 2, 4, 6, 8, 10, 15, 20, 30, 40, 60, 80, 120, 200, 400, 1000)
@@ -40,6 +42,9 @@ class Metrics:
                                        buckets=ACCEPT, registry=r)
         self.cycle = Histogram("eyas_cycle_ms", "Engine step time; per phase with --profile", ["phase"],
                                buckets=CYCLE_MS, registry=r)
+        self.spec_steps = Counter("eyas_spec_steps", "Steps under a draft by batch-size bucket and mode "
+                                  "(speculative cycle or plain step: what the adaptive policy chose)",
+                                  ["bucket", "mode"], registry=r)
 
     def step(self, result) -> None:
         self.queue.set(result.waiting)
@@ -49,6 +54,9 @@ class Metrics:
         for phase, times in result.phase_ms.items():
             for ms in times:
                 self.cycle.labels(phase).observe(ms)
+        if result.spec_step is not None:
+            n, speculated = result.spec_step
+            self.spec_steps.labels(str(bucket(n)), "speculative" if speculated else "plain").inc()
 
     def finished(self, outcome: str, prompt_tokens: int, completion_tokens: int, verify_passes: int,
                  e2e_s: float | None) -> None:
