@@ -10,7 +10,7 @@ from eyas.train.conversation import encode_conversation, end_of_turn_ids, user_t
 from eyas.train.prompts import ascii_ratio, contaminated, dedup, read_conversations
 from eyas.train.synth import keep_question
 from eyas.train.recipe import SynthConfig
-from eyas.train.vocab import build_mapping, mapping_from_counts
+from eyas.train.vocab import build_mapping, coverage_by_size, mapping_from_counts
 from tests.train.conftest import CONVERSATIONS
 
 
@@ -69,6 +69,7 @@ def test_vocab_offsets_and_padding_with_lowest_unused_ids():
     assert m.d2t.tolist() == [0, 0, 1, 4, 5]
     assert m.t2d.tolist() == [i in used for i in range(10)]
     assert m.coverage == 1.0
+    assert coverage_by_size(counts, sizes=(1, 2, 3, 11)) == {1: 9 / 15, 2: 14 / 15, 3: 1.0}
     with pytest.raises(EyasError, match="draft_vocab_size"):
         mapping_from_counts(counts, draft_vocab_size=11)
 

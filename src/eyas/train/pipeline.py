@@ -139,21 +139,25 @@ class Pipeline:
         return {**pool.stats, **out}
 
     def vocab(self) -> dict:
-        from eyas.train.vocab import VocabMapping, build_mapping, save_mapping
+        from eyas.train.vocab import VocabMapping, count_tokens, coverage_by_size, mapping_from_counts, save_mapping
 
         samples, data_hash, stats = self.samples()
+        counts = count_tokens(samples, self.target_config.vocab_size)
         if self.recipe.draft.init_from:
             from eyas.models.draft_io import load_draft
 
             d = load_draft(self.recipe.draft.init_from, self.target_config)
             mapping = VocabMapping(d.d2t.clone(), d.t2d.clone(), float("nan"))
         else:
-            mapping = build_mapping(samples, self.target_config.vocab_size, self.recipe.draft.draft_vocab_size)
+            mapping = mapping_from_counts(counts, self.recipe.draft.draft_vocab_size)
         if self.dist.main:
             save_mapping(mapping, self.out / "vocab.safetensors")
+        by_size = {str(k): round(v, 5) for k, v in coverage_by_size(counts).items()}
+        log(self.dist, "eyas train: coverage by draft vocabulary size: "
+            + ", ".join(f"{k} {v:.2%}" for k, v in by_size.items()))
         self.dist.barrier()
         return {**stats, "data_hash": data_hash, "draft_vocab_size": int(mapping.d2t.numel()),
-                "coverage": round(mapping.coverage, 5)}
+                "coverage": round(mapping.coverage, 5), "coverage_by_size": by_size}
 
     def capture(self) -> dict:
         from eyas.models.loader import load_model

@@ -55,6 +55,17 @@ def mapping_from_counts(counts: torch.Tensor, draft_vocab_size: int) -> VocabMap
     return VocabMapping(used - torch.arange(draft_vocab_size), t2d, coverage)
 
 
+def coverage_by_size(counts: torch.Tensor, sizes=(4096, 8192, 16384, 32768)) -> dict[int, float]:
+    """Share of the counted tokens that the `size` most frequent ones cover, for each size up to the
+    vocabulary: what a smaller or larger draft vocabulary would cover, read off the same counts. Every
+    token outside the draft vocabulary is a draft guess that cannot be right."""
+    total = int(counts.sum())
+    if not total:
+        return {}
+    top = torch.sort(counts, descending=True).values.cumsum(0)
+    return {s: float(top[s - 1]) / total for s in sizes if s <= counts.numel()}
+
+
 def build_mapping(samples, vocab_size: int, draft_vocab_size: int) -> VocabMapping:
     return mapping_from_counts(count_tokens(samples, vocab_size), draft_vocab_size)
 
