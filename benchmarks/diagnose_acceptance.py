@@ -8,8 +8,8 @@ The target (the demo model unless --model) writes greedy replies; one full forwa
 and its greedy choice at every position, and the draft is unrolled over the sequence exactly as training
 does (eyas.train.ttt.unroll). A chain starting at index t is accepted for as many leading steps as the
 draft's top-1 equals the target's: 1 + the mean accepted run is the acceptance length teacher forcing
-predicts, which the engine's measured chain acceptance should match. A token "repeats" when the 8 tokens
-ending with it already occurred earlier in the same sequence (greedy loops and copied spans).
+predicts (a token outside the draft vocabulary ends a chain, as in the engine). A token "repeats" when the
+8 tokens ending with it already occurred earlier in the same sequence (greedy loops and copied spans).
 """
 
 from __future__ import annotations
@@ -44,15 +44,19 @@ def repeats(ids: list[int], start: int) -> list[bool]:
 
 
 @torch.no_grad()
-def chain_runs(target, draft, ids: list[int], reply_start: int, steps: int, device) -> list[tuple[int, int]]:
-    """(reply offset of the first drafted token, accepted run length) for every chain start whose first
-    drafted token lies in the reply and whose target choices all exist."""
+def chain_runs(target, draft, ids: list[int], reply_start: int, steps: int, device) -> list[tuple[int, int, bool]]:
+    """(reply offset of the first drafted token, accepted run length, whether the target's token there is
+    outside the draft vocabulary) for every chain start whose first drafted token lies in the reply and
+    whose target choices all exist. A token outside the draft vocabulary can never be guessed: such a
+    chain accepts nothing, as in the engine."""
     x = torch.tensor([ids], device=device)
     out = run_target(target, x)
     loss_mask = torch.zeros_like(x, dtype=torch.bool)
     loss_mask[:, reply_start:] = True
     used = torch.arange(draft.config.draft_vocab_size, device=device) + draft.d2t
-    teacher = teacher_from_logits(target.logits(out.hidden), loss_mask, used, draft.t2d)
+    logits = target.logits(out.hidden)
+    teacher = teacher_from_logits(logits, loss_mask, used, draft.t2d)
+    outside = (~draft.t2d[logits.argmax(-1)])[0].tolist()
     outs = unroll(draft, target.embed(x), out.features, steps)
     T = len(ids)
     hits = []
@@ -63,25 +67,26 @@ def chain_runs(target, draft, ids: list[int], reply_start: int, steps: int, devi
     runs = []
     # Index t drafts x_{t+2} at step 0 (its features are f_t, its embedding x_{t+1}).
     for t in range(max(0, reply_start - 2), T - 1 - steps):
-        if not teacher.valid[0, t + 1]:
-            continue
         r = 0
         while r < steps and hits[r][t]:
             r += 1
-        runs.append((t + 2 - reply_start, r))
+        runs.append((t + 2 - reply_start, r, outside[t + 1]))
     return runs
 
 
-def summarize(rows: list[tuple[int, int, bool]]) -> dict:
+def summarize(rows: list[tuple[int, int, bool, bool]]) -> dict:
+    """rows: (reply offset, accepted run, repeats, outside the draft vocabulary) per chain start."""
     def stats(sel):
         if not sel:
             return None
-        runs = [r for _, r, _ in sel]
+        runs = [x[1] for x in sel]
         return dict(chains=len(sel), predicted_accept_length=1 + sum(runs) / len(runs),
                     step0_hit_rate=sum(r > 0 for r in runs) / len(runs))
 
     out = dict(all=stats(rows), repeat=stats([x for x in rows if x[2]]), fresh=stats([x for x in rows if not x[2]]),
-               repeat_share=sum(x[2] for x in rows) / max(1, len(rows)))
+               fresh_in_vocabulary=stats([x for x in rows if not x[2] and not x[3]]),
+               repeat_share=sum(x[2] for x in rows) / max(1, len(rows)),
+               outside_vocabulary_share=sum(x[3] for x in rows) / max(1, len(rows)))
     out["by_reply_position"] = {f"{a}-{b if b < 1 << 30 else 'end'}": stats([x for x in rows if a <= x[0] < b])
                                 for a, b in BUCKETS}
     return out
@@ -111,8 +116,8 @@ def main():
     for s in seqs:
         ids = s.prompt_ids + s.output_ids
         flags = repeats(ids, len(s.prompt_ids))
-        for offset, run in chain_runs(target, draft, ids, len(s.prompt_ids), args.steps, args.device):
-            rows.append((offset, run, flags[offset] if 0 <= offset < len(flags) else False))
+        for offset, run, outside in chain_runs(target, draft, ids, len(s.prompt_ids), args.steps, args.device):
+            rows.append((offset, run, flags[offset] if 0 <= offset < len(flags) else False, outside))
     result = dict(args=vars(args), seconds=round(time.perf_counter() - t0, 1), **summarize(rows))
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
