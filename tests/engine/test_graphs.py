@@ -22,8 +22,29 @@ def test_graph_replay_equals_eager(tmp_path, spec):
         draft = random_draft(64, 64, draft_vocab=48) if spec else None
         engine = Engine(str(tmp_path), dtype="fp32", device="cuda", max_batch=4, max_len=256, draft=draft, spec=spec,
                         cuda_graphs=graphs)
-        outs.append([s.output_ids for s in engine.generate(prompts, params)])
+        outs.append([(s.output_ids, s.verify_passes) for s in engine.generate(prompts, params)])
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(4, 3, 8)], ids=["chain", "tree"])
+def test_graphs_accept_what_eager_accepts_across_the_long_row_bucket(tmp_path, spec):
+    """Rows that pass 512 columns switch every pass to long-row graphs, the verify pass and the draft's at
+    slightly different lengths; a draft graph captured after the verify graph once kept its drafted tokens
+    in memory the verify replay overwrote, which lost acceptance but no tokens. Same tokens and the same
+    number of verify passes with graphs as without."""
+    from tests.server.tiny import predictable_pair
+
+    target, draft = predictable_pair(tmp_path / "target", tmp_path / "draft")
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 60, (n,), generator=g).tolist() for n in (500, 470)]
+    outs = []
+    for graphs in (False, True):
+        engine = Engine(str(target), dtype="fp32", device="cuda", max_batch=2, max_len=1024, draft=str(draft),
+                        spec=spec, cuda_graphs=graphs)
+        seqs = engine.generate(prompts, SamplingParams(max_tokens=80, ignore_eos=True))
+        outs.append([(s.output_ids, s.verify_passes) for s in seqs])
+    assert outs[0] == outs[1]
+    assert all(passes < 60 for _, passes in outs[1])  # drafts were accepted
 
 
 @pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, adaptive=True)], ids=["plain", "adaptive"])
