@@ -228,38 +228,40 @@ class SpeculativeDecoder:
     # -- one cycle -------------------------------------------------------------------------------
     def cycle(self, seqs):
         """One step for the running batch: a speculative cycle, or a plain step when the policy says so."""
-        n = len(seqs)
+        n, adaptive = len(seqs), self.policy.adaptive
         speculate = self.policy.speculate(n)
-        if self.policy.adaptive:  # decided from this rank's own timings: every rank follows rank 0
+        if adaptive:  # decided from this rank's own timings: every rank follows rank 0
             speculate = self.target.tp.agree(speculate)
         self.last_decision = (n, speculate)
-        now = time.perf_counter()
-        if self.policy.adaptive:
-            self._time_last_step(seqs, now)
+        if adaptive:
+            ids, now = tuple(s.id for s in seqs), time.perf_counter()
+            self._time_last_step(ids, n, now)
         lagging = [s for s in seqs if s.draft_state.lag_tokens] if speculate else []
         if lagging:
             # Timed as neither step: a catch-up is the price of switching modes, paid once per switch, not
             # per step (the policy's margin and rare probes keep switches rare).
             self._catch_up(lagging)
             now = time.perf_counter()
+        run = self._speculative_cycle if speculate else self._plain_step
+        if not adaptive:
+            run(seqs)
+            return
         captured = self._graphs_captured()
         before = sum(len(s.output_ids) for s in seqs)
-        (self._speculative_cycle if speculate else self._plain_step)(seqs)
-        if self.policy.adaptive:
-            if speculate:
-                self.policy.record(n, True, 0.0, accept=(sum(len(s.output_ids) for s in seqs) - before) / n)
-            # A step that captured a CUDA graph took far longer than its kind does: its time says nothing.
-            clean = self._graphs_captured() == captured
-            self._last_step = (tuple(s.id for s in seqs), now, speculate) if clean else None
+        run(seqs)
+        if speculate:
+            self.policy.record(n, True, 0.0, accept=(sum(len(s.output_ids) for s in seqs) - before) / n)
+        # A step that captured a CUDA graph took far longer than its kind does: its time says nothing.
+        self._last_step = (ids, now, speculate) if self._graphs_captured() == captured else None
 
-    def _time_last_step(self, seqs, now: float):
-        """A step's cost is the time from its start to the next step's start over the same batch: that
-        includes its GPU work still running when the host moved on (a cycle ends by launching the
+    def _time_last_step(self, ids: tuple, n: int, now: float):
+        """A step's cost is the time from its start to the next step's start over the same batch (`ids`):
+        that includes its GPU work still running when the host moved on (a cycle ends by launching the
         draft's extend) without ever waiting for the GPU to measure it. Steps followed by a change of
         the batch (a join's prefill, a finish) are not timed."""
         last, self._last_step = self._last_step, None
-        if last is not None and last[0] == tuple(s.id for s in seqs):
-            self.policy.record(len(seqs), last[2], now - last[1])
+        if last is not None and last[0] == ids:
+            self.policy.record(n, last[2], now - last[1])
 
     def _graphs_captured(self) -> int:
         g = self.engine.runner.graphs
