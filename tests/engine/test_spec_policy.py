@@ -1,6 +1,13 @@
 """The speculation policy: fixed batch limit, and the adaptive choice from step costs and acceptance."""
 
+import itertools
+
+import eyas.engine.speculative as speculative
+from eyas.config import SpecConfig
+from eyas.engine.engine import Engine
 from eyas.engine.spec_policy import SpecPolicy, bucket
+from eyas.layers.sampling import SamplingParams
+from tests.helpers import random_draft, tiny_llama
 
 
 def test_bucket_rounds_up_to_powers_of_two():
@@ -84,20 +91,17 @@ def test_forced_mode_is_measured_but_teaches_no_acceptance():
     assert p.speculate(8) is True  # acceptance unknown: measure it
 
 
+def adaptive_engine(path):
+    """A tiny target with a random draft under the adaptive policy."""
+    tiny_llama(path, vocab=32, layers=4, hidden=64)
+    return Engine(str(path), dtype="fp32", max_batch=4, max_len=128, draft=random_draft(64, 32, draft_vocab=24),
+                  spec=SpecConfig(2, 1, adaptive=True))
+
+
 def test_engine_times_a_step_until_the_next_start_over_the_same_batch(monkeypatch, tmp_path):
     """The decoder charges each step the time until the next step starts, and only while the batch
     stays the same: the step before a join (whose prefill runs in between) is not timed."""
-    import itertools
-
-    import eyas.engine.speculative as speculative
-    from eyas.config import SpecConfig
-    from eyas.engine.engine import Engine
-    from eyas.layers.sampling import SamplingParams
-    from tests.helpers import random_draft, tiny_llama
-
-    tiny_llama(tmp_path, vocab=32, layers=4, hidden=64)
-    engine = Engine(str(tmp_path), dtype="fp32", max_batch=4, max_len=128,
-                    draft=random_draft(64, 32, draft_vocab=24), spec=SpecConfig(2, 1, adaptive=True))
+    engine = adaptive_engine(tmp_path)
     clock = itertools.count(0.0, 0.5)  # every reading of the clock is 0.5 s after the last
     monkeypatch.setattr(speculative.time, "perf_counter", lambda: next(clock))
     timed = []
@@ -118,17 +122,7 @@ def test_engine_times_a_step_until_the_next_start_over_the_same_batch(monkeypatc
 def test_a_plain_step_before_a_catch_up_is_timed_and_the_catch_up_is_not(monkeypatch, tmp_path):
     """A plain probe while speculating is followed by a catch-up pass: the probe's time ends where the
     catch-up starts, so the plain cost keeps being measured and neither mode is charged for the switch."""
-    import itertools
-
-    import eyas.engine.speculative as speculative
-    from eyas.config import SpecConfig
-    from eyas.engine.engine import Engine
-    from eyas.layers.sampling import SamplingParams
-    from tests.helpers import random_draft, tiny_llama
-
-    tiny_llama(tmp_path, vocab=32, layers=4, hidden=64)
-    engine = Engine(str(tmp_path), dtype="fp32", max_batch=4, max_len=128,
-                    draft=random_draft(64, 32, draft_vocab=24), spec=SpecConfig(2, 1, adaptive=True))
+    engine = adaptive_engine(tmp_path)
     policy = engine.spec.policy
     modes = iter([True, True, False, True, True])
     monkeypatch.setattr(policy, "speculate", lambda n: next(modes))
