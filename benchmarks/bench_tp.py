@@ -3,6 +3,11 @@ NCCL settings, against the memory-bandwidth bound measured in the same run.
 
 Usage: python benchmarks/bench_tp.py --tp 1,2 --out tp.json [--no-graphs]
 
+Every rank also times one step of a random EAGLE-3 draft for the same target (32k draft vocabulary, CUDA graph,
+batch 1): eyas runs the draft replicated on every rank, from the target's features that every rank holds after
+the all-reduce, so no collective is needed per draft step; running it on rank 0 alone would instead add a
+broadcast of the drafted tokens per cycle, timed here as `broadcast_tree_ms`.
+
 Each configuration starts its workers with torch.multiprocessing (spawn) after setting the environment,
 and every worker reports the NCCL_* variables it really has, so the report proves which settings ran.
 """
@@ -82,6 +87,10 @@ def _worker(rank, tp, port, queue, graphs):
     if rank == 0 and tp == 1 and graphs:  # where a decode step's GPU time goes, kernel by kernel
         x, pos = torch.randint(0, cfg.vocab_size, (1, 1), device="cuda"), torch.tensor([[CONTEXT]], device="cuda")
         res["decode_kernels"] = kernel_table(lambda: model.logits(runner.forward(x, pos, [0], [CONTEXT]).hidden))
+    res["draft_step_ms"] = draft_step_ms(cfg)
+    if tp > 1:  # what a draft on rank 0 alone would add per cycle: sending the 8 tree tokens to the others
+        tree = torch.zeros(1, 8, dtype=torch.long, device="cuda")
+        res["broadcast_tree_ms"] = median_ms(lambda: dist.broadcast(tree, src=0))
     # all-reduce cost of one decode pass: 2 per layer of [1, hidden] bf16
     buf = torch.randn(1, cfg.hidden_size, dtype=torch.bfloat16, device="cuda")
     if tp > 1:
@@ -98,6 +107,43 @@ def _worker(rank, tp, port, queue, graphs):
     queue.put(res)
     # No barrier or destroy_process_group: after NCCL collectives were captured in a CUDA graph,
     # destroy_process_group can hang (pytorch/pytorch#115388); exiting frees the communicators.
+
+
+def draft_step_ms(cfg, device="cuda") -> float:
+    """One draft step at batch 1 (decode-shaped: one token, 512 cached columns, logits and top-k), replayed
+    from a CUDA graph; the draft is sized as `eyas train` would make it for this target."""
+    from types import SimpleNamespace
+
+    from eyas.engine.graphs import capture
+    from eyas.engine.kv_cache import KVCache
+    from eyas.layers.attention import AttentionBatch
+    from eyas.models.eagle3 import Eagle3Draft
+    from eyas.train.draft_init import draft_config_for
+
+    section = SimpleNamespace(aux_layer_ids=[], draft_vocab_size=32000, intermediate_size=None, rope_theta=10000.0)
+    dev = torch.device(device)
+    draft = Eagle3Draft(draft_config_for(cfg, section), max_positions=2048).to(dev, torch.bfloat16)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.normal_(0, 0.02)
+    draft.eval().requires_grad_(False).fuse_projections()
+    heads, head_dim, shared = draft.config.kv_cache_layout()
+    kv = KVCache(1, 2, 2048, heads, head_dim, torch.bfloat16, dev, shared)
+    slots, starts = torch.zeros(1, dtype=torch.long, device=dev), torch.full((1,), CONTEXT, device=dev)
+    embeds = torch.randn(1, 1, cfg.hidden_size, dtype=torch.bfloat16, device=dev)
+    hidden = torch.randn_like(embeds)
+    pos = starts[:, None].clone()
+
+    def step():
+        batch = AttentionBatch(kv=kv, slots=slots, starts=starts, kv_len=CONTEXT + 1)
+        out = draft(embeds, hidden, pos, batch)
+        return torch.log_softmax(draft.logits(out), dim=-1).topk(1, dim=-1)
+
+    with torch.no_grad():
+        if dev.type != "cuda":
+            return median_ms(step, cuda=False)
+        graph, _ = capture(step, torch.cuda.graph_pool_handle())
+        return median_ms(graph.replay)
 
 
 def run_config(tp, env, graphs=True, timeout_s=240):
@@ -133,6 +179,8 @@ def run_config(tp, env, graphs=True, timeout_s=240):
                verify3_over_decode=r0["T3_ms"] / r0["T1_ms"], verify4_over_decode=r0["T4_ms"] / r0["T1_ms"],
                verify8_over_decode=r0["T8_ms"] / r0["T1_ms"], T3_ms=r0["T3_ms"], T4_ms=r0["T4_ms"], T8_ms=r0["T8_ms"],
                allreduce_per_pass_ms=r0.get("allreduce_per_pass_ms"), nccl=r0["nccl"],
+               draft_step_ms=[r["draft_step_ms"] for r in results], broadcast_tree_ms=r0.get("broadcast_tree_ms"),
+               draft_over_decode=r0["draft_step_ms"] / r0["T1_ms"],
                decode_kernels=r0.get("decode_kernels"),
                worker_env=[{"rank": r["rank"], "pid": r["pid"], **r["env"]} for r in results])
     bound_ms = (r0["weight_bytes_per_rank"] + r0["kv_bytes_per_rank"]) / r0["copy_bw"] * 1e3
