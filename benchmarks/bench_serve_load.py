@@ -122,6 +122,23 @@ def spec_steps(url: str) -> dict[str, float]:
     return out
 
 
+def policy_estimates(url: str) -> dict:
+    """The adaptive policy's beliefs (`eyas_spec_accept_estimate`, `eyas_spec_step_cost_seconds`): its acceptance
+    average, each bucket's step costs in ms and the speed-up they predict; {} without an adaptive policy."""
+    accept, costs = None, {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("eyas_spec_accept_estimate "):
+            accept = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("eyas_spec_step_cost_seconds{"):
+            labels, value = line.rsplit(" ", 1)
+            b = int(labels.split('bucket="')[1].split('"')[0])
+            costs.setdefault(b, {})["spec_ms" if 'mode="speculative"' in labels else "plain_ms"] = float(value) * 1e3
+    for c in costs.values():
+        if accept is not None and "spec_ms" in c and "plain_ms" in c:
+            c["predicted_gain"] = accept * c["plain_ms"] / c["spec_ms"]
+    return {"accept": accept, "buckets": dict(sorted(costs.items()))} if accept is not None or costs else {}
+
+
 def measure(args, server: Server, concurrency: int) -> dict:
     num_prompts = args.num_prompts or max(16, 4 * concurrency)
     # Warm-up fills the batch once, so CUDA graphs, allocator and the adaptive policy have seen this batch size.
@@ -133,6 +150,7 @@ def measure(args, server: Server, concurrency: int) -> dict:
     after = spec_steps(server.url)
     # What the server chose during this level (its warm-up requests included): how the adaptive policy decided.
     result["spec_steps"] = {mode: after[mode] - before[mode] for mode in after}
+    result["policy"] = policy_estimates(server.url)  # what the adaptive policy believed at the level's end
     if not result["completed"]:
         raise EyasError(f"'{server.name}' at concurrency {concurrency}: every request failed, "
                         f"first with {next(iter(result['error_messages']), 'no message')}")
@@ -219,6 +237,8 @@ def main(argv=None) -> int:
                     report["results"].append(row)
                     print(f"{name} c={c}: {row['output_tok_s']:.1f} tok/s, accept {row['accept_length']}",
                           file=sys.stderr, flush=True)
+                    if row["policy"]:
+                        print(f"  policy after c={c}: {json.dumps(row['policy'])}", file=sys.stderr, flush=True)
             finally:
                 server.stop()
     except EyasError as e:

@@ -4,7 +4,8 @@ Usage: python benchmarks/bench_smollm2.py --draft DIR|random --out results.json 
 
 Sections, all in one process so the numbers are side by side:
   speed      batch-1 greedy decode of 256 new tokens on MT-bench prompts: eyas plain, eyas + draft (chain 3/1/4
-             and tree 5/4/8), HF `generate` with a static cache, HF prompt-lookup decoding (bf16)
+             and tree 5/4/8), HF `generate` with a static cache, HF prompt-lookup decoding (bf16; HF runs in
+             a child process, each prompt once untimed first so that its compilation is not timed)
   phases     one target decode step vs a verify pass of 4 and 8 tokens vs one draft step (CUDA events)
   lossless   fp32 (TF32 off): speculative greedy == plain greedy on the MT-bench first turns, chain and tree
   bf16       share of identical outputs in bf16; every divergence's top-2 logit gap in the plain run
@@ -104,6 +105,24 @@ def hf_speed(model_path, prompts, new_tokens=None, lookup=False):
         secs += time.perf_counter() - t0
         toks += out.shape[1] - ids.shape[1]
     return dict(tok_s=toks / secs, tokens=toks, seconds=secs)
+
+
+def hf_speed_isolated(model_path, prompts, lookup=False):
+    """hf_speed in a child process of its own. transformers compiles the static-cache forward with
+    torch.compile; after the warmed-up HF runs, the next eyas graph run in the same process failed with an
+    illegal memory access (H200, torch 2.11, 2026-11-30; not diagnosed further). A separate process keeps
+    each side's compiled state, and its numbers, its own."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_hf_child, DEVICE, NEW_TOKENS, str(model_path), prompts, lookup).result()
+
+
+def _hf_child(device, new_tokens, model_path, prompts, lookup):
+    global DEVICE, NEW_TOKENS
+    DEVICE, NEW_TOKENS = device, new_tokens
+    return hf_speed(model_path, prompts, lookup=lookup)
 
 
 def phase_costs(eng, context=300):
@@ -285,8 +304,8 @@ def main():
         sp["eyas_chain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
         sp["eyas_tree"], eng = eyas_speed(path, prompts[:args.prompts], "bf16", draft, TREE)
         if args.hf_prompts > 0:
-            sp["hf_static"] = hf_speed(path, prompts[:args.hf_prompts])
-            sp["hf_prompt_lookup"] = hf_speed(path, prompts[:args.hf_prompts], lookup=True)
+            sp["hf_static"] = hf_speed_isolated(path, prompts[:args.hf_prompts])
+            sp["hf_prompt_lookup"] = hf_speed_isolated(path, prompts[:args.hf_prompts], lookup=True)
         results["speed"] = sp
         print(json.dumps({k: round(v["tok_s"], 1) for k, v in sp.items()}), flush=True)
         json.dump(results, open(args.out, "w"), indent=2)

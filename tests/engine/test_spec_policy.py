@@ -138,3 +138,25 @@ def test_a_plain_step_before_a_catch_up_is_timed_and_the_catch_up_is_not(monkeyp
         engine.step()
     assert caught == [1]                      # the plain step's pair, caught up before the 4th step
     assert timed == [True, True, False, True]  # every step followed by another over the same batch
+
+
+def test_the_gpu_is_settled_before_a_step_that_follows_other_work(monkeypatch, tmp_path):
+    """Work of another kind still queued on the GPU would be charged to the next timed step: the decoder
+    waits for the GPU after a prefill, at a switch of mode and after a catch-up, and never between two
+    steps of the same mode (where waiting would cost the overlap of host and GPU work)."""
+    engine = adaptive_engine(tmp_path)
+    modes = iter([True, True, True, False, False, True, True])
+    monkeypatch.setattr(engine.spec.policy, "speculate", lambda n: next(modes))
+    events = []
+    monkeypatch.setattr(engine.spec, "_settle", lambda: events.append("settle"))
+    catch_up = engine.spec._catch_up
+    monkeypatch.setattr(engine.spec, "_catch_up", lambda seqs: (seqs and events.append("catch-up"), catch_up(seqs)))
+    run = engine.spec._speculative_cycle, engine.spec._plain_step
+    monkeypatch.setattr(engine.spec, "_speculative_cycle", lambda seqs: (events.append("spec"), run[0](seqs)))
+    monkeypatch.setattr(engine.spec, "_plain_step", lambda seqs: (events.append("plain"), run[1](seqs)))
+    engine.add([1, 2, 3], SamplingParams(max_tokens=60))
+    for _ in range(7):
+        engine.step()
+    assert events == ["settle", "spec", "spec", "spec",      # after the prefill
+                      "settle", "plain", "plain",            # a switch
+                      "settle", "catch-up", "settle", "spec", "spec"]  # a switch, then the catch-up's own pass

@@ -91,3 +91,4 @@ class StepResult:
     step_ms: float                 # wall time of the whole step on rank 0
     phase_ms: dict[str, list[float]] = field(default_factory=dict)  # --profile: per-phase times of this step
     spec_step: tuple[int, bool] | None = None  # with a draft: (batch size, speculated) of this step
+    spec_policy: dict | None = None  # adaptive: SpecPolicy.snapshot(), every POLICY_EVERY steps and when idle

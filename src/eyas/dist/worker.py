@@ -24,6 +24,7 @@ from eyas.dist.messages import (Abort, AddRequest, EnvReported, ModelInfo, Ready
 from eyas.errors import EyasError
 
 PARENT_POLL_S = 1.0  # how often an idle worker checks that the front end is still alive
+POLICY_EVERY = 32    # steps between snapshots of the adaptive policy's estimates sent to /metrics
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,7 @@ class Lockstep:
         self.seqs = {}       # request id -> Sequence, until finished or aborted
         self.sent = {}       # request id -> output tokens already reported
         self.refused = []    # RequestUpdates for adds the engine refused, sent with the next step
+        self.steps = 0
 
     def serve(self, commands) -> None:
         parent = multiprocessing.parent_process()
@@ -204,6 +206,10 @@ class Lockstep:
         # Slots requests can use are the running ones plus the free ones (the runner keeps a scratch slot aside).
         slots = len(eng.running) + eng.runner.kv.free_slots
         phases = eng.profiler.drain() if eng.profiler is not None else {}
+        self.steps += 1
+        adaptive = eng.spec is not None and eng.spec.policy.adaptive
+        policy = eng.spec.policy.snapshot() if adaptive and (self.steps % POLICY_EVERY == 0 or not eng.has_work()) else None
         self.results.put(StepResult(updates, running=len(eng.running), waiting=len(eng.waiting),
                                     kv_usage=len(eng.running) / slots, step_ms=step_ms, phase_ms=phases,
-                                    spec_step=eng.spec.last_decision if eng.spec is not None else None))
+                                    spec_step=eng.spec.last_decision if eng.spec is not None else None,
+                                    spec_policy=policy))

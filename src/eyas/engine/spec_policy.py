@@ -79,6 +79,11 @@ class SpecPolicy:
         every = self.probe_every * (8 if far else 1)
         return (not current) if n % every == 0 else current
 
+    def snapshot(self) -> dict:
+        """What the policy believes now, for /metrics: {"accept": tokens per cycle or None,
+        "costs": {(bucket, speculated): seconds per step}}."""
+        return {"accept": self.accept, "costs": dict(self.costs)}
+
     def record(self, batch_size: int, speculated: bool, seconds: float, accept: float | None = None):
         """One step: its wall time (0 = not timed), and for a speculative cycle its tokens per sequence."""
         if not self.adaptive:

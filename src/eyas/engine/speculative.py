@@ -112,6 +112,8 @@ class SpeculativeDecoder:
         heads, head_dim, shared = self.draft.config.kv_cache_layout()  # an MLA draft caches one latent per token
         self.kv = KVCache(1, engine.runner.kv.num_slots, positions, heads, head_dim, dtype, engine.device, shared)
         self._last_step = None  # (sequence ids, start time, speculated) of the last step, for the policy
+        self._last_mode = None  # speculated or not, the last step (timed or not)
+        self._prefilled = False  # a prefill ran since the last step (its GPU work may still be queued)
         self.last_decision = None  # (batch size, speculated) of the last step, for the server's metrics
 
     @property
@@ -224,6 +226,7 @@ class SpeculativeDecoder:
                                   torch.zeros(B, dtype=torch.long, device=dev), graph_kv_len(self.kv, T), fuse=True)
         h = out[torch.arange(B, device=dev), torch.tensor(lens, device=dev) - 1]
         set_states(seqs, h, torch.log_softmax(self.draft.logits(h), dim=-1))
+        self._prefilled = True
 
     # -- one cycle -------------------------------------------------------------------------------
     def cycle(self, seqs):
@@ -234,13 +237,21 @@ class SpeculativeDecoder:
             speculate = self.target.tp.agree(speculate)
         self.last_decision = (n, speculate)
         if adaptive:
+            if self._prefilled or speculate != self._last_mode:
+                # Work of another kind may still be queued on the GPU (a prefill, or the other mode's last
+                # pass): wait for it, so that the last step is charged all of its own GPU time and this
+                # one none of the other's. Rare: joins and mode switches, not steady steps.
+                self._settle()
             ids, now = tuple(s.id for s in seqs), time.perf_counter()
             self._time_last_step(ids, n, now)
+        self._prefilled, self._last_mode = False, speculate
         lagging = [s for s in seqs if s.draft_state.lag_tokens] if speculate else []
         if lagging:
             # Timed as neither step: a catch-up is the price of switching modes, paid once per switch, not
             # per step (the policy's margin and rare probes keep switches rare).
             self._catch_up(lagging)
+            if adaptive:
+                self._settle()
             now = time.perf_counter()
         run = self._speculative_cycle if speculate else self._plain_step
         if not adaptive:
@@ -262,6 +273,11 @@ class SpeculativeDecoder:
         last, self._last_step = self._last_step, None
         if last is not None and last[0] == ids:
             self.policy.record(n, last[2], now - last[1])
+
+    def _settle(self):
+        """Wait until the GPU has run everything queued so far (a no-op on the CPU, where work is synchronous)."""
+        if self.engine.device.type == "cuda":
+            torch.cuda.synchronize(self.engine.device)
 
     def _graphs_captured(self) -> int:
         g = self.engine.runner.graphs
