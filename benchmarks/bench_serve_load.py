@@ -123,20 +123,18 @@ def spec_steps(url: str) -> dict[str, float]:
 
 
 def policy_estimates(url: str) -> dict:
-    """The adaptive policy's beliefs (`eyas_spec_accept_estimate`, `eyas_spec_step_cost_seconds`): its acceptance
-    average, each bucket's step costs in ms and the speed-up they predict; {} without an adaptive policy."""
-    accept, costs = None, {}
+    """The adaptive policy's measured rates (`eyas_spec_rate_tokens_per_second`, tokens/s per running sequence)
+    by batch bucket and mode, and the speed-up of speculation they show; {} without an adaptive policy."""
+    rates = {}
     for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("eyas_spec_accept_estimate "):
-            accept = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("eyas_spec_step_cost_seconds{"):
+        if line.startswith("eyas_spec_rate_tokens_per_second{"):
             labels, value = line.rsplit(" ", 1)
             b = int(labels.split('bucket="')[1].split('"')[0])
-            costs.setdefault(b, {})["spec_ms" if 'mode="speculative"' in labels else "plain_ms"] = float(value) * 1e3
-    for c in costs.values():
-        if accept is not None and "spec_ms" in c and "plain_ms" in c:
-            c["predicted_gain"] = accept * c["plain_ms"] / c["spec_ms"]
-    return {"accept": accept, "buckets": dict(sorted(costs.items()))} if accept is not None or costs else {}
+            rates.setdefault(b, {})["spec" if 'mode="speculative"' in labels else "plain"] = float(value)
+    for r in rates.values():
+        if "spec" in r and "plain" in r:
+            r["gain"] = r["spec"] / r["plain"]
+    return dict(sorted(rates.items()))
 
 
 def measure(args, server: Server, concurrency: int) -> dict:

@@ -343,7 +343,7 @@ class SpecConfig:
     # Above this many running sequences a step decodes plainly (the draft only keeps up): past the batch size
     # where verifying N tokens per sequence costs more than it saves, speculation would be slower. None = always.
     max_batch: int | None = None
-    # Per batch-size bucket, speculate when measured step costs and acceptance say so (engine/spec_policy.py).
+    # Per batch-size bucket, speculate where it measures more tokens/s than plain decoding (engine/spec_policy.py).
     adaptive: bool = False
 
     def __post_init__(self):

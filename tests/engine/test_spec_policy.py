@@ -1,6 +1,4 @@
-"""The speculation policy: fixed batch limit, and the adaptive choice from step costs and acceptance."""
-
-import itertools
+"""The speculation policy: the fixed batch limit, and the adaptive choice from measured rates per bucket."""
 
 import eyas.engine.speculative as speculative
 from eyas.config import SpecConfig
@@ -19,76 +17,119 @@ def test_fixed_limit():
     assert p.speculate(8) and not p.speculate(9)
 
 
-def test_measures_speculation_then_plain_then_chooses_by_the_cost_model():
-    p = SpecPolicy(adaptive=True, probe_every=4, min_accept_cycles=3)
-    for accept in (1.0, 2.0, 2.4):                   # nothing known: speculate (cost, and acceptance over 3 cycles)
-        assert p.speculate(32) is True
-        p.record(32, True, seconds=0.010, accept=accept)
-    assert abs(p.accept - 1.8) < 1e-9                # their mean, not the first cycle's 1.0
-    assert p.speculate(32) is False                  # then plain
-    p.record(32, False, seconds=0.006)
-    # 1.8 tokens per 10 ms cycle vs 1 token per 6 ms step: 1.08x, speculation chosen; plain tried every 4th
-    assert abs(p.gain(32) - 1.08) < 1e-9
-    choices = [p.speculate(32) for _ in range(8)]
-    assert choices.count(True) == 6 and choices.count(False) == 2
-    # acceptance fell (other traffic): 1.2 x 6 / 10 = 0.72x, plain chosen, speculation probed every 4th
-    p.accept = 1.2
-    choices = [p.speculate(32) for _ in range(8)]
-    assert choices.count(False) == 6 and choices.count(True) == 2
-    # far behind (< 0.7x): probed every 8 x 4 steps only
-    p.accept = 1.0
-    assert [p.speculate(32) for _ in range(64)].count(True) == 2
+class Clock:
+    """Drives a policy as the decoder does: each step is decided, started, and reports its tokens."""
+
+    def __init__(self, policy: SpecPolicy):
+        self.policy, self.now = policy, 0.0
+
+    def steps(self, count, batch, seconds, tokens_per_seq) -> list[bool]:
+        """`seconds` and `tokens_per_seq` may be dicts keyed by mode (True: speculative)."""
+        modes = []
+        for _ in range(count):
+            if self.policy.boundary(batch):
+                self.policy.close(self.now)
+            mode = self.policy.speculate(batch)
+            self.policy.step_started(batch, mode, self.now)
+            pick = (lambda v: v[mode] if isinstance(v, dict) else v)
+            self.now += pick(seconds)
+            self.policy.step_done(round(batch * pick(tokens_per_seq)))
+            modes.append(mode)
+        return modes
 
 
-def test_acceptance_is_shared_by_all_batch_sizes_and_costs_are_not():
-    p = SpecPolicy(adaptive=True, probe_every=1000, min_accept_cycles=1)
-    p.record(1, True, seconds=0.002, accept=2.0)
-    p.record(1, False, seconds=0.0015)
-    p.record(64, True, seconds=0.020)
-    p.record(64, False, seconds=0.008)
-    assert p.speculate(1) is True     # 2.0 x 1.5 / 2 = 1.5x
-    assert p.speculate(64) is False   # 2.0 x 8 / 20 = 0.8x
-    assert p.speculate(33) is False   # same bucket as 64
+def test_measures_a_window_of_each_mode_then_runs_the_faster():
+    p = SpecPolicy(adaptive=True, window=4, probe_every=3)
+    clock = Clock(p)
+    # speculation: 2 tokens per 10 ms cycle (200/s per sequence); plain: 1 token per 4 ms step (250/s)
+    modes = clock.steps(8, 2, {True: 0.010, False: 0.004}, {True: 2, False: 1})
+    assert modes == [True] * 4 + [False] * 4
+    assert abs(p.rates[(2, True)] - 200) < 1e-6      # the first window, closed when the second started
+    modes = clock.steps(4 * 12, 2, {True: 0.010, False: 0.004}, {True: 2, False: 1})
+    assert abs(p.gain(2) - 0.8) < 1e-6
+    # plain, and speculation probed one window in every 3 (its rate stays current)
+    windows = modes[::4]
+    assert windows.count(True) == 4 and windows.count(False) == 8
 
 
-def test_moving_averages_follow_a_change():
-    p = SpecPolicy(adaptive=True, alpha=0.5, min_accept_cycles=1)
-    p.record(4, True, seconds=0.01, accept=3.0)
-    for _ in range(6):
-        p.record(4, True, seconds=0.0, accept=1.0)  # untimed cycles still report their acceptance
-    assert abs(p.accept - 1.0) < 0.05 and p.costs[(4, True)] == 0.01
+def test_rates_are_kept_per_bucket():
+    p = SpecPolicy(adaptive=True, window=4, probe_every=1000)
+    clock = Clock(p)
+    fast_spec = ({True: 0.002, False: 0.0015}, {True: 2, False: 1})   # 1000/s vs 667/s per sequence
+    slow_spec = ({True: 0.020, False: 0.008}, {True: 2, False: 1})    # 100/s vs 125/s
+    clock.steps(8, 1, *fast_spec)
+    clock.steps(8, 64, *slow_spec)
+    clock.steps(4, 1, *fast_spec)   # closes bucket 64's plain window
+    assert clock.steps(4, 1, *fast_spec) == [True] * 4
+    assert clock.steps(4, 64, *slow_spec) == [False] * 4
+    assert clock.steps(4, 33, *slow_spec) == [False] * 4  # same bucket as 64
+
+
+def test_rates_are_per_sequence():
+    """Within one bucket, windows of a mode may see different batch sizes: rates are per running sequence."""
+    p = SpecPolicy(adaptive=True, window=4)
+    clock = Clock(p)
+    clock.steps(4, 16, 0.010, 2)   # speculative: 16 sequences, 2 tokens each per 10 ms
+    clock.steps(4, 9, 0.004, 1)    # plain: 9 sequences, 1 token each per 4 ms
+    clock.steps(1, 16, 0.010, 2)
+    assert abs(p.rates[(16, True)] - 200) < 1e-6 and abs(p.rates[(16, False)] - 250) < 1e-6
 
 
 def test_switches_only_past_the_margin():
-    """Predictions a few percent apart do not flip the choice back and forth (each flip to speculation
-    costs a catch-up pass); a clear difference does."""
-    p = SpecPolicy(adaptive=True, probe_every=1000, margin=0.05, min_accept_cycles=1)
-    p.record(2, True, seconds=1.0, accept=1.0)
-    p.record(2, False, seconds=0.97)
+    """Rates a few percent apart do not flip the choice back and forth (each flip to speculation costs a
+    catch-up pass); a clear difference does."""
+    p = SpecPolicy(adaptive=True, probe_every=1000, margin=0.05)
+    p.rates = {(2, True): 97.0, (2, False): 100.0}
     assert p.speculate(2) is False   # 0.97x
-    p.accept = 1.04                  # 1.009x: within the margin, stay plain
+    p.rates[(2, True)] = 101.0       # within the margin: stay plain
     assert p.speculate(2) is False
-    p.accept = 1.10                  # 1.067x: switch
+    p.rates[(2, True)] = 107.0       # switch
     assert p.speculate(2) is True
-    p.accept = 1.0                   # 0.97x: within the margin, keep speculating
+    p.rates[(2, True)] = 97.0        # within the margin: keep speculating
     assert p.speculate(2) is True
-    p.accept = 0.9
+    p.rates[(2, True)] = 90.0
     assert p.speculate(2) is False
 
 
-def test_forced_mode_is_measured_but_teaches_no_acceptance():
-    """The engine's warm-up runs both modes on dummy prompts: their step times seed the costs, their
-    acceptance says nothing about real traffic."""
-    p = SpecPolicy(adaptive=True)
+def test_a_mode_far_behind_is_probed_less_often():
+    p = SpecPolicy(adaptive=True, probe_every=4)
+    p.rates = {(8, True): 75.0, (8, False): 100.0}   # 0.75x: far behind
+    assert [p.speculate(8) for _ in range(32)].count(True) == 2   # every 4 x 4 windows
+    p.rates[(8, True)] = 90.0                         # 0.9x: every 4 windows
+    assert [p.speculate(8) for _ in range(32)].count(True) == 8
+
+
+def test_windows_with_a_graph_capture_an_idle_gap_or_too_few_steps_are_dropped():
+    p = SpecPolicy(adaptive=True, window=4, min_steps=3)
+    clock = Clock(p)
+    for _ in range(4):  # a speculative window in which one step captured a graph
+        p.step_started(1, True, clock.now)
+        clock.now += 0.01
+        p.step_done(2, captured_graph=clock.now > 0.025)
+    p.close(clock.now)
+    assert p.rates == {}
+    clock.steps(1, 1, 0.01, 2)
+    clock.now += 5.0  # nobody asked for anything for 5 s
+    clock.steps(3, 1, 0.01, 2)
+    p.close(clock.now)
+    assert p.rates == {}
+    clock.steps(3, 1, 0.01, 2)
+    clock.steps(1, 8, 0.01, 2)   # the bucket changed after 3 steps of bucket 1's window: enough
+    assert abs(p.rates[(1, True)] - 200) < 1e-6
+    clock.steps(2, 1, 0.01, 2)   # bucket 8's window had 1 step: dropped
+    assert (8, True) not in p.rates and list(p.rates) == [(1, True)]
+
+
+def test_forced_mode_measures_nothing():
+    """The engine's warm-up runs both modes on dummy prompts, whose acceptance says nothing of real traffic."""
+    p = SpecPolicy(adaptive=True, window=2)
     p.forced = True
-    assert p.speculate(8) is True
-    p.record(8, True, seconds=0.004, accept=4.0)
+    clock = Clock(p)
+    assert clock.steps(6, 8, 0.01, 3) == [True] * 6
     p.forced = False
-    assert p.speculate(8) is False
-    p.record(8, False, seconds=0.003)
+    assert clock.steps(6, 8, 0.01, 1) == [False] * 6
     p.forced = None
-    assert p.costs == {(8, True): 0.004, (8, False): 0.003} and p.accept is None
-    assert p.speculate(8) is True  # acceptance unknown: measure it
+    assert p.rates == {} and p.speculate(8) is True
 
 
 def adaptive_engine(path):
@@ -98,52 +139,66 @@ def adaptive_engine(path):
                   spec=SpecConfig(2, 1, adaptive=True))
 
 
-def test_engine_times_a_step_until_the_next_start_over_the_same_batch(monkeypatch, tmp_path):
-    """The decoder charges each step the time until the next step starts, and only while the batch
-    stays the same: the step before a join (whose prefill runs in between) is not timed."""
+class FakeClock:
+    """perf_counter for the decoder: a speculative cycle takes 10 ms, a plain step 10 ms, a catch-up 100 ms
+    and a prefill 2.5 ms; nothing else takes time."""
+
+    def __init__(self, monkeypatch, engine):
+        self.t = 0.0
+        monkeypatch.setattr(speculative.time, "perf_counter", lambda: self.t)
+        spec = engine.spec
+        for name, seconds in (("_speculative_cycle", 0.01), ("_plain_step", 0.01), ("_catch_up", 0.1),
+                              ("prefill", 0.0025)):
+            monkeypatch.setattr(spec, name, self.taking(getattr(spec, name), seconds))
+
+    def taking(self, fn, seconds):
+        def run(seqs, *args):
+            self.t += seconds if seqs else 0.0  # a plain step calls _catch_up with no sequences: no pass
+            return fn(seqs, *args)
+        return run
+
+
+def test_engine_measures_windows_with_everything_between_their_steps(monkeypatch, tmp_path):
+    """A window's time runs from its first step's start to the start of the step after its last, so the
+    gaps between steps (here a join's prefill; in a server also the front end's work) are charged to the
+    mode that ran."""
     engine = adaptive_engine(tmp_path)
-    clock = itertools.count(0.0, 0.5)  # every reading of the clock is 0.5 s after the last
-    monkeypatch.setattr(speculative.time, "perf_counter", lambda: next(clock))
-    timed = []
-    record = engine.spec.policy.record
-    monkeypatch.setattr(engine.spec.policy, "record",
-                        lambda n, spec, seconds, accept=None: (timed.append((n, seconds)) if seconds else None,
-                                                               record(n, spec, seconds, accept)))
+    engine.spec.policy.window, engine.spec.policy.min_steps = 3, 1
+    FakeClock(monkeypatch, engine)
     engine.add([1, 2, 3], SamplingParams(max_tokens=40))
-    for _ in range(4):
+    for _ in range(3):
         engine.step()
-    assert [n for n, _ in timed] == [1, 1, 1] and all(s == 0.5 for _, s in timed)
+    tokens = len(engine.running[0].output_ids) - 1  # the prefill's token is not a step's
     engine.add([4, 5], SamplingParams(max_tokens=40))
-    engine.step()  # the join: the last single-sequence step is not timed
-    engine.step()
-    assert [n for n, _ in timed] == [1, 1, 1, 2]
+    engine.step()  # the join: its prefill, then a step of a new bucket, which closes the first window
+    [(key, rate)] = engine.spec.policy.rates.items()
+    assert key == (1, True) and abs(rate - tokens / 0.0325) < 1e-6  # 3 cycles and the prefill; one sequence
 
 
-def test_a_plain_step_before_a_catch_up_is_timed_and_the_catch_up_is_not(monkeypatch, tmp_path):
-    """A plain probe while speculating is followed by a catch-up pass: the probe's time ends where the
-    catch-up starts, so the plain cost keeps being measured and neither mode is charged for the switch."""
+def test_a_catch_up_is_charged_to_neither_mode(monkeypatch, tmp_path):
+    """Speculating after plain steps first catches the draft up: that pass is excluded from the window."""
     engine = adaptive_engine(tmp_path)
     policy = engine.spec.policy
-    modes = iter([True, True, False, True, True])
+    policy.window, policy.min_steps = 2, 1
+    modes = iter([True, True, False, False, True, True, False])
     monkeypatch.setattr(policy, "speculate", lambda n: next(modes))
-    clock = itertools.count(0.0, 1.0)
-    monkeypatch.setattr(speculative.time, "perf_counter", lambda: next(clock))
-    caught = []
-    catch_up = engine.spec._catch_up
-    monkeypatch.setattr(engine.spec, "_catch_up", lambda seqs: (seqs and caught.append(len(seqs)), catch_up(seqs)))
-    timed = []
-    monkeypatch.setattr(policy, "record", lambda n, spec, seconds, accept=None: seconds and timed.append(spec))
+    FakeClock(monkeypatch, engine)
+    seconds = []
+    close = policy.close
+    monkeypatch.setattr(policy, "close", lambda now: (policy.current and seconds.append(
+        now - policy.current.start - policy.current.excluded), close(now)))
     engine.add([1, 2, 3], SamplingParams(max_tokens=60))
-    for _ in range(5):
+    for _ in range(7):
         engine.step()
-    assert caught == [1]                      # the plain step's pair, caught up before the 4th step
-    assert timed == [True, True, False, True]  # every step followed by another over the same batch
+    # speculative, plain, speculative (its 100 ms catch-up left out)
+    assert [round(x, 6) for x in seconds] == [0.02, 0.02, 0.02]
+    assert set(policy.rates) == {(1, True), (1, False)}
 
 
-def test_the_gpu_is_settled_before_a_step_that_follows_other_work(monkeypatch, tmp_path):
-    """Work of another kind still queued on the GPU would be charged to the next timed step: the decoder
-    waits for the GPU after a prefill, at a switch of mode and after a catch-up, and never between two
-    steps of the same mode (where waiting would cost the overlap of host and GPU work)."""
+def test_the_gpu_is_settled_at_a_switch_of_mode_and_after_a_catch_up(monkeypatch, tmp_path):
+    """Work of the other mode still queued on the GPU would be charged to the new window: the decoder
+    waits for the GPU when the mode changes and after a catch-up, never between two steps of one mode
+    (where waiting would cost the overlap of host and GPU work)."""
     engine = adaptive_engine(tmp_path)
     modes = iter([True, True, True, False, False, True, True])
     monkeypatch.setattr(engine.spec.policy, "speculate", lambda n: next(modes))
@@ -157,6 +212,6 @@ def test_the_gpu_is_settled_before_a_step_that_follows_other_work(monkeypatch, t
     engine.add([1, 2, 3], SamplingParams(max_tokens=60))
     for _ in range(7):
         engine.step()
-    assert events == ["settle", "spec", "spec", "spec",      # after the prefill
-                      "settle", "plain", "plain",            # a switch
-                      "settle", "catch-up", "settle", "spec", "spec"]  # a switch, then the catch-up's own pass
+    assert events == ["settle", "spec", "spec", "spec",                  # the first step
+                      "settle", "plain", "plain",                        # a switch
+                      "settle", "catch-up", "settle", "spec", "spec"]    # a switch, then the catch-up's own pass

@@ -120,12 +120,12 @@ class Engine:
 
         before = len(graphs.graphs) + len(graphs.functions.graphs)
         lookahead = self.spec.lookahead if self.spec else 1
-        params = SamplingParams(max_tokens=4 * lookahead + 2, ignore_eos=True)  # a few timed steps per mode
+        params = SamplingParams(max_tokens=4 * lookahead + 2, ignore_eos=True)  # a few steps per mode and bucket
         # Graphs over the slot-attention kernel come in two widths: rows up to SHORT_ROWS columns, and longer.
         lengths = [8]
         if kernel_reads_cache(self.runner.kv) and SHORT_ROWS + 8 + params.max_tokens + lookahead <= self.max_len:
             lengths.append(SHORT_ROWS + 8)
-        # Speculative engines run both modes; an adaptive policy keeps their step times as its first costs.
+        # Speculative engines run both modes (the adaptive policy measures nothing on these dummy prompts).
         for forced in ([True, False] if self.spec else [None]):
             if self.spec:
                 self.spec.policy.forced = forced

@@ -1,20 +1,18 @@
-"""When to speculate: a cost model per batch size, fed by measurements.
+"""When to speculate: compare the throughput each mode really delivers, per batch size.
 
 Speculation pays at small batches (decode is memory-bound, verifying N tokens costs little more than one)
-and stops paying as the batch grows. The adaptive policy predicts both modes' throughput at the batch
-size of the next step from two things it keeps apart, because they change for different reasons:
-- step costs, per batch-size bucket: seconds per plain step and per speculative cycle (hardware and
-  batch size), each step timed from its start to the next step's start over the same batch
-  (speculative.py). The engine's warm-up measures both modes at every bucket before traffic arrives
-  (`forced`), and serving keeps refining them;
-- the acceptance length, one moving average over all speculative cycles (the draft and the traffic).
-Speculating is predicted faster when acceptance x plain step > cycle x (1 + margin); the margin keeps
-the choice from flapping on noise (every switch back to speculation costs a catch-up pass of the draft).
-While it decodes plainly, a speculative cycle now and then (`probe_every` steps, 8x less often when
-speculation is far behind) keeps the acceptance estimate current; while it speculates, a plain step
-now and then keeps the plain cost current. Both modes are lossless and the draft catches up on plain
-steps before it drafts again, so no choice ever changes the output. Steps that captured a CUDA graph are
-not recorded (speculative.py): a capture costs far more than the step.
+and stops paying as the batch grows, by an amount no model predicts well inside a server: prefills of
+joining requests, the front end's per-step work and the host's share of a cycle all move with the load.
+So the adaptive policy measures the one thing that decides: tokens produced per second of wall time
+per running sequence, over windows of `window` consecutive steps in one mode at one batch-size bucket, every gap between the
+steps included (speculative.py feeds it). Per bucket it keeps a moving average of each mode's rate and
+runs the faster one; the slower one gets one window now and then (`probe_every` windows, 4x less often
+when it is far behind) so that a change of traffic is noticed. A margin keeps the choice from flapping on
+noise (every switch back to speculation costs a catch-up pass of the draft, which is not charged to
+either mode). Both modes are lossless and the draft catches up before it drafts again, so no choice
+ever changes the output. Windows during which a CUDA graph was captured, or with a long idle gap (no
+requests), say nothing about either mode and are dropped. The engine's warm-up runs both modes on dummy
+prompts (`forced`); those runs teach nothing, since a rate depends on the real acceptance.
 """
 
 from __future__ import annotations
@@ -30,70 +28,122 @@ def bucket(batch_size: int) -> int:
 
 
 @dataclass
+class Window:
+    bucket: int
+    speculated: bool
+    start: float           # wall time at the start of its first step
+    last: float            # wall time at the start of its latest step
+    steps: int = 1
+    sequences: int = 0     # batch sizes of its steps, summed
+    tokens: int = 0        # tokens its steps produced, summed over the batch
+    excluded: float = 0.0  # seconds not charged to it (a catch-up pass)
+    void: bool = False     # a graph capture or an idle gap: drop it
+
+
+@dataclass
 class SpecPolicy:
     max_batch: int | None = None   # fixed rule: never speculate above this (None = no fixed limit)
-    adaptive: bool = False         # choose per bucket from the cost model
-    probe_every: int = 64          # steps between tries of the mode not chosen
-    alpha: float = 0.2             # weight of the newest measurement in the moving averages
-    margin: float = 0.05           # speculation must be predicted this much faster to be chosen, and vice versa
-    forced: bool | None = None     # warm-up: run this mode whatever the model says (still measured)
-    costs: dict = field(default_factory=dict)      # (bucket, speculated) -> seconds per step, moving average
-    accept: float | None = None                    # tokens per sequence per speculative cycle, moving average
-    accept_cycles: int = 0                         # speculative cycles behind that average
-    min_accept_cycles: int = 8                     # speculate at least this many cycles before judging the draft
-    steps: dict = field(default_factory=dict)      # bucket -> steps decided there
+    adaptive: bool = False         # choose per bucket from measured rates
+    window: int = 16               # steps per measurement window
+    min_steps: int = 4             # a window cut short (the bucket changed) counts from this many steps
+    probe_every: int = 16          # windows between tries of the mode not chosen
+    alpha: float = 0.3             # weight of the newest window in the moving averages
+    margin: float = 0.05           # the other mode must be this much faster to be switched to
+    max_gap: float = 0.25          # seconds between two step starts beyond which the window was idle
+    forced: bool | None = None     # warm-up: run this mode whatever the rates say, measure nothing
+    rates: dict = field(default_factory=dict)      # (bucket, speculated) -> tokens/s per sequence, moving average
+    windows: dict = field(default_factory=dict)    # bucket -> windows decided there
     preferred: dict = field(default_factory=dict)  # bucket -> the mode chosen there last
+    current: Window | None = None
 
     def gain(self, batch_size: int) -> float | None:
-        """Predicted speculative throughput over plain throughput at this batch size (None: not known yet)."""
+        """Measured speculative rate over plain rate at this batch size (None: not both measured yet)."""
         b = bucket(batch_size)
-        spec, plain = self.costs.get((b, True)), self.costs.get((b, False))
-        if spec is None or plain is None or self.accept is None:
-            return None
-        return self.accept * plain / spec
+        spec, plain = self.rates.get((b, True)), self.rates.get((b, False))
+        return None if spec is None or plain is None else spec / plain
 
     def speculate(self, batch_size: int) -> bool:
-        """The decision for the next step at this batch size."""
+        """The mode of the next step at this batch size: the open window's, or a new window's choice."""
         if self.max_batch is not None and batch_size > self.max_batch:
             return False
         if self.forced is not None:
             return self.forced
         if not self.adaptive:
             return True
-        b = bucket(batch_size)
-        n = self.steps[b] = self.steps.get(b, 0) + 1
-        if (b, True) not in self.costs or self.accept_cycles < self.min_accept_cycles:
-            return True   # measure speculation first (cost, and acceptance over several cycles: one says little) ...
-        if (b, False) not in self.costs:
+        w = self.current
+        if w is not None and w.bucket == bucket(batch_size) and w.steps < self.window:
+            return w.speculated
+        return self._choose(bucket(batch_size))
+
+    def _choose(self, b: int) -> bool:
+        if (b, True) not in self.rates:
+            return True   # measure speculation first ...
+        if (b, False) not in self.rates:
             return False  # ... then plain decoding
-        g = self.gain(batch_size)
+        n = self.windows[b] = self.windows.get(b, 0) + 1
+        g = self.rates[(b, True)] / self.rates[(b, False)]
         current = self.preferred.get(b, g >= 1.0)
         if current and g < 1 / (1 + self.margin):
             current = False
         elif not current and g > 1 + self.margin:
             current = True
         self.preferred[b] = current
-        # The mode not chosen is tried now and then; much less often when it is far behind, since each
-        # try costs a step at its (slow) rate.
-        far = g < 0.7 or g > 1 / 0.7
-        every = self.probe_every * (8 if far else 1)
+        # A probe window has as many steps as any other, and a far slower mode's steps are long: probe it
+        # 4x less often, so that probes cost about 1-2% of the time whatever the ratio.
+        far = g < 0.8 or g > 1 / 0.8
+        every = self.probe_every * (4 if far else 1)
         return (not current) if n % every == 0 else current
 
-    def snapshot(self) -> dict:
-        """What the policy believes now, for /metrics: {"accept": tokens per cycle or None,
-        "costs": {(bucket, speculated): seconds per step}}."""
-        return {"accept": self.accept, "costs": dict(self.costs)}
+    # -- measurements, fed by the decoder -----------------------------------------------------------
+    def boundary(self, batch_size: int) -> bool:
+        """Whether the next step at this batch size starts a new window (the decoder then waits for the
+        GPU and closes the open window, so that each window holds exactly its own steps' work)."""
+        if not self.adaptive or self.forced is not None:
+            return False
+        w = self.current
+        return w is None or w.bucket != bucket(batch_size) or w.steps >= self.window
 
-    def record(self, batch_size: int, speculated: bool, seconds: float, accept: float | None = None):
-        """One step: its wall time (0 = not timed), and for a speculative cycle its tokens per sequence."""
-        if not self.adaptive:
+    def close(self, now: float):
+        """End the open window now and fold its rate into its mode's average."""
+        w, self.current = self.current, None
+        if w is None or w.void or w.steps < self.min_steps or now - w.last > self.max_gap:
+            return  # a capture, too few steps, or idle after its last step (no requests): not the mode's time
+        seconds = now - w.start - w.excluded
+        if seconds <= 0:
             return
-        if seconds > 0:
-            key = (bucket(batch_size), speculated)
-            old = self.costs.get(key)
-            self.costs[key] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
-        if accept is not None and self.forced is None:  # warm-up's dummy prompts say nothing about acceptance
-            self.accept_cycles += 1
-            # The first cycles' plain mean, then the moving average (one unlucky first cycle must not decide).
-            w = max(self.alpha, 1 / self.accept_cycles)
-            self.accept = accept if self.accept is None else (1 - w) * self.accept + w * accept
+        # Per sequence: the two modes' windows may see somewhat different batch sizes within one bucket.
+        key, rate = (w.bucket, w.speculated), w.tokens / seconds / (w.sequences / w.steps)
+        old = self.rates.get(key)
+        self.rates[key] = rate if old is None else (1 - self.alpha) * old + self.alpha * rate
+
+    def step_started(self, batch_size: int, speculated: bool, now: float):
+        """A step of this mode starts now: it continues the open window, or opens one."""
+        if not self.adaptive or self.forced is not None:
+            self.current = None
+            return
+        b, w = bucket(batch_size), self.current
+        if w is not None and (w.bucket != b or w.speculated != speculated):  # e.g. rank 0 chose otherwise
+            self.close(now)
+            w = None
+        if w is None:
+            self.current = Window(b, speculated, now, now, sequences=batch_size)
+            return
+        if now - w.last > self.max_gap:
+            w.void = True  # idle in between: not the mode's time
+        w.steps += 1
+        w.sequences += batch_size
+        w.last = now
+
+    def exclude(self, seconds: float):
+        """Time inside the current step not charged to its mode (a catch-up pass at a switch)."""
+        if self.current is not None:
+            self.current.excluded += seconds
+
+    def step_done(self, tokens: int, captured_graph: bool = False):
+        if self.current is not None:
+            self.current.tokens += tokens
+            self.current.void |= captured_graph
+
+    def snapshot(self) -> dict:
+        """What the policy believes now, for /metrics: {(bucket, speculated): tokens/s per sequence}."""
+        return dict(self.rates)

@@ -111,9 +111,7 @@ class SpeculativeDecoder:
         self.policy = SpecPolicy(max_batch=self.spec.max_batch, adaptive=self.spec.adaptive)
         heads, head_dim, shared = self.draft.config.kv_cache_layout()  # an MLA draft caches one latent per token
         self.kv = KVCache(1, engine.runner.kv.num_slots, positions, heads, head_dim, dtype, engine.device, shared)
-        self._last_step = None  # (sequence ids, start time, speculated) of the last step, for the policy
-        self._last_mode = None  # speculated or not, the last step (timed or not)
-        self._prefilled = False  # a prefill ran since the last step (its GPU work may still be queued)
+        self._last_mode = None  # speculated or not, the last step
         self.last_decision = None  # (batch size, speculated) of the last step, for the server's metrics
 
     @property
@@ -226,53 +224,44 @@ class SpeculativeDecoder:
                                   torch.zeros(B, dtype=torch.long, device=dev), graph_kv_len(self.kv, T), fuse=True)
         h = out[torch.arange(B, device=dev), torch.tensor(lens, device=dev) - 1]
         set_states(seqs, h, torch.log_softmax(self.draft.logits(h), dim=-1))
-        self._prefilled = True
 
     # -- one cycle -------------------------------------------------------------------------------
     def cycle(self, seqs):
         """One step for the running batch: a speculative cycle, or a plain step when the policy says so."""
-        n, adaptive = len(seqs), self.policy.adaptive
-        speculate = self.policy.speculate(n)
-        if adaptive:  # decided from this rank's own timings: every rank follows rank 0
+        n, policy = len(seqs), self.policy
+        settled = policy.boundary(n)
+        if settled:
+            # A window of steps ends: wait for its last pass to finish, so that it is charged all of its
+            # own GPU work and the next window none of it (one wait per window, not per step).
+            self._settle()
+            policy.close(time.perf_counter())
+        speculate = policy.speculate(n)
+        if policy.adaptive:  # decided from this rank's own measurements: every rank follows rank 0
             speculate = self.target.tp.agree(speculate)
         self.last_decision = (n, speculate)
-        if adaptive:
-            if self._prefilled or speculate != self._last_mode:
-                # Work of another kind may still be queued on the GPU (a prefill, or the other mode's last
-                # pass): wait for it, so that the last step is charged all of its own GPU time and this
-                # one none of the other's. Rare: joins and mode switches, not steady steps.
-                self._settle()
-            ids, now = tuple(s.id for s in seqs), time.perf_counter()
-            self._time_last_step(ids, n, now)
-        self._prefilled, self._last_mode = False, speculate
+        if policy.adaptive:
+            if speculate != self._last_mode and not settled:
+                self._settle()  # the other mode's last pass may still be running: not this step's work
+            policy.step_started(n, speculate, time.perf_counter())
+        self._last_mode = speculate
         lagging = [s for s in seqs if s.draft_state.lag_tokens] if speculate else []
         if lagging:
-            # Timed as neither step: a catch-up is the price of switching modes, paid once per switch, not
+            # Charged to neither mode: a catch-up is the price of switching, paid once per switch, not
             # per step (the policy's margin and rare probes keep switches rare).
+            t0 = time.perf_counter()
             self._catch_up(lagging)
-            if adaptive:
+            if policy.adaptive:
                 self._settle()
-            now = time.perf_counter()
+                policy.exclude(time.perf_counter() - t0)
         run = self._speculative_cycle if speculate else self._plain_step
-        if not adaptive:
+        if not policy.adaptive:
             run(seqs)
             return
         captured = self._graphs_captured()
         before = sum(len(s.output_ids) for s in seqs)
         run(seqs)
-        if speculate:
-            self.policy.record(n, True, 0.0, accept=(sum(len(s.output_ids) for s in seqs) - before) / n)
-        # A step that captured a CUDA graph took far longer than its kind does: its time says nothing.
-        self._last_step = (ids, now, speculate) if self._graphs_captured() == captured else None
-
-    def _time_last_step(self, ids: tuple, n: int, now: float):
-        """A step's cost is the time from its start to the next step's start over the same batch (`ids`):
-        that includes its GPU work still running when the host moved on (a cycle ends by launching the
-        draft's extend) without ever waiting for the GPU to measure it. Steps followed by a change of
-        the batch (a join's prefill, a finish) are not timed."""
-        last, self._last_step = self._last_step, None
-        if last is not None and last[0] == ids:
-            self.policy.record(n, last[2], now - last[1])
+        # A step that captured a CUDA graph took far longer than its kind does: its window says nothing.
+        policy.step_done(sum(len(s.output_ids) for s in seqs) - before, self._graphs_captured() != captured)
 
     def _settle(self):
         """Wait until the GPU has run everything queued so far (a no-op on the CPU, where work is synchronous)."""

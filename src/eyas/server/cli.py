@@ -30,8 +30,8 @@ def add_arguments(p) -> None:
     p.add_argument("--spec-max-batch", type=int, help="decode without speculation while more sequences than this run "
                                                        "(the draft catches up when speculation resumes below it)")
     p.add_argument("--spec-adaptive", action=argparse.BooleanOptionalAction, default=None,
-                   help="per batch size, speculate only when measured step costs and acceptance predict it "
-                        "faster (on by default with --draft; --no-spec-adaptive speculates at every step)")
+                   help="per batch size, speculate only where it measures more tokens/s than plain decoding "
+                        "(on by default with --draft; --no-spec-adaptive speculates at every step)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel workers (default 1)")
     p.add_argument("--env", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                    help="set in every worker's environment and verified there at start-up (repeatable)")

@@ -45,10 +45,9 @@ class Metrics:
         self.spec_steps = Counter("eyas_spec_steps", "Steps under a draft by batch-size bucket and mode "
                                   "(speculative cycle or plain step: what the adaptive policy chose)",
                                   ["bucket", "mode"], registry=r)
-        self.spec_cost = Gauge("eyas_spec_step_cost_seconds", "The adaptive policy's estimate of one step's "
-                               "wall time by batch-size bucket and mode", ["bucket", "mode"], registry=r)
-        self.spec_accept = Gauge("eyas_spec_accept_estimate", "The adaptive policy's moving average of "
-                                 "tokens per sequence per speculative cycle", registry=r)
+        self.spec_rate = Gauge("eyas_spec_rate_tokens_per_second", "The adaptive policy's measured rate of each "
+                               "mode, tokens/s per running sequence, by batch-size bucket", ["bucket", "mode"],
+                               registry=r)
 
     def step(self, result) -> None:
         self.queue.set(result.waiting)
@@ -61,11 +60,8 @@ class Metrics:
         if result.spec_step is not None:
             n, speculated = result.spec_step
             self.spec_steps.labels(str(bucket(n)), "speculative" if speculated else "plain").inc()
-        if result.spec_policy is not None:
-            if result.spec_policy["accept"] is not None:
-                self.spec_accept.set(result.spec_policy["accept"])
-            for (b, speculated), seconds in result.spec_policy["costs"].items():
-                self.spec_cost.labels(str(b), "speculative" if speculated else "plain").set(seconds)
+        for (b, speculated), rate in (result.spec_policy or {}).items():
+            self.spec_rate.labels(str(b), "speculative" if speculated else "plain").set(rate)
 
     def finished(self, outcome: str, prompt_tokens: int, completion_tokens: int, verify_passes: int,
                  e2e_s: float | None) -> None:
