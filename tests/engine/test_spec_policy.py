@@ -99,7 +99,7 @@ def test_a_mode_far_behind_is_probed_less_often():
     assert [p.speculate(8) for _ in range(32)].count(True) == 8
 
 
-def test_windows_with_a_graph_capture_an_idle_gap_or_too_few_steps_are_dropped():
+def test_windows_with_a_graph_capture_or_too_few_steps_are_dropped_and_stalls_count():
     p = SpecPolicy(adaptive=True, window=4, min_steps=3)
     clock = Clock(p)
     for _ in range(4):  # a speculative window in which one step captured a graph
@@ -108,16 +108,13 @@ def test_windows_with_a_graph_capture_an_idle_gap_or_too_few_steps_are_dropped()
         p.step_done(2, captured_graph=clock.now > 0.025)
     p.close(clock.now)
     assert p.rates == {}
+    clock.steps(2, 1, 0.01, 2)
+    clock.now += 0.06  # a stall between two steps (a join's prefill, the front end): the mode's time
     clock.steps(1, 1, 0.01, 2)
-    clock.now += 5.0  # nobody asked for anything for 5 s
-    clock.steps(3, 1, 0.01, 2)
-    p.close(clock.now)
-    assert p.rates == {}
-    clock.steps(3, 1, 0.01, 2)
-    clock.steps(1, 8, 0.01, 2)   # the bucket changed after 3 steps of bucket 1's window: enough
-    assert abs(p.rates[(1, True)] - 200) < 1e-6
+    clock.steps(1, 8, 0.01, 2)  # the bucket changed after 3 steps of bucket 1's window: enough
+    assert abs(p.rates[(1, True)] - 6 / 0.09) < 1e-6
     clock.steps(2, 1, 0.01, 2)   # bucket 8's window had 1 step: dropped
-    assert (8, True) not in p.rates and list(p.rates) == [(1, True)]
+    assert list(p.rates) == [(1, True)]
 
 
 def test_forced_mode_measures_nothing():
@@ -173,6 +170,20 @@ def test_engine_measures_windows_with_everything_between_their_steps(monkeypatch
     engine.step()  # the join: its prefill, then a step of a new bucket, which closes the first window
     [(key, rate)] = engine.spec.policy.rates.items()
     assert key == (1, True) and abs(rate - tokens / 0.0325) < 1e-6  # 3 cycles and the prefill; one sequence
+
+
+def test_idle_time_is_charged_to_neither_mode(monkeypatch, tmp_path):
+    """When the last request finishes the window ends there: the wait for the next request is nobody's."""
+    engine = adaptive_engine(tmp_path)
+    engine.spec.policy.min_steps = 1
+    fake = FakeClock(monkeypatch, engine)
+    [seq] = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=7))
+    [(key, rate)] = engine.spec.policy.rates.items()
+    cycles = seq.verify_passes
+    assert key == (1, True) and abs(rate - (len(seq.output_ids) - 1) / (0.01 * cycles)) < 1e-6
+    fake.t += 100.0  # nobody asks for anything for 100 s
+    engine.generate([[4, 5, 6]], SamplingParams(max_tokens=7))
+    assert engine.spec.policy.rates[(1, True)] > rate / 2
 
 
 def test_a_catch_up_is_charged_to_neither_mode(monkeypatch, tmp_path):

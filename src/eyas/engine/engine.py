@@ -105,6 +105,8 @@ class Engine:
         for s in done:
             self._release(s)
         self.running = [s for s in self.running if not s.finished]
+        if self.spec and not self.running and not self.waiting:
+            self.spec.idle()
         return done
 
     def warm_up(self) -> int:

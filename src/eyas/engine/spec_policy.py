@@ -10,8 +10,10 @@ runs the faster one; the slower one gets one window now and then (`probe_every` 
 when it is far behind) so that a change of traffic is noticed. A margin keeps the choice from flapping on
 noise (every switch back to speculation costs a catch-up pass of the draft, which is not charged to
 either mode). Both modes are lossless and the draft catches up before it drafts again, so no choice
-ever changes the output. Windows during which a CUDA graph was captured, or with a long idle gap (no
-requests), say nothing about either mode and are dropped. The engine's warm-up runs both modes on dummy
+ever changes the output. A window with a CUDA-graph capture says nothing about its mode and is dropped;
+any other stall inside it counts (an earlier version dropped windows with long gaps, and so never saw
+the stalls that made speculation slower under load). When the engine runs out of requests the decoder
+closes the window (`close`), so idle time is nobody's. The engine's warm-up runs both modes on dummy
 prompts (`forced`); those runs teach nothing, since a rate depends on the real acceptance.
 """
 
@@ -37,7 +39,7 @@ class Window:
     sequences: int = 0     # batch sizes of its steps, summed
     tokens: int = 0        # tokens its steps produced, summed over the batch
     excluded: float = 0.0  # seconds not charged to it (a catch-up pass)
-    void: bool = False     # a graph capture or an idle gap: drop it
+    void: bool = False     # a CUDA graph was captured in it: drop it
 
 
 @dataclass
@@ -49,7 +51,6 @@ class SpecPolicy:
     probe_every: int = 16          # windows between tries of the mode not chosen
     alpha: float = 0.3             # weight of the newest window in the moving averages
     margin: float = 0.05           # the other mode must be this much faster to be switched to
-    max_gap: float = 0.25          # seconds between two step starts beyond which the window was idle
     forced: bool | None = None     # warm-up: run this mode whatever the rates say, measure nothing
     rates: dict = field(default_factory=dict)      # (bucket, speculated) -> tokens/s per sequence, moving average
     windows: dict = field(default_factory=dict)    # bucket -> windows decided there
@@ -106,8 +107,8 @@ class SpecPolicy:
     def close(self, now: float):
         """End the open window now and fold its rate into its mode's average."""
         w, self.current = self.current, None
-        if w is None or w.void or w.steps < self.min_steps or now - w.last > self.max_gap:
-            return  # a capture, too few steps, or idle after its last step (no requests): not the mode's time
+        if w is None or w.void or w.steps < self.min_steps:
+            return  # a graph capture (a one-time cost), or too few steps to say much
         seconds = now - w.start - w.excluded
         if seconds <= 0:
             return
@@ -128,8 +129,6 @@ class SpecPolicy:
         if w is None:
             self.current = Window(b, speculated, now, now, sequences=batch_size)
             return
-        if now - w.last > self.max_gap:
-            w.void = True  # idle in between: not the mode's time
         w.steps += 1
         w.sequences += batch_size
         w.last = now

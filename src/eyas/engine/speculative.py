@@ -263,6 +263,13 @@ class SpeculativeDecoder:
         # A step that captured a CUDA graph took far longer than its kind does: its window says nothing.
         policy.step_done(sum(len(s.output_ids) for s in seqs) - before, self._graphs_captured() != captured)
 
+    def idle(self):
+        """The engine ran out of work: end the policy's window now, so the wait for the next request is
+        charged to neither mode."""
+        if self.policy.adaptive and self.policy.current is not None:
+            self._settle()
+            self.policy.close(time.perf_counter())
+
     def _settle(self):
         """Wait until the GPU has run everything queued so far (a no-op on the CPU, where work is synchronous)."""
         if self.engine.device.type == "cuda":
