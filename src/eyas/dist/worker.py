@@ -207,8 +207,9 @@ class Lockstep:
         slots = len(eng.running) + eng.runner.kv.free_slots
         phases = eng.profiler.drain() if eng.profiler is not None else {}
         self.steps += 1
-        adaptive = eng.spec is not None and eng.spec.policy.adaptive
-        policy = eng.spec.policy.snapshot() if adaptive and (self.steps % POLICY_EVERY == 0 or not eng.has_work()) else None
+        policy = None
+        if eng.spec is not None and eng.spec.policy.adaptive and (self.steps % POLICY_EVERY == 0 or not eng.has_work()):
+            policy = eng.spec.policy.snapshot()
         self.results.put(StepResult(updates, running=len(eng.running), waiting=len(eng.waiting),
                                     kv_usage=len(eng.running) / slots, step_ms=step_ms, phase_ms=phases,
                                     spec_step=eng.spec.last_decision if eng.spec is not None else None,

@@ -3,10 +3,10 @@
 Speculation pays at small batches (decode is memory-bound, verifying N tokens costs little more than one)
 and stops paying as the batch grows, by an amount no model predicts well inside a server: prefills of
 joining requests, the front end's per-step work and the host's share of a cycle all move with the load.
-So the adaptive policy measures the one thing that decides: tokens produced per second of wall time
-per running sequence, over windows of `window` consecutive steps in one mode at one batch-size bucket, every gap between the
-steps included (speculative.py feeds it). Per bucket it keeps a moving average of each mode's rate and
-runs the faster one; the slower one gets one window now and then (`probe_every` windows, 4x less often
+So the adaptive policy measures the one thing that decides: tokens produced per second of wall time per
+running sequence, over windows of `window` consecutive steps in one mode at one batch-size bucket, every
+gap between the steps included (speculative.py feeds it). Per bucket it keeps a moving average of each
+mode's rate and runs the faster one; the slower one gets one window now and then (`probe_every` windows, 4x less often
 when it is far behind) so that a change of traffic is noticed. A margin keeps the choice from flapping on
 noise (every switch back to speculation costs a catch-up pass of the draft, which is not charged to
 either mode). Both modes are lossless and the draft catches up before it drafts again, so no choice
@@ -34,7 +34,6 @@ class Window:
     bucket: int
     speculated: bool
     start: float           # wall time at the start of its first step
-    last: float            # wall time at the start of its latest step
     steps: int = 1
     sequences: int = 0     # batch sizes of its steps, summed
     tokens: int = 0        # tokens its steps produced, summed over the batch
@@ -127,11 +126,10 @@ class SpecPolicy:
             self.close(now)
             w = None
         if w is None:
-            self.current = Window(b, speculated, now, now, sequences=batch_size)
+            self.current = Window(b, speculated, now, sequences=batch_size)
             return
         w.steps += 1
         w.sequences += batch_size
-        w.last = now
 
     def exclude(self, seconds: float):
         """Time inside the current step not charged to its mode (a catch-up pass at a switch)."""
