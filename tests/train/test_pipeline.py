@@ -76,7 +76,7 @@ def recipe(chatty_target, tmp_path, monkeypatch):
     return path, tmp_path / "out", question
 
 
-def test_whole_pipeline_then_stages_alone(recipe, chatty_target, capsys):
+def test_whole_pipeline_then_stages_alone(recipe, chatty_target, capsys, monkeypatch):
     path, out, question = recipe
     assert main(["train", "--config", str(path), "--no-progress"]) == 0
     log = capsys.readouterr().err
@@ -119,6 +119,15 @@ def test_whole_pipeline_then_stages_alone(recipe, chatty_target, capsys):
     before = (out / "data" / "regen-r0.jsonl").read_text()
     assert main(["train", "regen", "--config", str(path), "--no-progress"]) == 0
     assert (out / "data" / "regen-r0.jsonl").read_text() == before
+
+    # The tokenized conversations are kept: a stage run alone reads them instead of tokenizing again,
+    # and records the same data hash.
+    assert (out / "samples.safetensors").is_file()
+    with monkeypatch.context() as m:
+        m.setattr("eyas.train.conversation.encode_all",
+                  lambda *a, **k: pytest.fail("tokenized again despite an up-to-date cache"))
+        assert main(["train", "vocab", "--config", str(path), "--no-progress"]) == 0
+    assert json.loads((out / "run.json").read_text())["data_hash"] == run["data_hash"]
 
     # Offline from the same data: capture features, then fit from disk.
     off = out.parent / "off"

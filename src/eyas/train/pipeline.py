@@ -17,10 +17,12 @@ import time
 from pathlib import Path
 
 from eyas.errors import EyasError
+from eyas.train import sample_cache
 from eyas.train.distributed import init_distributed, log
 from eyas.train.prompts import as_prompt, build_pool, data_dir, read_conversations
 
 STAGES = ("synth", "regen", "vocab", "capture", "fit", "export", "eval")
+SAMPLES_FILE = "samples.safetensors"  # the tokenized conversations (sample_cache.py)
 
 
 class Pipeline:
@@ -81,7 +83,14 @@ class Pipeline:
             convs = read_regenerated(self.recipe)
             if not convs:
                 raise EyasError(f"no regenerated conversations in {data_dir(self.recipe)}; run `eyas train regen`")
-            samples, stats = encode_all(self.tokenizer, convs, self.recipe.data.max_len, self.progress)
+            key = sample_cache.cache_key(convs, self.tokenizer, self.recipe.data.max_len)
+            cached = sample_cache.load(self.out / SAMPLES_FILE, key)
+            if cached is not None:
+                samples, stats = cached
+            else:
+                samples, stats = encode_all(self.tokenizer, convs, self.recipe.data.max_len, self.progress)
+                if self.dist.main:
+                    sample_cache.save(self.out / SAMPLES_FILE, key, samples, stats)
             h = hashlib.sha256()
             for s in samples:
                 h.update(s.input_ids.numpy().tobytes())
