@@ -247,8 +247,9 @@ def cycle_profile(model_path, prompt, draft, spec, cycles=20):
 
 
 def batch_scaling(model_path, prompts, draft, batches, new_tokens=None):
-    """One engine per mode (slots for the largest batch); each batch size is warmed up (graph captures, and
-    the adaptive policy's first measurements) with a short run of the same size, then timed."""
+    """One engine per mode (slots for the largest batch); each batch size is warmed up with a run of the
+    same size and length (graph captures; for the adaptive policy its first windows of both modes and a
+    switch back, whose catch-up pass compiles its kernels), then timed."""
     new_tokens = new_tokens or NEW_TOKENS
     modes = {"plain": None, "chain": CHAIN, "adaptive": SpecConfig(3, 1, adaptive=True)}
     rows = {B: {"batch": B} for B in batches}
@@ -258,7 +259,7 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None):
         eng.warm_up()  # every batch bucket's graphs, as `eyas serve` captures them at start
         for B in batches:
             batch = [prompts[i % len(prompts)] for i in range(B)]
-            eng.generate(batch, SamplingParams(max_tokens=64, ignore_eos=True))
+            eng.generate(batch, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
             sync()
             t0 = time.perf_counter()
             seqs = eng.generate(batch, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
