@@ -69,9 +69,11 @@ def test_ttt_attention_ignores_other_positions_of_later_steps():
 
 
 @torch.no_grad()
-def test_loss_pairs_step_k_with_target_position_t_plus_1_plus_k():
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "token-weights"])
+def test_loss_pairs_step_k_with_target_position_t_plus_1_plus_k(weighted):
     """The loss equals a direct per-position sum: step k, index t uses z_{t+1+k}, masked by
-    loss_mask[t+2+k] (the predicted token is the assistant's) and t2d[argmax z_{t+1+k}]."""
+    loss_mask[t+2+k] (the predicted token is the assistant's) and t2d[argmax z_{t+1+k}]; with token
+    weights (train/repeats.py), a mean weighted by the weight of that predicted token x_{t+2+k}."""
     draft = random_draft(H, V, draft_vocab=VD, seed=3)
     g = torch.Generator().manual_seed(2)
     B, T, K, decay = 2, 10, 3, 0.8
@@ -80,26 +82,29 @@ def test_loss_pairs_step_k_with_target_position_t_plus_1_plus_k():
     logits = torch.randn(B, T, V, generator=g) * 3
     loss_mask = torch.rand(B, T, generator=g) > 0.3
     used = draft.d2t + torch.arange(VD)
-    teacher = teacher_from_logits(logits, loss_mask, used, draft.t2d)
+    token_weight = torch.rand(B, T, generator=g) if weighted else None
+    teacher = teacher_from_logits(logits, loss_mask, used, draft.t2d, token_weight)
     total, stats = TTTModel(draft, K, decay)(embeds, feats, teacher)
 
     outs = unroll(draft, embeds, feats, K)
     want_total = 0.0
     for k in range(K):
-        num, den, hits = 0.0, 0, 0
+        num, den, weights, hits = 0.0, 0, 0.0, 0
         for b in range(B):
             for t in range(T - 2 - k):
                 p = t + 1 + k
                 top = int(logits[b, p].argmax())
                 if not (bool(loss_mask[b, p + 1]) and bool(draft.t2d[top])):
                     continue
+                w = float(token_weight[b, p + 1]) if weighted else 1.0
                 q = torch.softmax(logits[b, p, used], -1)
                 lp = torch.log_softmax(draft.logits(outs[k][b, t]), -1)
-                num += float(-(q * lp).sum())
+                num += w * float(-(q * lp).sum())
                 den += 1
+                weights += w
                 hits += int(used[int(lp.argmax())] == top)
         assert int(stats["count"][k]) == den
-        assert float(stats["loss"][k]) == pytest.approx(num / den, rel=1e-5)
-        assert float(stats["acc"][k]) == pytest.approx(hits / den)
-        want_total += decay ** k * num / den
+        assert float(stats["loss"][k]) == pytest.approx(num / weights, rel=1e-5)
+        assert float(stats["acc"][k]) == pytest.approx(hits / den)  # accuracy stays unweighted
+        want_total += decay ** k * num / weights
     assert float(total) == pytest.approx(want_total, rel=1e-5)

@@ -189,13 +189,14 @@ class Pipeline:
         mapping = load_mapping(self.out / "vocab.safetensors")
         draft = new_draft(self.target_config, r.draft, mapping, cfg.seed)
         args = (cfg.batch_tokens, cfg.seed, mapping.used, mapping.t2d, self.device, self.dist.rank, self.dist.world)
+        weights = dict(repeat_weight=cfg.repeat_weight, repeat_ngram=cfg.repeat_ngram)
         if cfg.mode == "online":
             from eyas.models.loader import load_model
             from eyas.train.sources import OnlineSource
 
             target = load_model(r.target, self.dtype, self.device, max_positions=r.data.max_len + 8)
             target.capture_layers = draft.config.capture_layers(self.target_config.num_layers)
-            source = OnlineSource(target, samples, *args)
+            source = OnlineSource(target, samples, *args, **weights)
             head, norm = target.lm_head.weight, target.model.norm.weight
         else:
             from eyas.models.loader import parse_dtype
@@ -208,7 +209,7 @@ class Pipeline:
                 raise EyasError(f"the features in {self.out / 'features'} were captured from other data; "
                                 "run `eyas train capture` again")
             heads = TargetHeads.load(r.target, parse_dtype(self.dtype), self.device)
-            source = OfflineSource(heads, store, *args)
+            source = OfflineSource(heads, store, *args, **weights)
             head, norm = heads.lm_head_weight, heads.norm_weight
         if r.draft.head_init == "target" and not r.draft.init_from:
             init_head_from_target(draft, head, norm)  # a resumed run then loads its checkpoint over this

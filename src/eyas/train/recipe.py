@@ -111,6 +111,8 @@ class TrainConfig:
     grad_clip: float = 0.5
     ttt_steps: int = 7
     step_decay: float = 0.8       # loss weight of TTT step k is step_decay ** k
+    repeat_weight: float = 1.0    # loss weight of tokens that repeat earlier text (train/repeats.py); 1 = EAGLE-3's
+    repeat_ngram: int = 8         # a token repeats when the repeat_ngram tokens ending with it occurred before
     seed: int = 0
     log_every: int = 10
     checkpoint_every: int = 200
@@ -122,7 +124,10 @@ class TrainConfig:
             raise EyasError(f"[train] mode must be one of {', '.join(MODES)}, got '{self.mode}'")
         _positive("train", steps=self.steps, batch_tokens=self.batch_tokens, lr=self.lr, ttt_steps=self.ttt_steps,
                   log_every=self.log_every, checkpoint_every=self.checkpoint_every,
-                  keep_checkpoints=self.keep_checkpoints, shard_tokens=self.shard_tokens)
+                  keep_checkpoints=self.keep_checkpoints, shard_tokens=self.shard_tokens,
+                  repeat_ngram=self.repeat_ngram)
+        if self.repeat_weight < 0:
+            raise EyasError(f"[train] repeat_weight must be >= 0, got {self.repeat_weight}")
         if self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
             raise EyasError("[train] warmup_steps, grad_clip and weight_decay must be >= 0")
         if not 0 <= self.min_lr_ratio <= 1 or not 0 < self.step_decay <= 1:

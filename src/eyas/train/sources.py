@@ -14,6 +14,7 @@ import torch
 
 from eyas.models.llama import CausalLM
 from eyas.train.batches import Batch, BatchStream, collate_samples
+from eyas.train.repeats import token_weights
 from eyas.train.shards import FeatureStore
 from eyas.train.target import TargetHeads, run_target
 from eyas.train.ttt import Teacher, teacher_from_logits
@@ -22,17 +23,23 @@ from eyas.train.ttt import Teacher, teacher_from_logits
 class _Source:
     stream: BatchStream
 
-    def __init__(self, used: torch.Tensor, t2d: torch.Tensor, device):
+    def __init__(self, used: torch.Tensor, t2d: torch.Tensor, device, repeat_weight: float = 1.0,
+                 repeat_ngram: int = 8):
         self.device = torch.device(device)
         self.used, self.t2d = used.to(self.device), t2d.to(self.device)
+        self.repeat_weight, self.repeat_ngram = repeat_weight, repeat_ngram
 
-    def _teacher(self, logits: torch.Tensor, loss_mask: torch.Tensor) -> Teacher:
-        return teacher_from_logits(logits, loss_mask, self.used, self.t2d)
+    def _teacher(self, logits: torch.Tensor, loss_mask: torch.Tensor, input_ids: torch.Tensor) -> Teacher:
+        weight = None
+        if self.repeat_weight != 1.0:
+            weight = token_weights(input_ids, self.repeat_ngram, self.repeat_weight)
+        return teacher_from_logits(logits, loss_mask, self.used, self.t2d, weight)
 
 
 class OnlineSource(_Source):
-    def __init__(self, target: CausalLM, samples, batch_tokens: int, seed: int, used, t2d, device, rank=0, world=1):
-        super().__init__(used, t2d, device)
+    def __init__(self, target: CausalLM, samples, batch_tokens: int, seed: int, used, t2d, device, rank=0, world=1,
+                 **weights):
+        super().__init__(used, t2d, device, **weights)
         self.target = target
         self.stream = BatchStream([len(s) for s in samples], batch_tokens, seed, collate_samples(samples), rank, world)
 
@@ -40,13 +47,14 @@ class OnlineSource(_Source):
     def prepare(self, batch: Batch):
         b = batch.to(self.device)
         out = run_target(self.target, b.input_ids)
-        return self.target.embed(b.input_ids), out.features, self._teacher(self.target.logits(out.hidden), b.loss_mask)
+        return (self.target.embed(b.input_ids), out.features,
+                self._teacher(self.target.logits(out.hidden), b.loss_mask, b.input_ids))
 
 
 class OfflineSource(_Source):
     def __init__(self, heads: TargetHeads, store: FeatureStore, batch_tokens: int, seed: int, used, t2d, device,
-                 rank=0, world=1):
-        super().__init__(used, t2d, device)
+                 rank=0, world=1, **weights):
+        super().__init__(used, t2d, device, **weights)
         self.heads = heads
         self.stream = BatchStream(store.lengths(), batch_tokens, seed, store.fetch, rank, world)
 
@@ -55,4 +63,4 @@ class OfflineSource(_Source):
         b = batch.to(self.device)
         dtype = self.heads.embed_weight.dtype
         return (self.heads.embed(b.input_ids), b.features.to(dtype),
-                self._teacher(self.heads.logits(b.hidden.to(dtype)), b.loss_mask))
+                self._teacher(self.heads.logits(b.hidden.to(dtype)), b.loss_mask, b.input_ids))

@@ -32,11 +32,13 @@ class Teacher:
     probs: torch.Tensor   # [B, T, Vd] fp32: softmax of z_p restricted to the draft vocabulary
     ids: torch.Tensor     # [B, T] draft id of argmax z_p (0 where it is outside the draft vocabulary)
     valid: torch.Tensor   # [B, T] bool: argmax z_p is in the draft vocabulary and x_{p+1} is the assistant's
+    weight: torch.Tensor | None = None  # [B, T] loss weight of position p (that of token x_{p+1}); None: all 1
 
 
 def teacher_from_logits(logits: torch.Tensor, loss_mask: torch.Tensor, used: torch.Tensor,
-                        t2d: torch.Tensor) -> Teacher:
-    """logits [B, T, V] of the target; loss_mask [B, T] marks assistant tokens (padding is False)."""
+                        t2d: torch.Tensor, token_weight: torch.Tensor | None = None) -> Teacher:
+    """logits [B, T, V] of the target; loss_mask [B, T] marks assistant tokens (padding is False);
+    token_weight [B, T] optional loss weights of the tokens (train/repeats.py)."""
     top = logits.argmax(-1)
     in_vocab = t2d[top]
     draft_index = torch.cumsum(t2d.long(), 0) - 1
@@ -44,7 +46,8 @@ def teacher_from_logits(logits: torch.Tensor, loss_mask: torch.Tensor, used: tor
     # z_p predicts x_{p+1}: the position is trained when the token it predicts was written by the assistant.
     next_is_assistant = F.pad(loss_mask[:, 1:], (0, 1), value=False)
     probs = torch.softmax(logits.index_select(-1, used).float(), dim=-1)
-    return Teacher(probs, ids, in_vocab & next_is_assistant)
+    weight = None if token_weight is None else F.pad(token_weight[:, 1:], (0, 1), value=1.0)
+    return Teacher(probs, ids, in_vocab & next_is_assistant, weight)
 
 
 def ttt_attention(q: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]], scale: float) -> torch.Tensor:
@@ -126,7 +129,12 @@ class TTTModel(nn.Module):
             count = valid.sum()
             denom = count.clamp(min=1).float()
             logp = torch.log_softmax(logits, dim=-1)
-            loss = -((teacher.probs[:, 1 + k:] * logp).sum(-1) * valid).sum() / denom
+            ce = (teacher.probs[:, 1 + k:] * logp).sum(-1)
+            if teacher.weight is None:
+                loss = -(ce * valid).sum() / denom
+            else:  # a weighted mean over the valid positions
+                w = teacher.weight[:, 1 + k:] * valid
+                loss = -(ce * w).sum() / w.sum().clamp(min=1e-6)
             acc = ((logits.argmax(-1) == teacher.ids[:, 1 + k:]) & valid).sum() / denom
             total = total + self.decay ** k * loss
             losses.append(loss.detach())
