@@ -49,3 +49,28 @@ def test_catch_up_over_ragged_lags_matches_a_pass_per_sequence(target_dir):
         assert not s.draft_state.lag_tokens
         torch.testing.assert_close(s.draft_state.hidden, h, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(s.draft_state.logp, logp, atol=1e-5, rtol=1e-5)
+
+
+def test_warm_up_runs_the_eager_passes_that_would_compile_in_traffic(tmp_path, monkeypatch):
+    """Engine.warm_up (CUDA) ends with warm_eager_passes: short prefills and, with a draft, a switch from
+    plain steps to speculation at each query length the kernel has a variant for, over short and long
+    rows. The logic runs the same on the CPU: here it must catch up exactly those lags and leave the
+    engine idle, every slot free and the policy as it was."""
+    from eyas.config import SpecConfig
+    from eyas.engine.engine import Engine
+    from tests.helpers import random_draft, tiny_llama
+
+    tiny_llama(tmp_path, vocab=32, layers=4, hidden=64)
+    engine = Engine(str(tmp_path), dtype="fp32", max_batch=2, max_len=640, draft=random_draft(64, 32, draft_vocab=24),
+                    spec=SpecConfig(2, 1, adaptive=True))
+    lags, starts = [], []
+    catch_up = engine.spec._catch_up
+    monkeypatch.setattr(engine.spec, "_catch_up", lambda seqs: (
+        seqs and (lags.append([len(s.draft_state.lag_tokens) for s in seqs]),
+                  starts.append(seqs[0].cached - len(seqs[0].draft_state.lag_tokens))), catch_up(seqs)))
+    free = engine.runner.kv.free_slots
+    engine.warm_eager_passes(long_rows=True)
+    assert lags == [[2], [8], [12], [16]] * 2
+    assert [s >= 512 for s in starts] == [False] * 4 + [True] * 4
+    assert not engine.has_work() and engine.runner.kv.free_slots == free
+    assert engine.spec.policy.forced is None and engine.spec.policy.rates == {}

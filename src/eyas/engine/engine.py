@@ -138,7 +138,42 @@ class Engine:
             finally:
                 if self.spec:
                     self.spec.policy.forced = None
+        if kernel_reads_cache(self.runner.kv):
+            self.warm_eager_passes(long_rows=len(lengths) > 1)
         return len(graphs.graphs) + len(graphs.functions.graphs) - before
+
+    def warm_eager_passes(self, long_rows: bool = True):
+        """Run the eager passes whose slot-attention kernels would otherwise compile in the middle of
+        traffic (each new variant stalls every running request for a Triton compilation): prefills of
+        short prompts, and with a draft the catch-up passes of a switch from plain steps to speculation,
+        over rows up to SHORT_ROWS columns and past it. Query lengths 2, 8, 12 and 16 cover the kernel's
+        row-block sizes (16, 32, 64) and its specializations on the query length (1, a multiple of 16,
+        other); decode-shaped passes are covered by the graph captures."""
+        from eyas.engine.graphs import SHORT_ROWS
+
+        lags = (2, 8, 12, 16)
+        for n in lags:
+            self.generate([[0] * n], SamplingParams(max_tokens=1, ignore_eos=True))
+        if self.spec is None:
+            return
+        policy = self.spec.policy
+        lookahead = self.spec.lookahead
+        starts = [8] + ([SHORT_ROWS + 8] if long_rows else [])
+        try:
+            for n in starts:
+                for lag in lags:
+                    params = SamplingParams(max_tokens=lag + 2 * lookahead + 2, ignore_eos=True)
+                    if n + params.max_tokens + lookahead > self.max_len:
+                        continue
+                    self.add([0] * n, params)
+                    policy.forced = False
+                    for _ in range(lag):
+                        self.step()
+                    policy.forced = True  # the next step catches the draft up over `lag` pairs
+                    while self.has_work():
+                        self.step()
+        finally:
+            policy.forced = None
 
     def _should_admit(self) -> bool:
         """Admit while nothing runs, or once `admit_batch` requests (or every waiting one) fit at once.
