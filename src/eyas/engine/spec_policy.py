@@ -6,15 +6,15 @@ joining requests, the front end's per-step work and the host's share of a cycle 
 So the adaptive policy measures the one thing that decides: tokens produced per second of wall time per
 running sequence, over windows of `window` consecutive steps in one mode at one batch-size bucket, every
 gap between the steps included (speculative.py feeds it). Per bucket it keeps a moving average of each
-mode's rate and runs the faster one; the slower one gets one window now and then (`probe_every` windows, 4x less often
-when it is far behind) so that a change of traffic is noticed. A margin keeps the choice from flapping on
-noise (every switch back to speculation costs a catch-up pass of the draft, which is not charged to
-either mode). Both modes are lossless and the draft catches up before it drafts again, so no choice
-ever changes the output. A window with a CUDA-graph capture says nothing about its mode and is dropped;
-any other stall inside it counts (an earlier version dropped windows with long gaps, and so never saw
-the stalls that made speculation slower under load). When the engine runs out of requests the decoder
-closes the window (`close`), so idle time is nobody's. The engine's warm-up runs both modes on dummy
-prompts (`forced`); those runs teach nothing, since a rate depends on the real acceptance.
+mode's rate and runs the faster one; the slower one gets one window now and then (`probe_every` windows,
+4x less often when it is far behind) so that a change of traffic is noticed. A margin keeps the choice
+from flapping on noise (every switch back to speculation costs a catch-up pass of the draft, which is not
+charged to either mode). Both modes are lossless and the draft catches up before it drafts again, so no
+choice ever changes the output. A window with a CUDA-graph capture says nothing about its mode and is
+dropped; any other stall inside it counts (an earlier version dropped windows with long gaps, and so
+never saw the stalls that made speculation slower under load). When the engine runs out of requests the
+decoder closes the window (`close`), so idle time is nobody's. The engine's warm-up runs both modes on
+dummy prompts (`forced`); those runs teach nothing, since a rate depends on the real acceptance.
 """
 
 from __future__ import annotations

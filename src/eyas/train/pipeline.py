@@ -90,7 +90,10 @@ class Pipeline:
             else:
                 samples, stats = encode_all(self.tokenizer, convs, self.recipe.data.max_len, self.progress)
                 if self.dist.main:
-                    sample_cache.save(self.out / SAMPLES_FILE, key, samples, stats)
+                    try:
+                        sample_cache.save(self.out / SAMPLES_FILE, key, samples, stats)
+                    except EyasError as e:  # the cache only saves time: training goes on without it
+                        log(self.dist, f"eyas train: warning: tokenized samples not cached: {e}")
             h = hashlib.sha256()
             for s in samples:
                 h.update(s.input_ids.numpy().tobytes())
