@@ -123,9 +123,10 @@ class Engine:
         before = len(graphs.graphs) + len(graphs.functions.graphs)
         lookahead = self.spec.lookahead if self.spec else 1
         params = SamplingParams(max_tokens=4 * lookahead + 2, ignore_eos=True)  # a few steps per mode and bucket
+        kernel = kernel_reads_cache(self.runner.kv)
         # Graphs over the slot-attention kernel come in two widths: rows up to SHORT_ROWS columns, and longer.
         lengths = [8]
-        if kernel_reads_cache(self.runner.kv) and SHORT_ROWS + 8 + params.max_tokens + lookahead <= self.max_len:
+        if kernel and SHORT_ROWS + 8 + params.max_tokens + lookahead <= self.max_len:
             lengths.append(SHORT_ROWS + 8)
         # Speculative engines run both modes (the adaptive policy measures nothing on these dummy prompts).
         for forced in ([True, False] if self.spec else [None]):
@@ -138,7 +139,7 @@ class Engine:
             finally:
                 if self.spec:
                     self.spec.policy.forced = None
-        if kernel_reads_cache(self.runner.kv):
+        if kernel:
             self.warm_eager_passes(long_rows=len(lengths) > 1)
         return len(graphs.graphs) + len(graphs.functions.graphs) - before
 
@@ -151,8 +152,8 @@ class Engine:
         other); decode-shaped passes are covered by the graph captures."""
         from eyas.engine.graphs import SHORT_ROWS
 
-        lags = (2, 8, 12, 16)
-        for n in lags:
+        query_lengths = (2, 8, 12, 16)  # prompt lengths of the prefills, lag lengths of the catch-ups
+        for n in query_lengths:
             self.generate([[0] * n], SamplingParams(max_tokens=1, ignore_eos=True))
         if self.spec is None:
             return
@@ -161,7 +162,7 @@ class Engine:
         starts = [8] + ([SHORT_ROWS + 8] if long_rows else [])
         try:
             for n in starts:
-                for lag in lags:
+                for lag in query_lengths:
                     params = SamplingParams(max_tokens=lag + 2 * lookahead + 2, ignore_eos=True)
                     if n + params.max_tokens + lookahead > self.max_len:
                         continue

@@ -70,10 +70,14 @@ class SpecPolicy:
             return self.forced
         if not self.adaptive:
             return True
-        w = self.current
-        if w is not None and w.bucket == bucket(batch_size) and w.steps < self.window:
-            return w.speculated
+        if self._in_window(batch_size):
+            return self.current.speculated
         return self._choose(bucket(batch_size))
+
+    def _in_window(self, batch_size: int) -> bool:
+        """Whether a step at this batch size continues the open window."""
+        w = self.current
+        return w is not None and w.bucket == bucket(batch_size) and w.steps < self.window
 
     def _choose(self, b: int) -> bool:
         if (b, True) not in self.rates:
@@ -98,10 +102,7 @@ class SpecPolicy:
     def boundary(self, batch_size: int) -> bool:
         """Whether the next step at this batch size starts a new window (the decoder then waits for the
         GPU and closes the open window, so that each window holds exactly its own steps' work)."""
-        if not self.adaptive or self.forced is not None:
-            return False
-        w = self.current
-        return w is None or w.bucket != bucket(batch_size) or w.steps >= self.window
+        return self.adaptive and self.forced is None and not self._in_window(batch_size)
 
     def close(self, now: float):
         """End the open window now and fold its rate into its mode's average."""
