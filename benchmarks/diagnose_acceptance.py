@@ -25,6 +25,7 @@ from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
 from eyas.models.draft_io import load_draft
 from eyas.models.tokenizer import encode_messages, load_tokenizer
+from eyas.train.repeats import repeat_mask
 from eyas.train.target import run_target
 from eyas.train.ttt import teacher_from_logits, unroll
 
@@ -33,14 +34,9 @@ NGRAM = 8
 
 
 def repeats(ids: list[int], start: int) -> list[bool]:
-    """For each position p >= start: do ids[p-NGRAM+1 .. p] occur earlier in ids?"""
-    seen, out = set(), []
-    for p in range(len(ids)):
-        key = tuple(ids[max(0, p - NGRAM + 1): p + 1])
-        if p >= start:
-            out.append(len(key) == NGRAM and key in seen)
-        seen.add(key)
-    return out
+    """For each position p >= start: do ids[p-NGRAM+1 .. p] occur earlier in ids? (The definition
+    `[train] repeat_weight` trains with.)"""
+    return repeat_mask(torch.tensor([ids]), NGRAM)[0, start:].tolist()
 
 
 @torch.no_grad()
