@@ -111,26 +111,33 @@ def serve_argv(args, name: str, port: int) -> list[str]:
     return argv + (["--dtype", args.dtype] if args.dtype else [])
 
 
-def spec_steps(url: str) -> dict[str, float]:
+def metrics_text(url: str) -> str:
+    return httpx.get(url + "/metrics", timeout=30).text
+
+
+def labeled(text: str, name: str):
+    """(labels as written, value) of every sample of the labeled metric `name` in Prometheus text."""
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line.rsplit(" ", 1)
+            yield labels, float(value)
+
+
+def spec_steps(text: str) -> dict[str, float]:
     """The server's steps under a draft so far, by mode (`eyas_spec_steps_total`, summed over batch buckets)."""
     out = {"speculative": 0.0, "plain": 0.0}
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("eyas_spec_steps_total{"):
-            labels, value = line.rsplit(" ", 1)
-            mode = "speculative" if 'mode="speculative"' in labels else "plain"
-            out[mode] += float(value)
+    for labels, value in labeled(text, "eyas_spec_steps_total"):
+        out["speculative" if 'mode="speculative"' in labels else "plain"] += value
     return out
 
 
-def policy_estimates(url: str) -> dict:
+def policy_estimates(text: str) -> dict:
     """The adaptive policy's measured rates (`eyas_spec_rate_tokens_per_second`, tokens/s per running sequence)
     by batch bucket and mode, and the speed-up of speculation they show; {} without an adaptive policy."""
     rates = {}
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("eyas_spec_rate_tokens_per_second{"):
-            labels, value = line.rsplit(" ", 1)
-            b = int(labels.split('bucket="')[1].split('"')[0])
-            rates.setdefault(b, {})["spec" if 'mode="speculative"' in labels else "plain"] = float(value)
+    for labels, value in labeled(text, "eyas_spec_rate_tokens_per_second"):
+        b = int(labels.split('bucket="')[1].split('"')[0])
+        rates.setdefault(b, {})["spec" if 'mode="speculative"' in labels else "plain"] = value
     for r in rates.values():
         if "spec" in r and "plain" in r:
             r["gain"] = r["spec"] / r["plain"]
@@ -143,12 +150,13 @@ def measure(args, server: Server, concurrency: int) -> dict:
     warmup = concurrency if args.warmup is None else args.warmup
     config = BenchConfig(url=server.url, dataset=args.dataset, num_prompts=num_prompts, concurrency=concurrency,
                          max_tokens=args.max_tokens, temperature=0.0, seed=args.seed, warmup=warmup, progress=False)
-    before = spec_steps(server.url)
+    before = spec_steps(metrics_text(server.url))
     result = run_benchmark(config).to_dict()
-    after = spec_steps(server.url)
+    text = metrics_text(server.url)
+    after = spec_steps(text)
     # What the server chose during this level (its warm-up requests included): how the adaptive policy decided.
     result["spec_steps"] = {mode: after[mode] - before[mode] for mode in after}
-    result["policy"] = policy_estimates(server.url)  # what the adaptive policy believed at the level's end
+    result["policy"] = policy_estimates(text)  # what the adaptive policy believed at the level's end
     if not result["completed"]:
         raise EyasError(f"'{server.name}' at concurrency {concurrency}: every request failed, "
                         f"first with {next(iter(result['error_messages']), 'no message')}")
