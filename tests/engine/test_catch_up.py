@@ -56,10 +56,6 @@ def test_warm_up_runs_the_eager_passes_that_would_compile_in_traffic(tmp_path, m
     plain steps to speculation at each query length the kernel has a variant for, over short and long
     rows. The logic runs the same on the CPU: here it must catch up exactly those lags and leave the
     engine idle, every slot free and the policy as it was."""
-    from eyas.config import SpecConfig
-    from eyas.engine.engine import Engine
-    from tests.helpers import random_draft, tiny_llama
-
     tiny_llama(tmp_path, vocab=32, layers=4, hidden=64)
     engine = Engine(str(tmp_path), dtype="fp32", max_batch=2, max_len=640, draft=random_draft(64, 32, draft_vocab=24),
                     spec=SpecConfig(2, 1, adaptive=True))
