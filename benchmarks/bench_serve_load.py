@@ -144,18 +144,26 @@ def policy_estimates(text: str) -> dict:
     return dict(sorted(rates.items()))
 
 
+def policy_seconds(text: str) -> dict[str, float]:
+    """Engine seconds the adaptive policy charged to each mode so far (`eyas_spec_policy_seconds`)."""
+    return {labels.split('mode="')[1].split('"')[0]: value for labels, value in labeled(text, "eyas_spec_policy_seconds")}
+
+
 def measure(args, server: Server, concurrency: int) -> dict:
     num_prompts = args.num_prompts or max(16, 4 * concurrency)
     # Warm-up fills the batch once, so CUDA graphs, allocator and the adaptive policy have seen this batch size.
     warmup = concurrency if args.warmup is None else args.warmup
     config = BenchConfig(url=server.url, dataset=args.dataset, num_prompts=num_prompts, concurrency=concurrency,
                          max_tokens=args.max_tokens, temperature=0.0, seed=args.seed, warmup=warmup, progress=False)
-    before = spec_steps(metrics_text(server.url))
+    text = metrics_text(server.url)
+    before, seconds_before = spec_steps(text), policy_seconds(text)
     result = run_benchmark(config).to_dict()
     text = metrics_text(server.url)
-    after = spec_steps(text)
+    after, seconds_after = spec_steps(text), policy_seconds(text)
     # What the server chose during this level (its warm-up requests included): how the adaptive policy decided.
     result["spec_steps"] = {mode: after[mode] - before[mode] for mode in after}
+    # The policy's books for this level: seconds charged per mode, to hold against the level's wall time.
+    result["policy_seconds"] = {m: s - seconds_before.get(m, 0.0) for m, s in seconds_after.items()}
     result["policy"] = policy_estimates(text)  # what the adaptive policy believed at the level's end
     if not result["completed"]:
         raise EyasError(f"'{server.name}' at concurrency {concurrency}: every request failed, "
@@ -244,7 +252,11 @@ def main(argv=None) -> int:
                     print(f"{name} c={c}: {row['output_tok_s']:.1f} tok/s, accept {row['accept_length']}",
                           file=sys.stderr, flush=True)
                     if row["policy"]:
-                        print(f"  policy after c={c}: {json.dumps(row['policy'])}", file=sys.stderr, flush=True)
+                        rates = {b: {k: round(v, 2 if k == "gain" else 1) for k, v in r.items()} for b, r in row["policy"].items()}
+                        books = {m: round(s, 2) for m, s in row["policy_seconds"].items()}
+                        print(f"  policy after c={c}: {json.dumps(rates)}; seconds charged during the level "
+                              f"(warm-up requests included) {json.dumps(books)}, measured part {row['duration_s']:.2f} s",
+                              file=sys.stderr, flush=True)
             finally:
                 server.stop()
     except EyasError as e:

@@ -99,22 +99,33 @@ def test_a_mode_far_behind_is_probed_less_often():
     assert [p.speculate(8) for _ in range(32)].count(True) == 8
 
 
-def test_windows_with_a_graph_capture_or_too_few_steps_are_dropped_and_stalls_count():
-    p = SpecPolicy(adaptive=True, window=4, min_steps=3)
+def test_a_graph_capture_voids_its_window_and_stalls_count():
+    p = SpecPolicy(adaptive=True, window=4)
     clock = Clock(p)
     for _ in range(4):  # a speculative window in which one step captured a graph
         p.step_started(1, True, clock.now)
         clock.now += 0.01
         p.step_done(2, captured_graph=clock.now > 0.025)
     p.close(clock.now)
-    assert p.rates == {}
+    assert p.rates == {} and abs(p.seconds["void"] - 0.04) < 1e-9
     clock.steps(2, 1, 0.01, 2)
     clock.now += 0.06  # a stall between two steps (a join's prefill, the front end): the mode's time
-    clock.steps(1, 1, 0.01, 2)
-    clock.steps(1, 8, 0.01, 2)  # the bucket changed after 3 steps of bucket 1's window: enough
-    assert abs(p.rates[(1, True)] - 6 / 0.09) < 1e-6
-    clock.steps(2, 1, 0.01, 2)   # bucket 8's window had 1 step: dropped
-    assert list(p.rates) == [(1, True)]
+    clock.steps(2, 1, 0.01, 2)
+    clock.steps(1, 8, 0.01, 2)  # a new bucket closes bucket 1's window: 8 tokens in 0.1 s
+    assert abs(p.rates[(1, True)] - 80) < 1e-6
+    assert abs(p.seconds["speculative"] - 0.1) < 1e-9 and p.seconds["plain"] == 0.0
+
+
+def test_a_window_cut_short_counts_for_its_share_of_steps():
+    """A change of batch bucket (a join, a finish) cuts windows short, and those are the windows with the
+    prefills in them: dropping them would hide the stalls, so they count, weighted by their steps."""
+    p = SpecPolicy(adaptive=True, window=4, alpha=0.5)
+    p.rates[(1, True)] = 80.0
+    p.step_started(1, True, 1.0)
+    p.step_done(1)
+    p.close(1.01)  # one step of four at 100 tokens/s: a quarter of alpha's weight
+    assert abs(p.rates[(1, True)] - (80 + 0.125 * 20)) < 1e-6
+    assert abs(p.seconds["speculative"] - 0.01) < 1e-9
 
 
 def test_forced_mode_measures_nothing():
@@ -160,7 +171,7 @@ def test_engine_measures_windows_with_everything_between_their_steps(monkeypatch
     gaps between steps (here a join's prefill; in a server also the front end's work) are charged to the
     mode that ran."""
     engine = adaptive_engine(tmp_path)
-    engine.spec.policy.window, engine.spec.policy.min_steps = 3, 1
+    engine.spec.policy.window = 3
     FakeClock(monkeypatch, engine)
     engine.add([1, 2, 3], SamplingParams(max_tokens=40))
     for _ in range(3):
@@ -175,7 +186,6 @@ def test_engine_measures_windows_with_everything_between_their_steps(monkeypatch
 def test_idle_time_is_charged_to_neither_mode(monkeypatch, tmp_path):
     """When the last request finishes the window ends there: the wait for the next request is nobody's."""
     engine = adaptive_engine(tmp_path)
-    engine.spec.policy.min_steps = 1
     fake = FakeClock(monkeypatch, engine)
     [seq] = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=7))
     [(key, rate)] = engine.spec.policy.rates.items()
@@ -186,30 +196,32 @@ def test_idle_time_is_charged_to_neither_mode(monkeypatch, tmp_path):
     assert engine.spec.policy.rates[(1, True)] > rate / 2
 
 
-def test_a_catch_up_is_charged_to_neither_mode(monkeypatch, tmp_path):
-    """Speculating after plain steps first catches the draft up: that pass is excluded from the window."""
+def test_a_catch_up_is_charged_to_speculation(monkeypatch, tmp_path):
+    """Speculating after plain steps first catches the draft up: that pass exists only to speculate, so the
+    speculative window pays for it."""
     engine = adaptive_engine(tmp_path)
     policy = engine.spec.policy
-    policy.window, policy.min_steps = 2, 1
+    policy.window = 2
     modes = iter([True, True, False, False, True, True, False])
     monkeypatch.setattr(policy, "speculate", lambda n: next(modes))
     FakeClock(monkeypatch, engine)
     seconds = []
     close = policy.close
-    monkeypatch.setattr(policy, "close", lambda now: (policy.current and seconds.append(
-        now - policy.current.start - policy.current.excluded), close(now)))
+    monkeypatch.setattr(policy, "close", lambda now: (policy.current and seconds.append(now - policy.current.start),
+                                                      close(now)))
     engine.add([1, 2, 3], SamplingParams(max_tokens=60))
     for _ in range(7):
         engine.step()
-    # speculative, plain, speculative (its 100 ms catch-up left out)
-    assert [round(x, 6) for x in seconds] == [0.02, 0.02, 0.02]
+    # speculative, plain, speculative with its 100 ms catch-up
+    assert [round(x, 6) for x in seconds] == [0.02, 0.02, 0.12]
     assert set(policy.rates) == {(1, True), (1, False)}
+    assert abs(policy.seconds["speculative"] - 0.14) < 1e-9 and abs(policy.seconds["plain"] - 0.02) < 1e-9
 
 
-def test_the_gpu_is_settled_at_a_switch_of_mode_and_after_a_catch_up(monkeypatch, tmp_path):
+def test_the_gpu_is_settled_at_a_switch_of_mode(monkeypatch, tmp_path):
     """Work of the other mode still queued on the GPU would be charged to the new window: the decoder
-    waits for the GPU when the mode changes and after a catch-up, never between two steps of one mode
-    (where waiting would cost the overlap of host and GPU work)."""
+    waits for the GPU when the mode changes, never between two steps of one mode (where waiting would
+    cost the overlap of host and GPU work)."""
     engine = adaptive_engine(tmp_path)
     modes = iter([True, True, True, False, False, True, True])
     monkeypatch.setattr(engine.spec.policy, "speculate", lambda n: next(modes))
@@ -225,4 +237,4 @@ def test_the_gpu_is_settled_at_a_switch_of_mode_and_after_a_catch_up(monkeypatch
         engine.step()
     assert events == ["settle", "spec", "spec", "spec",                  # the first step
                       "settle", "plain", "plain",                        # a switch
-                      "settle", "catch-up", "settle", "spec", "spec"]    # a switch, then the catch-up's own pass
+                      "settle", "catch-up", "spec", "spec"]              # a switch: catch-up and cycle, one window

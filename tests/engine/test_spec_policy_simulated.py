@@ -2,7 +2,7 @@
 simulation (not to the policy), noisy step times, a noisy acceptance length, joins whose prefills land
 between steps, and a catch-up pass whenever speculation follows plain steps. The policy is driven as the
 decoder drives it (speculative.py): a window boundary closes the open window at the current time, each
-step starts, the catch-up is excluded, each step reports its tokens. It must end within a few percent of
+step starts, its catch-up (if any) runs inside it, each step reports its tokens. It must end within a few percent of
 the better mode, run the better mode most of the time, and follow a change of traffic."""
 
 import random
@@ -27,7 +27,6 @@ def simulate(n, plain_s, cycle_s, accept, churn, mode=None, steps=8000, catch_up
         policy.step_started(n, spec, clock)
         if spec and lagging:
             clock += catch_up_s
-            policy.exclude(catch_up_s)
             lagging = False
         clock += (cycle_s if spec else plain_s) * rng.uniform(0.85, 1.15)
         mean = accept if accept_later is None or i < steps // 2 else accept_later

@@ -8,18 +8,27 @@ running sequence, over windows of `window` consecutive steps in one mode at one 
 gap between the steps included (speculative.py feeds it). Per bucket it keeps a moving average of each
 mode's rate and runs the faster one; the slower one gets one window now and then (`probe_every` windows,
 4x less often when it is far behind) so that a change of traffic is noticed. A margin keeps the choice
-from flapping on noise (every switch back to speculation costs a catch-up pass of the draft, which is not
-charged to either mode). Both modes are lossless and the draft catches up before it drafts again, so no
-choice ever changes the output. A window with a CUDA-graph capture says nothing about its mode and is
-dropped; any other stall inside it counts (an earlier version dropped windows with long gaps, and so
-never saw the stalls that made speculation slower under load). When the engine runs out of requests the
-decoder closes the window (`close`), so idle time is nobody's. The engine's warm-up runs both modes on
-dummy prompts (`forced`); those runs teach nothing, since a rate depends on the real acceptance.
+from flapping on noise. Both modes are lossless and the draft catches up before it drafts again, so no
+choice ever changes the output.
+
+Every second of the engine's busy time belongs to exactly one window, or the rates lie. The version
+measured first dropped windows cut short by a change of batch bucket and left the draft's catch-up pass
+at a switch to nobody; under load on an H200 its beliefs read 3-4x the throughput its server delivered.
+Now a window cut short counts with a weight in proportion to its steps, the catch-up is speculation's
+cost (it exists only to speculate; charging it biases the choice toward plain decoding, the safe side),
+and only a window with a CUDA-graph capture (a one-time cost that says nothing about its mode) is left
+out, its seconds kept apart as "void". `seconds` totals what each mode was charged, so a benchmark can
+check the books against the wall time. When the engine runs out of requests the decoder closes the window
+(`close`), so idle time is nobody's. The engine's warm-up runs both modes on dummy prompts (`forced`);
+those runs teach nothing, since a rate depends on the real acceptance.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+MODES = ("speculative", "plain", "void")
 
 
 def bucket(batch_size: int) -> int:
@@ -37,7 +46,6 @@ class Window:
     steps: int = 1
     sequences: int = 0     # batch sizes of its steps, summed
     tokens: int = 0        # tokens its steps produced, summed over the batch
-    excluded: float = 0.0  # seconds not charged to it (a catch-up pass)
     void: bool = False     # a CUDA graph was captured in it: drop it
 
 
@@ -45,8 +53,7 @@ class Window:
 class SpecPolicy:
     max_batch: int | None = None   # fixed rule: never speculate above this (None = no fixed limit)
     adaptive: bool = False         # choose per bucket from measured rates
-    window: int = 16               # steps per measurement window
-    min_steps: int = 4             # a window cut short (the bucket changed) counts from this many steps
+    window: int = 16               # steps per measurement window (one cut short counts for its share)
     probe_every: int = 16          # windows between tries of the mode not chosen
     alpha: float = 0.3             # weight of the newest window in the moving averages
     margin: float = 0.05           # the other mode must be this much faster to be switched to
@@ -54,6 +61,7 @@ class SpecPolicy:
     rates: dict = field(default_factory=dict)      # (bucket, speculated) -> tokens/s per sequence, moving average
     windows: dict = field(default_factory=dict)    # bucket -> windows decided there
     preferred: dict = field(default_factory=dict)  # bucket -> the mode chosen there last
+    seconds: dict = field(default_factory=lambda: dict.fromkeys(MODES, 0.0))  # charged per mode, and void
     current: Window | None = None
 
     def gain(self, batch_size: int) -> float | None:
@@ -105,17 +113,20 @@ class SpecPolicy:
         return self.adaptive and self.forced is None and not self._in_window(batch_size)
 
     def close(self, now: float):
-        """End the open window now and fold its rate into its mode's average."""
+        """End the open window now and fold its rate into its mode's average, weighted by its steps."""
         w, self.current = self.current, None
-        if w is None or w.void or w.steps < self.min_steps:
-            return  # a graph capture (a one-time cost), or too few steps to say much
-        seconds = now - w.start - w.excluded
-        if seconds <= 0:
+        if w is None:
             return
+        seconds = now - w.start
+        if w.void or seconds <= 0:
+            self.seconds["void"] += max(seconds, 0.0)
+            return
+        self.seconds["speculative" if w.speculated else "plain"] += seconds
         # Per sequence: the two modes' windows may see somewhat different batch sizes within one bucket.
         key, rate = (w.bucket, w.speculated), w.tokens / seconds / (w.sequences / w.steps)
         old = self.rates.get(key)
-        self.rates[key] = rate if old is None else (1 - self.alpha) * old + self.alpha * rate
+        weight = self.alpha * min(1.0, w.steps / self.window)
+        self.rates[key] = rate if old is None else (1 - weight) * old + weight * rate
 
     def step_started(self, batch_size: int, speculated: bool, now: float):
         """A step of this mode starts now: it continues the open window, or opens one."""
@@ -132,16 +143,12 @@ class SpecPolicy:
         w.steps += 1
         w.sequences += batch_size
 
-    def exclude(self, seconds: float):
-        """Time inside the current step not charged to its mode (a catch-up pass at a switch)."""
-        if self.current is not None:
-            self.current.excluded += seconds
-
     def step_done(self, tokens: int, captured_graph: bool = False):
         if self.current is not None:
             self.current.tokens += tokens
             self.current.void |= captured_graph
 
     def snapshot(self) -> dict:
-        """What the policy believes now, for /metrics: {(bucket, speculated): tokens/s per sequence}."""
-        return dict(self.rates)
+        """What the policy believes now, for /metrics: {"rates": {(bucket, speculated): tokens/s per
+        sequence}, "seconds": {mode or "void": seconds charged so far}}."""
+        return {"rates": dict(self.rates), "seconds": dict(self.seconds)}

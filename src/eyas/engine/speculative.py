@@ -245,14 +245,8 @@ class SpeculativeDecoder:
             policy.step_started(n, speculate, time.perf_counter())
         self._last_mode = speculate
         lagging = [s for s in seqs if s.draft_state.lag_tokens] if speculate else []
-        if lagging:
-            # Charged to neither mode: a catch-up is the price of switching, paid once per switch, not
-            # per step (the policy's margin and rare probes keep switches rare).
-            t0 = time.perf_counter()
+        if lagging:  # inside the step, so charged to speculation, the mode that needs it (spec_policy.py)
             self._catch_up(lagging)
-            if policy.adaptive:
-                self._settle()
-                policy.exclude(time.perf_counter() - t0)
         run = self._speculative_cycle if speculate else self._plain_step
         if not policy.adaptive:
             run(seqs)

@@ -48,6 +48,9 @@ class Metrics:
         self.spec_rate = Gauge("eyas_spec_rate_tokens_per_second", "The adaptive policy's measured rate of each "
                                "mode, tokens/s per running sequence, by batch-size bucket", ["bucket", "mode"],
                                registry=r)
+        self.spec_seconds = Gauge("eyas_spec_policy_seconds", "Engine seconds the adaptive policy charged to "
+                                  "each mode's windows so far (void: windows with a CUDA-graph capture)", ["mode"],
+                                  registry=r)
 
     def step(self, result) -> None:
         self.queue.set(result.waiting)
@@ -60,8 +63,11 @@ class Metrics:
         if result.spec_step is not None:
             n, speculated = result.spec_step
             self.spec_steps.labels(str(bucket(n)), "speculative" if speculated else "plain").inc()
-        for (b, speculated), rate in (result.spec_policy or {}).items():
+        policy = result.spec_policy or {}
+        for (b, speculated), rate in policy.get("rates", {}).items():
             self.spec_rate.labels(str(b), "speculative" if speculated else "plain").set(rate)
+        for mode, seconds in policy.get("seconds", {}).items():
+            self.spec_seconds.labels(mode).set(seconds)
 
     def finished(self, outcome: str, prompt_tokens: int, completion_tokens: int, verify_passes: int,
                  e2e_s: float | None) -> None:
