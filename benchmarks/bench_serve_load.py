@@ -144,9 +144,14 @@ def policy_estimates(text: str) -> dict:
     return dict(sorted(rates.items()))
 
 
-def policy_seconds(text: str) -> dict[str, float]:
-    """Engine seconds the adaptive policy charged to each mode so far (`eyas_spec_policy_seconds`)."""
-    return {labels.split('mode="')[1].split('"')[0]: value for labels, value in labeled(text, "eyas_spec_policy_seconds")}
+def policy_books(text: str) -> dict[str, dict[str, float]]:
+    """What the adaptive policy charged to each mode so far: {"seconds": {mode: s}, "tokens": {mode: n}}
+    (`eyas_spec_policy_seconds`, `eyas_spec_policy_tokens`; mode "void": windows with a graph capture)."""
+    books = {}
+    for kind in ("seconds", "tokens"):
+        books[kind] = {labels.split('mode="')[1].split('"')[0]: value
+                       for labels, value in labeled(text, f"eyas_spec_policy_{kind}")}
+    return books
 
 
 def measure(args, server: Server, concurrency: int) -> dict:
@@ -156,14 +161,17 @@ def measure(args, server: Server, concurrency: int) -> dict:
     config = BenchConfig(url=server.url, dataset=args.dataset, num_prompts=num_prompts, concurrency=concurrency,
                          max_tokens=args.max_tokens, temperature=0.0, seed=args.seed, warmup=warmup, progress=False)
     text = metrics_text(server.url)
-    before, seconds_before = spec_steps(text), policy_seconds(text)
+    before, books_before, started = spec_steps(text), policy_books(text), time.perf_counter()
     result = run_benchmark(config).to_dict()
     text = metrics_text(server.url)
-    after, seconds_after = spec_steps(text), policy_seconds(text)
-    # What the server chose during this level (its warm-up requests included): how the adaptive policy decided.
+    after, books_after = spec_steps(text), policy_books(text)
+    result["level_s"] = time.perf_counter() - started  # warm-up requests included, as in the two below
+    # What the server chose during this level: how the adaptive policy decided.
     result["spec_steps"] = {mode: after[mode] - before[mode] for mode in after}
-    # The policy's books for this level: seconds charged per mode, to hold against the level's wall time.
-    result["policy_seconds"] = {m: s - seconds_before.get(m, 0.0) for m, s in seconds_after.items()}
+    # The policy's books for this level: seconds charged and tokens produced per mode, to hold against
+    # the level's wall time and against the rates the policy believed.
+    result["policy_books"] = {kind: {m: v - books_before[kind].get(m, 0.0) for m, v in books_after[kind].items()}
+                              for kind in books_after}
     result["policy"] = policy_estimates(text)  # what the adaptive policy believed at the level's end
     if not result["completed"]:
         raise EyasError(f"'{server.name}' at concurrency {concurrency}: every request failed, "
@@ -253,10 +261,12 @@ def main(argv=None) -> int:
                           file=sys.stderr, flush=True)
                     if row["policy"]:
                         rates = {b: {k: round(v, 2 if k == "gain" else 1) for k, v in r.items()} for b, r in row["policy"].items()}
-                        books = {m: round(s, 2) for m, s in row["policy_seconds"].items()}
-                        print(f"  policy after c={c}: {json.dumps(rates)}; seconds charged during the level "
-                              f"(warm-up requests included) {json.dumps(books)}, measured part {row['duration_s']:.2f} s",
-                              file=sys.stderr, flush=True)
+                        books = row["policy_books"]
+                        delivered = {m: round(books["tokens"][m] / s) for m, s in books["seconds"].items()
+                                     if s > 0 and m in books["tokens"]}
+                        print(f"  policy after c={c}: {json.dumps(rates)}; during the level ({row['level_s']:.2f} s "
+                              f"with its warm-up) it charged seconds {json.dumps({m: round(s, 2) for m, s in books['seconds'].items()})}"
+                              f" in which each mode produced tokens/s {json.dumps(delivered)}", file=sys.stderr, flush=True)
             finally:
                 server.stop()
     except EyasError as e:

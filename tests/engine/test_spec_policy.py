@@ -118,14 +118,30 @@ def test_a_graph_capture_voids_its_window_and_stalls_count():
 
 def test_a_window_cut_short_counts_for_its_share_of_steps():
     """A change of batch bucket (a join, a finish) cuts windows short, and those are the windows with the
-    prefills in them: dropping them would hide the stalls, so they count, weighted by their steps."""
+    prefills in them: dropping them would hide the stalls, so they count, forgetting the old sums by a
+    quarter of alpha for a quarter of a window."""
     p = SpecPolicy(adaptive=True, window=4, alpha=0.5)
-    p.rates[(1, True)] = 80.0
-    p.step_started(1, True, 1.0)
-    p.step_done(1)
-    p.close(1.01)  # one step of four at 100 tokens/s: a quarter of alpha's weight
-    assert abs(p.rates[(1, True)] - (80 + 0.125 * 20)) < 1e-6
-    assert abs(p.seconds["speculative"] - 0.01) < 1e-9
+    for start, steps, tokens in ((0.0, 4, 8), (1.0, 1, 1)):  # 8 tokens in 0.1 s, then 1 in 0.01 s
+        for _ in range(steps):
+            p.step_started(1, True, start)
+            p.step_done(tokens // steps)
+        p.close(start + 0.025 * steps if steps == 4 else start + 0.01)
+    keep = 1 - 0.5 / 4
+    assert abs(p.rates[(1, True)] - (keep * 8 + 1) / (keep * 0.1 + 0.01)) < 1e-6
+    assert abs(p.seconds["speculative"] - 0.11) < 1e-9 and p.tokens["speculative"] == 9
+
+
+def test_rates_weigh_windows_by_their_time():
+    """A window with a long stall (a burst of prefills) weighs by its length: the rate is what the mode
+    delivered over its recent windows, not the mean of their rates."""
+    p = SpecPolicy(adaptive=True, window=4, alpha=0.5)
+    for start, stall in ((0.0, 0.0), (1.0, 0.4)):  # 4 tokens in 0.04 s, then 4 in 0.44 s
+        for i in range(4):
+            p.step_started(1, True, start + 0.01 * i + (stall if i else 0.0))
+            p.step_done(1)
+        p.close(start + 0.04 + stall)
+    expected = (0.5 * 4 + 4) / (0.5 * 0.04 + 0.44)   # 13.0/s; the mean of the two windows' rates: 54.5/s
+    assert abs(p.rates[(1, True)] - expected) < 1e-6
 
 
 def test_forced_mode_measures_nothing():
@@ -166,21 +182,23 @@ class FakeClock:
         return run
 
 
-def test_engine_measures_windows_with_everything_between_their_steps(monkeypatch, tmp_path):
+def test_engine_charges_the_gaps_between_steps_and_sets_prefills_aside(monkeypatch, tmp_path):
     """A window's time runs from its first step's start to the start of the step after its last, so the
-    gaps between steps (here a join's prefill; in a server also the front end's work) are charged to the
-    mode that ran."""
+    gaps between steps (in a server, the front end's work) are charged to the mode that ran; a join's
+    prefill, the same work in either mode, is booked apart."""
     engine = adaptive_engine(tmp_path)
     engine.spec.policy.window = 3
-    FakeClock(monkeypatch, engine)
+    fake = FakeClock(monkeypatch, engine)
     engine.add([1, 2, 3], SamplingParams(max_tokens=40))
     for _ in range(3):
         engine.step()
+        fake.t += 0.005  # the front end's work after a step
     tokens = len(engine.running[0].output_ids) - 1  # the prefill's token is not a step's
     engine.add([4, 5], SamplingParams(max_tokens=40))
     engine.step()  # the join: its prefill, then a step of a new bucket, which closes the first window
     [(key, rate)] = engine.spec.policy.rates.items()
-    assert key == (1, True) and abs(rate - tokens / 0.0325) < 1e-6  # 3 cycles and the prefill; one sequence
+    assert key == (1, True) and abs(rate - tokens / 0.045) < 1e-6  # 3 cycles and 3 gaps; one sequence
+    assert abs(engine.spec.policy.seconds["prefill"] - 0.005) < 1e-9  # both requests' prefills
 
 
 def test_idle_time_is_charged_to_neither_mode(monkeypatch, tmp_path):
@@ -218,10 +236,11 @@ def test_a_catch_up_is_charged_to_speculation(monkeypatch, tmp_path):
     assert abs(policy.seconds["speculative"] - 0.14) < 1e-9 and abs(policy.seconds["plain"] - 0.02) < 1e-9
 
 
-def test_the_gpu_is_settled_at_a_switch_of_mode(monkeypatch, tmp_path):
-    """Work of the other mode still queued on the GPU would be charged to the new window: the decoder
-    waits for the GPU when the mode changes, never between two steps of one mode (where waiting would
-    cost the overlap of host and GPU work)."""
+def test_the_gpu_is_settled_at_a_switch_of_mode_and_around_a_prefill(monkeypatch, tmp_path):
+    """Work of the other mode still queued on the GPU would be charged to the new window, and a window's
+    work to the prefill booked apart: the decoder waits for the GPU when the mode changes and around a
+    prefill, never between two steps of one mode (where waiting would cost the overlap of host and GPU
+    work)."""
     engine = adaptive_engine(tmp_path)
     modes = iter([True, True, True, False, False, True, True])
     monkeypatch.setattr(engine.spec.policy, "speculate", lambda n: next(modes))
@@ -235,6 +254,7 @@ def test_the_gpu_is_settled_at_a_switch_of_mode(monkeypatch, tmp_path):
     engine.add([1, 2, 3], SamplingParams(max_tokens=60))
     for _ in range(7):
         engine.step()
-    assert events == ["settle", "spec", "spec", "spec",                  # the first step
+    assert events == ["settle", "settle",                                # the prefill
+                      "settle", "spec", "spec", "spec",                  # the first step
                       "settle", "plain", "plain",                        # a switch
                       "settle", "catch-up", "spec", "spec"]              # a switch: catch-up and cycle, one window

@@ -86,3 +86,10 @@ def test_adaptive_speculation_with_tensor_parallelism_stays_lossless(pair, token
         assert m["eyas_spec_rate_tokens_per_second"] and all(r > 0 for r in m["eyas_spec_rate_tokens_per_second"])
         text = httpx.get(server.url + "/metrics").text
         assert 'eyas_spec_rate_tokens_per_second{bucket="' in text and 'mode="speculative"' in text
+        # ... and its books: speculation ran and produced tokens, the prompts' prefills were booked apart.
+        books = {name: {labels.split('mode="')[1].split('"')[0]: float(value)
+                        for labels, value in (line.rsplit(" ", 1) for line in text.splitlines()
+                                              if line.startswith(name + "{"))}
+                 for name in ("eyas_spec_policy_seconds", "eyas_spec_policy_tokens")}
+        assert books["eyas_spec_policy_seconds"]["speculative"] > 0 and books["eyas_spec_policy_tokens"]["speculative"] > 0
+        assert books["eyas_spec_policy_seconds"]["prefill"] > 0

@@ -91,9 +91,12 @@ class Engine:
                 admitted.append(seq)
         prof = self.profiler or NullProfiler()
         if admitted:
+            started = self.spec.prefill_started() if self.spec else None
             with prof.phase("prefill"):
                 for group in prefill_groups(admitted, PREFILL_TOKENS):
                     self._prefill(group)
+            if self.spec:
+                self.spec.prefill_done(started)
         self.running.extend(admitted)
         live = [s for s in self.running if not s.finished]
         if live and self.spec:

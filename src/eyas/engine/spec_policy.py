@@ -5,22 +5,30 @@ and stops paying as the batch grows, by an amount no model predicts well inside 
 joining requests, the front end's per-step work and the host's share of a cycle all move with the load.
 So the adaptive policy measures the one thing that decides: tokens produced per second of wall time per
 running sequence, over windows of `window` consecutive steps in one mode at one batch-size bucket, every
-gap between the steps included (speculative.py feeds it). Per bucket it keeps a moving average of each
-mode's rate and runs the faster one; the slower one gets one window now and then (`probe_every` windows,
+gap between the steps included (speculative.py feeds it). Per bucket and mode it keeps exponentially
+forgotten sums of tokens per sequence and of seconds, and their ratio is the mode's rate: a time-weighted
+throughput, in which a window with a long stall weighs by its length (a mean of each window's own rate
+would give a 1-second stall the weight of a 20-ms window, and read far above what the mode delivers).
+It runs the faster mode; the slower one gets one window now and then (`probe_every` windows,
 4x less often when it is far behind) so that a change of traffic is noticed. A margin keeps the choice
 from flapping on noise. Both modes are lossless and the draft catches up before it drafts again, so no
 choice ever changes the output.
 
-Every second of the engine's busy time belongs to exactly one window, or the rates lie. The version
-measured first dropped windows cut short by a change of batch bucket and left the draft's catch-up pass
-at a switch to nobody; under load on an H200 its beliefs read 3-4x the throughput its server delivered.
-Now a window cut short counts with a weight in proportion to its steps, the catch-up is speculation's
-cost (it exists only to speculate; charging it biases the choice toward plain decoding, the safe side),
-and only a window with a CUDA-graph capture (a one-time cost that says nothing about its mode) is left
-out, its seconds kept apart as "void". `seconds` totals what each mode was charged, so a benchmark can
-check the books against the wall time. When the engine runs out of requests the decoder closes the window
-(`close`), so idle time is nobody's. The engine's warm-up runs both modes on dummy prompts (`forced`);
-those runs teach nothing, since a rate depends on the real acceptance.
+Every second of the engine's busy time is booked exactly once, or the rates lie. On an H200 under load,
+a version that dropped windows cut short by a change of batch bucket and charged the draft's catch-up at
+a switch to nobody believed speculation 3-4x faster per sequence than its server delivered; with complete
+books but a mean of window rates, still 3-4x (and still 0.92x of plain at concurrency 64). So a window
+cut short counts for its share of steps, the catch-up is speculation's cost (it exists only to
+speculate; charging it biases the choice toward plain decoding, the safe side), and the rates are ratios
+of sums. Prefills are booked apart (`set_aside`): a server admits joining requests in bursts whose
+prefills stall the engine for longer than a window, the same work per request in either mode, and
+charged to whichever window they fell in they made the choice a coin toss (a simulation with such
+bursts ran the worse mode half the time). A window with a CUDA-graph capture (a one-time cost that says
+nothing about its mode) is booked as "void". `seconds` and `tokens` total what each book holds, so a
+benchmark can check them against the wall time and the policy's rates against what each mode produced.
+When the engine runs out of requests the decoder closes the window (`close`), so idle time is nobody's.
+The engine's warm-up runs both modes on dummy prompts (`forced`); those runs teach nothing, since a rate
+depends on the real acceptance.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-MODES = ("speculative", "plain", "void")
+BOOKS = ("speculative", "plain", "void", "prefill")  # where the policy books engine time
 
 
 def bucket(batch_size: int) -> int:
@@ -46,7 +54,8 @@ class Window:
     steps: int = 1
     sequences: int = 0     # batch sizes of its steps, summed
     tokens: int = 0        # tokens its steps produced, summed over the batch
-    void: bool = False     # a CUDA graph was captured in it: drop it
+    prefill: float = 0.0   # seconds of prefills inside it, set aside
+    void: bool = False     # a CUDA graph was captured in it: booked as void, no rate
 
 
 @dataclass
@@ -55,13 +64,15 @@ class SpecPolicy:
     adaptive: bool = False         # choose per bucket from measured rates
     window: int = 16               # steps per measurement window (one cut short counts for its share)
     probe_every: int = 16          # windows between tries of the mode not chosen
-    alpha: float = 0.3             # weight of the newest window in the moving averages
+    alpha: float = 0.3             # share of the sums a full new window forgets
     margin: float = 0.05           # the other mode must be this much faster to be switched to
     forced: bool | None = None     # warm-up: run this mode whatever the rates say, measure nothing
-    rates: dict = field(default_factory=dict)      # (bucket, speculated) -> tokens/s per sequence, moving average
+    rates: dict = field(default_factory=dict)      # (bucket, speculated) -> tokens/s per sequence: sums[0] / sums[1]
+    sums: dict = field(default_factory=dict)       # (bucket, speculated) -> (tokens per sequence, seconds), forgotten
     windows: dict = field(default_factory=dict)    # bucket -> windows decided there
     preferred: dict = field(default_factory=dict)  # bucket -> the mode chosen there last
-    seconds: dict = field(default_factory=lambda: dict.fromkeys(MODES, 0.0))  # charged per mode, and void
+    seconds: dict = field(default_factory=lambda: dict.fromkeys(BOOKS, 0.0))  # charged per mode, void, prefill
+    tokens: dict = field(default_factory=lambda: dict.fromkeys(BOOKS, 0))     # produced in those seconds
     current: Window | None = None
 
     def gain(self, batch_size: int) -> float | None:
@@ -113,20 +124,22 @@ class SpecPolicy:
         return self.adaptive and self.forced is None and not self._in_window(batch_size)
 
     def close(self, now: float):
-        """End the open window now and fold its rate into its mode's average, weighted by its steps."""
+        """End the open window now and add it to its mode's sums (the old part forgotten by its steps)."""
         w, self.current = self.current, None
         if w is None:
             return
-        seconds = now - w.start
-        if w.void or seconds <= 0:
-            self.seconds["void"] += max(seconds, 0.0)
+        seconds = now - w.start - w.prefill
+        mode = "void" if w.void or seconds <= 0 else "speculative" if w.speculated else "plain"
+        self.seconds[mode] += max(seconds, 0.0)
+        self.tokens[mode] += w.tokens
+        if mode == "void":
             return
-        self.seconds["speculative" if w.speculated else "plain"] += seconds
         # Per sequence: the two modes' windows may see somewhat different batch sizes within one bucket.
-        key, rate = (w.bucket, w.speculated), w.tokens / seconds / (w.sequences / w.steps)
-        old = self.rates.get(key)
-        weight = self.alpha * min(1.0, w.steps / self.window)
-        self.rates[key] = rate if old is None else (1 - weight) * old + weight * rate
+        key, per_sequence = (w.bucket, w.speculated), w.tokens / (w.sequences / w.steps)
+        keep = 1 - self.alpha * min(1.0, w.steps / self.window)
+        old_tokens, old_seconds = self.sums.get(key, (0.0, 0.0))
+        self.sums[key] = (keep * old_tokens + per_sequence, keep * old_seconds + seconds)
+        self.rates[key] = self.sums[key][0] / self.sums[key][1]
 
     def step_started(self, batch_size: int, speculated: bool, now: float):
         """A step of this mode starts now: it continues the open window, or opens one."""
@@ -143,6 +156,14 @@ class SpecPolicy:
         w.steps += 1
         w.sequences += batch_size
 
+    def set_aside(self, seconds: float):
+        """A prefill took these seconds (GPU settled before and after): the same work in either mode, as
+        each request is prefilled once whichever mode runs, so it is booked apart and not charged to the
+        open window, whose rate it would only make noisier."""
+        self.seconds["prefill"] += seconds
+        if self.current is not None:
+            self.current.prefill += seconds
+
     def step_done(self, tokens: int, captured_graph: bool = False):
         if self.current is not None:
             self.current.tokens += tokens
@@ -150,5 +171,5 @@ class SpecPolicy:
 
     def snapshot(self) -> dict:
         """What the policy believes now, for /metrics: {"rates": {(bucket, speculated): tokens/s per
-        sequence}, "seconds": {mode or "void": seconds charged so far}}."""
-        return {"rates": dict(self.rates), "seconds": dict(self.seconds)}
+        sequence}, "seconds" and "tokens": {mode or "void": charged so far}}."""
+        return {"rates": dict(self.rates), "seconds": dict(self.seconds), "tokens": dict(self.tokens)}

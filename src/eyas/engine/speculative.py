@@ -257,6 +257,18 @@ class SpeculativeDecoder:
         # A step that captured a CUDA graph took far longer than its kind does: its window says nothing.
         policy.step_done(sum(len(s.output_ids) for s in seqs) - before, self._graphs_captured() != captured)
 
+    def prefill_started(self) -> float:
+        """The engine is about to prefill joining requests: under the adaptive policy, wait for the GPU so
+        that the prefill's time is its own (spec_policy.py books it apart from both modes)."""
+        if self.policy.adaptive:
+            self._settle()
+        return time.perf_counter()
+
+    def prefill_done(self, started: float):
+        if self.policy.adaptive:
+            self._settle()
+            self.policy.set_aside(time.perf_counter() - started)
+
     def idle(self):
         """The engine ran out of work: end the policy's window now, so the wait for the next request is
         charged to neither mode."""

@@ -49,8 +49,11 @@ class Metrics:
                                "mode, tokens/s per running sequence, by batch-size bucket", ["bucket", "mode"],
                                registry=r)
         self.spec_seconds = Gauge("eyas_spec_policy_seconds", "Engine seconds the adaptive policy charged to "
-                                  "each mode's windows so far (void: windows with a CUDA-graph capture)", ["mode"],
+                                  "each mode's windows so far (void: windows with a CUDA-graph capture; prefill: joining "
+                                  "requests' prefills, booked apart)", ["mode"],
                                   registry=r)
+        self.spec_tokens = Gauge("eyas_spec_policy_tokens", "Tokens produced in those seconds, by mode", ["mode"],
+                                 registry=r)
 
     def step(self, result) -> None:
         self.queue.set(result.waiting)
@@ -68,6 +71,8 @@ class Metrics:
             self.spec_rate.labels(str(b), "speculative" if speculated else "plain").set(rate)
         for mode, seconds in policy.get("seconds", {}).items():
             self.spec_seconds.labels(mode).set(seconds)
+        for mode, tokens in policy.get("tokens", {}).items():
+            self.spec_tokens.labels(mode).set(tokens)
 
     def finished(self, outcome: str, prompt_tokens: int, completion_tokens: int, verify_passes: int,
                  e2e_s: float | None) -> None:
