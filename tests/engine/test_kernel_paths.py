@@ -52,3 +52,20 @@ def test_kernels_run_when_forced(monkeypatch):
     assert not enabled(torch.zeros(2, requires_grad=True))  # no backward: training keeps the torch paths
     monkeypatch.setenv("EYAS_KERNELS", "0")
     assert not enabled(x)
+
+
+def test_every_residual_add_runs_inside_the_norm_after_it(target_dir, monkeypatch):
+    """Per forward of the 3-layer target: one plain norm (layer 0's input) and two fused add+norms per
+    layer (the last layer's second one is the final norm), so no residual add has a launch of its own."""
+    import eyas.kernels.norm as norms
+
+    calls = dict.fromkeys(("rms_norm", "add_rms_norm"), 0)
+    for name in calls:
+        def counted(*args, _name=name, _fn=getattr(norms, name), **kwargs):
+            calls[_name] += 1
+            return _fn(*args, **kwargs)
+        monkeypatch.setattr(norms, name, counted)
+    monkeypatch.setenv("EYAS_KERNELS", "force")
+    engine = Engine(target_dir, dtype="fp32", device="cpu", max_batch=1, max_len=32)
+    engine.generate([[1, 2, 3]], SamplingParams(max_tokens=3, ignore_eos=True))  # a prefill and 2 decode steps
+    assert calls == {"rms_norm": 3, "add_rms_norm": 3 * 2 * 3}

@@ -83,9 +83,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = make_mlp(cfg, layer, tp)
 
-    def forward(self, h, positions, batch, rotary):
-        h, x = self.post_attention_layernorm.residual(h, self.self_attn(self.input_layernorm(h), positions, batch, rotary))
-        return h + self.mlp(x)
+    def forward(self, h, x, positions, batch, rotary):
+        """h: the residual stream entering this layer, x: its input_layernorm. Returns the stream after
+        attention and the MLP's output, unadded: the next norm adds them in its fused kernel (one launch
+        per layer fewer than an add of their own)."""
+        h, x = self.post_attention_layernorm.residual(h, self.self_attn(x, positions, batch, rotary))
+        return h, self.mlp(x)
 
 
 class Decoder(nn.Module):
@@ -119,14 +122,17 @@ class CausalLM(nn.Module):
     def forward(self, input_ids, positions, batch: AttentionBatch) -> ModelOutput:
         batch.prepare(input_ids.shape[1])
         h = self.embed(input_ids)
+        layers = self.model.layers
+        x = layers[0].input_layernorm(h)
         captured = {}
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in enumerate(layers):
             if i in self.capture_layers:
                 captured[i] = h
-            h = layer(h, positions, batch, self.model.rotary)
+            h, delta = layer(h, x, positions, batch, self.model.rotary)
+            h, x = (layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm).residual(h, delta)
         # Small models can list one layer twice (L=5 gives 2, 2, 2): index, don't filter.
         aux = torch.cat([captured[i] for i in self.capture_layers], dim=-1) if self.capture_layers else None
-        return ModelOutput(self.model.norm(h), aux)
+        return ModelOutput(x, aux)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
