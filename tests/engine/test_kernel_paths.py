@@ -25,12 +25,20 @@ def target_dir(tmp_path_factory):
     return str(path)
 
 
-def _generate(target_dir, kernels: str, monkeypatch, spec=None):
+@pytest.fixture(scope="module")
+def wide_target_dir(tmp_path_factory):
+    """Head dim 32: wide enough for the slot-attention kernels (the target above, head dim 16, is not)."""
+    path = tmp_path_factory.mktemp("tiny-wide")
+    tiny_llama(path, vocab=32, layers=3, hidden=128)
+    return str(path)
+
+
+def _generate(target_dir, kernels: str, monkeypatch, spec=None, hidden=64):
     monkeypatch.setenv("EYAS_KERNELS", kernels)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 32, (n,), generator=g).tolist() for n in (5, 11)]
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (10, 14)]
-    draft = random_draft(64, 32, draft_vocab=24) if spec else None
+    draft = random_draft(hidden, 32, draft_vocab=24) if spec else None
     engine = Engine(target_dir, dtype="fp32", device="cuda" if CUDA else "cpu", max_batch=2, max_len=64,
                     draft=draft, spec=spec)
     return [s.output_ids for s in engine.generate(prompts, params)]
@@ -40,6 +48,13 @@ def _generate(target_dir, kernels: str, monkeypatch, spec=None):
 def test_kernels_give_the_reference_tokens(target_dir, monkeypatch, spec):
     reference = _generate(target_dir, "0", monkeypatch)  # plain greedy, torch paths
     assert _generate(target_dir, "force", monkeypatch, spec) == reference
+
+
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 2, 5)], ids=["plain", "tree"])
+def test_kernels_over_the_cache_give_the_reference_tokens(wide_target_dir, monkeypatch, spec):
+    """The same with the slot-attention kernels in play (rotary fused with the cache write, tree masks)."""
+    reference = _generate(wide_target_dir, "0", monkeypatch, hidden=128)
+    assert _generate(wide_target_dir, "force", monkeypatch, spec, hidden=128) == reference
 
 
 def test_kernels_run_when_forced(monkeypatch):
@@ -54,18 +69,28 @@ def test_kernels_run_when_forced(monkeypatch):
     assert not enabled(x)
 
 
-def test_every_residual_add_runs_inside_the_norm_after_it(target_dir, monkeypatch):
-    """Per forward of the 3-layer target: one plain norm (layer 0's input) and two fused add+norms per
-    layer (the last layer's second one is the final norm), so no residual add has a launch of its own."""
+@pytest.mark.skipif(CUDA, reason="counts Python calls of the kernels, which CUDA-graph replays do not make")
+def test_residual_adds_and_cache_writes_have_no_launches_of_their_own(wide_target_dir, monkeypatch):
+    """Per forward of the 3-layer target: one plain norm (layer 0's input) and two fused add+norms per layer
+    (the last layer's second one is the final norm), so no residual add has a launch of its own; and per
+    layer one launch rotates q and k and writes k and v into the cache."""
     import eyas.kernels.norm as norms
+    import eyas.kernels.rotary as rotary
+    import eyas.kernels.slot_attention as slot_attention
 
-    calls = dict.fromkeys(("rms_norm", "add_rms_norm"), 0)
-    for name in calls:
-        def counted(*args, _name=name, _fn=getattr(norms, name), **kwargs):
-            calls[_name] += 1
-            return _fn(*args, **kwargs)
-        monkeypatch.setattr(norms, name, counted)
+    calls = {}
+    for module, names in ((norms, ("rms_norm", "add_rms_norm")), (rotary, ("apply_rotary", "rotate_and_store")),
+                          (slot_attention, ("store_kv",))):
+        for name in names:
+            calls[name] = 0
+
+            def counted(*args, _name=name, _fn=getattr(module, name), **kwargs):
+                calls[_name] += 1
+                return _fn(*args, **kwargs)
+            monkeypatch.setattr(module, name, counted)
     monkeypatch.setenv("EYAS_KERNELS", "force")
-    engine = Engine(target_dir, dtype="fp32", device="cpu", max_batch=1, max_len=32)
+    engine = Engine(wide_target_dir, dtype="fp32", device="cpu", max_batch=1, max_len=32)
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=3, ignore_eos=True))  # a prefill and 2 decode steps
-    assert calls == {"rms_norm": 3, "add_rms_norm": 3 * 2 * 3}
+    forwards, layers = 3, 3
+    assert calls == {"rms_norm": forwards, "add_rms_norm": forwards * layers * 2,
+                     "apply_rotary": 0, "rotate_and_store": forwards * layers, "store_kv": 0}

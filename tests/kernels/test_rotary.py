@@ -8,7 +8,8 @@ a swapped sign in rotate-half or a misread position or stride breaks equality.
 import pytest
 import torch
 
-from eyas.kernels.rotary import apply_rotary
+from eyas.kernels.rotary import apply_rotary, rotate_and_store
+from eyas.kernels.slot_attention import store_kv
 from eyas.layers.rotary import RotaryEmbedding, rotate_half
 
 MAX_POSITIONS = 4096
@@ -71,3 +72,36 @@ def test_rotate_half_convention(device):
     q = torch.arange(1.0, D + 1, device=device).view(1, 1, 1, D)
     q_out, k_out = apply_rotary(q, q, cos, sin, torch.ones(1, 1, dtype=torch.int64, device=device))
     assert torch.equal(q_out, rotate_half(q)) and torch.equal(k_out, rotate_half(q))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B, T, H, Hk, D", [(2, 3, 4, 2, 64), (3, 1, 2, 1, 80)])
+def test_rotate_and_store_is_apply_rotary_then_store_kv(device, dtype, B, T, H, Hk, D):
+    """One launch, the same bits as the two it replaces: the rotated q returned, the rotated k and the
+    untouched v in their cache columns (rows in another order than the batch, columns mid-row), and every
+    other cache entry left alone. v is strided as a fused qkv projection leaves it."""
+    rope = RotaryEmbedding(D, 10000.0, None, MAX_POSITIONS).to(device)
+    g = torch.Generator().manual_seed(2)
+    qkv = torch.randn(B, T, (H + 2 * Hk) * D, generator=g).to(device, dtype)
+    q, k, v = (x.view(B, T, -1, D) for x in qkv.split([H * D, Hk * D, Hk * D], dim=-1))
+    positions = torch.randint(1, MAX_POSITIONS, (B, T), generator=g).to(device)
+    slots = torch.tensor([4, 0, 2][:B], device=device)
+    write_pos = (torch.tensor([7, 0, 20][:B])[:, None] + torch.arange(T)[None, :]).to(device)
+    k_cache, v_cache = (torch.randn(5, Hk, 32, D, generator=g).to(device, dtype) for _ in range(2))
+    original_k, ref_k_cache, ref_v_cache = k_cache.clone(), k_cache.clone(), v_cache.clone()
+    q_out = rotate_and_store(q, k, v, rope.cos, rope.sin, positions, k_cache, v_cache, slots, write_pos)
+    ref_q, ref_k = apply_rotary(q, k, rope.cos, rope.sin, positions)
+    store_kv(ref_k_cache, ref_v_cache, slots, write_pos, ref_k, v)
+    assert q_out.is_contiguous() and torch.equal(q_out, ref_q)
+    assert torch.equal(k_cache, ref_k_cache) and torch.equal(v_cache, ref_v_cache)
+    assert not torch.equal(k_cache, original_k)  # the test writes something
+
+
+def test_rotate_and_store_rejects_a_cache_of_other_heads(device):
+    q = torch.zeros(1, 1, 2, 8, device=device)
+    k = v = torch.zeros(1, 1, 1, 8, device=device)
+    cache = torch.zeros(2, 2, 4, 8, device=device)  # two kv heads, k has one
+    with pytest.raises(ValueError, match="caches"):
+        rotate_and_store(q, k, v, torch.zeros(4, 8, device=device), torch.zeros(4, 8, device=device),
+                         torch.zeros(1, 1, dtype=torch.int64, device=device), cache, cache.clone(),
+                         torch.zeros(1, dtype=torch.int64, device=device), torch.zeros(1, 1, dtype=torch.int64, device=device))

@@ -1,4 +1,4 @@
-"""Rotary position embedding for q and k in one kernel.
+"""Rotary position embedding for q and k in one kernel, and the same fused with the KV-cache write.
 
 The torch reference (eyas.layers.rotary.RotaryEmbedding.forward) launches about fourteen kernels: two
 table gathers and casts, and for each of q and k a rotate-half (slices, negation, concatenation), two
@@ -9,6 +9,10 @@ Rounding follows torch op by op: the cos/sin rows are cast to q's dtype, q * cos
 are each rounded to that dtype, and so is their sum; all of it computed in fp32, as torch's elementwise
 kernels do, and with multiply-add fusion turned off (torch rounds each product before the sum), so results
 are bit-identical to the reference in fp32, bf16 and fp16.
+
+`rotate_and_store` is the decode-shaped attention's first launch: it rotates q, and writes the rotated k
+and the untouched v straight into their KV-cache columns (what `apply_rotary` followed by
+eyas.kernels.slot_attention.store_kv does, in one launch instead of two).
 """
 
 from __future__ import annotations
@@ -79,3 +83,65 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
         *positions.stride(), D, D // 2, HALF_BLOCK=triton.next_power_of_2(D // 2), num_warps=1,
         enable_fp_fusion=False)
     return q_out, k_out
+
+
+@triton.jit
+def _rotary_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache, v_cache, slots, write_pos, cos_ptr, sin_ptr,
+                         pos_ptr, seq_len, q_heads, q_sb, q_st, q_sh, q_sd, k_sb, k_st, k_sh, k_sd,
+                         v_sb, v_st, v_sh, v_sd, kc_s, kc_h, kc_c, vc_s, vc_h, vc_c, wp_sb, wp_st,
+                         pos_sb, pos_st, table_stride, half, HALF_BLOCK: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)  # b * T + t
+    head = tl.program_id(1).to(tl.int64)  # q heads first, then kv heads
+    b, t = token // seq_len, token % seq_len
+    pos = tl.load(pos_ptr + b * pos_sb + t * pos_st).to(tl.int64)
+    cos_row, sin_row = cos_ptr + pos * table_stride, sin_ptr + pos * table_stride
+    offs = tl.arange(0, HALF_BLOCK)
+    mask = offs < half
+    if head < q_heads:
+        _rotate_head(q_ptr + b * q_sb + t * q_st + head * q_sh, q_sd,
+                     q_out_ptr + (token * q_heads + head) * 2 * half, cos_row, sin_row, offs, mask, half)
+    else:
+        kv = head - q_heads
+        slot = tl.load(slots + b).to(tl.int64)
+        col = tl.load(write_pos + b * wp_sb + t * wp_st).to(tl.int64)
+        _rotate_head(k_ptr + b * k_sb + t * k_st + kv * k_sh, k_sd,
+                     k_cache + slot * kc_s + kv * kc_h + col * kc_c, cos_row, sin_row, offs, mask, half)
+        src = v_ptr + b * v_sb + t * v_st + kv * v_sh
+        dst = v_cache + slot * vc_s + kv * vc_h + col * vc_c
+        tl.store(dst + offs, tl.load(src + offs * v_sd, mask=mask), mask=mask)
+        tl.store(dst + half + offs, tl.load(src + (offs + half) * v_sd, mask=mask), mask=mask)
+
+
+def rotate_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                     write_pos: torch.Tensor) -> torch.Tensor:
+    """apply_rotary(q, k, ...) then store_kv(k_cache, v_cache, slots, write_pos, rotated k, v), in one launch.
+    q [B, T, H, D], k and v [B, T, Hk, D] (any strides; one dtype, the caches'); caches [num_slots, Hk,
+    max_len, D] with unit stride along D; slots [B]; write_pos and positions [B, T]. Returns the rotated q
+    (new, contiguous); k and v land in the caches."""
+    B, T, q_heads, D = q.shape
+    k_heads = k.shape[2]
+    if k.shape != v.shape or k.shape[:2] != (B, T) or k.shape[3] != D or positions.shape != (B, T) \
+            or write_pos.shape != (B, T) or slots.shape != (B,):
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, positions "
+                         f"{tuple(positions.shape)}, write_pos {tuple(write_pos.shape)} and slots "
+                         f"{tuple(slots.shape)} do not fit one batch")
+    if len({q.dtype, k.dtype, v.dtype, k_cache.dtype, v_cache.dtype}) != 1 \
+            or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError("q, k, v and the caches must share one of fp32, bf16 and fp16")
+    if D % 2 or cos.shape != sin.shape or cos.shape[1] != D:
+        raise ValueError(f"cos/sin tables {tuple(cos.shape)} must be [max_positions, {D}] with {D} even")
+    if k_cache.shape[1] != k_heads or k_cache.shape[3] != D or k_cache.stride(3) != 1 \
+            or v_cache.shape != k_cache.shape or v_cache.stride(3) != 1:
+        raise ValueError(f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} must be [slots, {k_heads}, "
+                         f"max_len, {D}] with unit stride along the head dim")
+    cos, sin = cos.contiguous(), sin.contiguous()
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if B * T == 0:
+        return q_out
+    _rotary_store_kernel[(B * T, q_heads + k_heads)](
+        q, k, v, q_out, k_cache, v_cache, slots, write_pos, cos, sin, positions, T, q_heads,
+        *q.stride(), *k.stride(), *v.stride(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), *write_pos.stride(), *positions.stride(),
+        D, D // 2, HALF_BLOCK=triton.next_power_of_2(D // 2), num_warps=1, enable_fp_fusion=False)
+    return q_out

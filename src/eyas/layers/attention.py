@@ -5,7 +5,8 @@ write positions once per forward, and the mask on first use. The reference path 
 explicit boolean mask, which handles prefill, decode, several-token appends and tree verification
 alike: a tree is just a `new_mask` other than the causal one. On CUDA, decode-shaped forwards (up to
 KERNEL_TOKENS new tokens) instead run eyas.kernels.slot_attention, which reads each sequence's cache
-row in place over that row's own length, with the same visibility rule.
+row in place over that row's own length, with the same visibility rule; `rotate_and_attend` also folds
+the rotary embedding into the kernel that writes the cache.
 """
 
 from __future__ import annotations
@@ -79,6 +80,23 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch:
     out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=batch.mask,
                                          scale=scale, enable_gqa=keys.shape[1] != q.shape[2])
     return out.transpose(1, 2).flatten(2)
+
+
+def rotate_and_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, rotary,
+                      layer: int, batch: AttentionBatch, scale: float):
+    """Rotary embedding of q and k, then `attend`. On the kernel path the rotation and the cache write are
+    one launch (eyas.kernels.rotary.rotate_and_store); the results are the same bits."""
+    if _kernel_fits(q, batch) and enabled(k, v) and q.dtype == k.dtype == v.dtype == batch.kv.k.dtype:
+        from eyas.kernels.rotary import rotate_and_store
+        from eyas.kernels.slot_attention import slot_attention
+
+        k_cache, v_cache = batch.kv.k[layer], batch.kv.v[layer]
+        q = rotate_and_store(q, k, v, rotary.cos, rotary.sin, positions, k_cache, v_cache, batch.slots,
+                             batch.write_pos)
+        return slot_attention(q, k_cache, v_cache, batch.slots, batch.starts, scale, new_mask=batch.new_mask,
+                              visible=batch.visible, kv_len=batch.kv_len)
+    q, k = rotary(q, k, positions)
+    return attend(q, k, v, layer, batch, scale)
 
 
 def _kernel_fits(q: torch.Tensor, batch: AttentionBatch) -> bool:

@@ -16,7 +16,7 @@ from torch import nn
 from eyas.config import ModelConfig
 from eyas.dist.parallel import SINGLE, TPContext
 from eyas.layers.activation import silu_mul
-from eyas.layers.attention import AttentionBatch, attend
+from eyas.layers.attention import AttentionBatch, rotate_and_attend
 from eyas.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from eyas.layers.norm import RMSNorm
 from eyas.layers.rotary import RotaryEmbedding
@@ -53,8 +53,7 @@ class Attention(nn.Module):
         q, k, v = q.view(B, T, self.heads, d), k.view(B, T, self.kv_heads, d), v.view(B, T, self.kv_heads, d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(q, k, positions)
-        return self.o_proj(attend(q, k, v, self.layer, batch, d ** -0.5))
+        return self.o_proj(rotate_and_attend(q, k, v, positions, rotary, self.layer, batch, d ** -0.5))
 
 
 class MLP(nn.Module):
