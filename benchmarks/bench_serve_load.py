@@ -1,13 +1,15 @@
 """Serving under load: output tokens/s, TTFT and ITL at several concurrencies, `eyas serve` without and with the draft.
 
-Usage: python3 benchmarks/bench_serve_load.py --out out/serve_load.json [--concurrency 1,4,16,64] [--configs plain,spec,adaptive]
+Usage: python3 benchmarks/bench_serve_load.py --out out/serve_load.json [--concurrency 1,4,16,64] [--configs plain,spec,adaptive] [--rounds 2]
        python3 benchmarks/bench_serve_load.py --device cpu --concurrency 1,2 --num-prompts 2 --max-tokens 8   (smoke run)
 
 Each configuration gets its own real `eyas serve` subprocess (plain: no draft; spec: the draft, chain 3/1/4,
 speculating at every step (--no-spec-adaptive); adaptive: the server default with a draft), started, waited on
 until /health answers, measured at every concurrency with the `eyas bench` client (MT-bench, greedy, warm-up
 left out), then stopped with SIGTERM. The markdown table puts every configuration beside the plain server at
-the same concurrency: speculation must never be the slower one.
+the same concurrency and round: speculation must never be the slower one. With `--rounds N` the whole
+sequence of servers runs N times, so that the spread between rounds shows how much of a difference is noise
+(the host's state drifts between one server's run and the next's).
 """
 
 from __future__ import annotations
@@ -183,28 +185,48 @@ def ms(stats: dict | None) -> str:
     return "/".join(f"{stats[q]:.1f}" for q in ("p50", "p90", "p99")) if stats else "-"
 
 
+def plain_rates(rows: list[dict]) -> dict[tuple[int, int], float]:
+    """The plain server's output tok/s by (round, concurrency)."""
+    return {(r.get("round", 1), r["concurrency"]): r["output_tok_s"] for r in rows if r["server"] == "plain"}
+
+
 def table(rows: list[dict]) -> str:
-    plain = {r["concurrency"]: r["output_tok_s"] for r in rows if r["server"] == "plain"}
-    lines = ["| server | conc | prompts ok/err | out tok/s | req/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms "
-             "| accept len | speculative steps | spec/plain |", "|" + "---|" * 10]
+    plain = plain_rates(rows)
+    lines = ["| round | server | conc | prompts ok/err | out tok/s | req/s | TTFT p50/p90/p99 ms | ITL p50/p90/p99 ms "
+             "| accept len | speculative steps | spec/plain |", "|" + "---|" * 11]
     for r in rows:
-        base = plain.get(r["concurrency"])
+        base = plain.get((r.get("round", 1), r["concurrency"]))
         ratio = f"{r['output_tok_s'] / base:.2f}x" if base and r["server"] != "plain" else "-"
         accept = f"{r['accept_length']:.2f}" if r["accept_length"] is not None else "-"
         steps = r.get("spec_steps") or {}
         total = sum(steps.values())
         share = f"{steps['speculative'] / total:.0%} of {total:.0f}" if total else "-"
-        lines.append(f"| {r['server']} | {r['concurrency']} | {r['completed']}/{r['errors']} | {r['output_tok_s']:.1f} "
+        lines.append(f"| {r.get('round', 1)} | {r['server']} | {r['concurrency']} | {r['completed']}/{r['errors']} | {r['output_tok_s']:.1f} "
                      f"| {r['request_s']:.2f} | {ms(r['ttft_ms'])} | {ms(r['itl_ms'])} | {accept} | {share} "
                      f"| {ratio} |")
     return "\n".join(lines)
 
 
 def slower_than_plain(rows: list[dict]) -> list[str]:
-    plain = {r["concurrency"]: r["output_tok_s"] for r in rows if r["server"] == "plain"}
-    return [f"{r['server']} at concurrency {r['concurrency']} ({r['output_tok_s'] / plain[r['concurrency']]:.2f}x)"
-            for r in rows if r["server"] != "plain" and r["concurrency"] in plain
-            and r["output_tok_s"] < plain[r["concurrency"]]]
+    plain = plain_rates(rows)
+    out = []
+    for r in rows:
+        key = (r.get("round", 1), r["concurrency"])
+        if r["server"] != "plain" and key in plain and r["output_tok_s"] < plain[key]:
+            out.append(f"{r['server']} at concurrency {r['concurrency']} in round {key[0]} "
+                       f"({r['output_tok_s'] / plain[key]:.2f}x)")
+    return out
+
+
+def spread(rows: list[dict]) -> list[str]:
+    """Per server and concurrency, the range of its ratio to plain over the rounds (with more than one)."""
+    plain, ratios = plain_rates(rows), {}
+    for r in rows:
+        key = (r.get("round", 1), r["concurrency"])
+        if r["server"] != "plain" and key in plain:
+            ratios.setdefault((r["server"], r["concurrency"]), []).append(r["output_tok_s"] / plain[key])
+    return [f"{server} at {c}: {min(v):.2f}x-{max(v):.2f}x over {len(v)} rounds"
+            for (server, c), v in ratios.items() if len(v) > 1]
 
 
 def fail(message: str):
@@ -226,6 +248,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default: the server's (bf16 on CUDA)")
     p.add_argument("--max-running", type=int, default=64, help="server KV slots (at least the largest concurrency)")
     p.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for /health")
+    p.add_argument("--rounds", type=int, default=1, help="run the whole sequence of servers this many times")
     p.add_argument("--out", type=Path, default=REPO / "out" / "serve_load.json", help="JSON results (and server logs)")
     args = p.parse_args(argv)
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
@@ -237,6 +260,8 @@ def parse_args(argv=None):
         fail(f"--concurrency takes a comma list of integers, got {args.concurrency!r}")
     if min(args.concurrency) < 1:
         fail("every --concurrency must be at least 1")
+    if args.rounds < 1:
+        fail(f"--rounds must be at least 1, got {args.rounds}")
     if any(c != "plain" for c in args.configs) and not (args.draft / "config.json").is_file():
         fail(f"--draft {args.draft}: no config.json there (not an EAGLE-3 draft directory)")
     return args
@@ -247,23 +272,24 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report = {"argv": sys.argv, "hardware": hardware(args.device), "servers": {}, "results": []}
     try:
-        for name in args.configs:
+        for rnd, name in ((rnd, name) for rnd in range(1, args.rounds + 1) for name in args.configs):
             port = free_port()
-            server = Server(name, serve_argv(args, name, port), port, args.out.with_suffix(f".{name}.log"))
+            log = args.out.with_suffix(f".{name}.log" if args.rounds == 1 else f".{name}.round{rnd}.log")
+            server = Server(name, serve_argv(args, name, port), port, log)
             try:
                 info = server.wait_healthy(args.start_timeout)
                 report["servers"][name] = {"argv": server.proc.args, "config": info.get("config"),
                                            "model": info.get("model"), "versions": info.get("versions")}
                 for c in args.concurrency:
-                    row = measure(args, server, c)
+                    row = {"round": rnd, **measure(args, server, c)}
                     report["results"].append(row)
-                    print(f"{name} c={c}: {row['output_tok_s']:.1f} tok/s, accept {row['accept_length']}",
+                    print(f"round {rnd}, {name} c={c}: {row['output_tok_s']:.1f} tok/s, accept {row['accept_length']}",
                           file=sys.stderr, flush=True)
                     if row["policy"]:
                         rates = {b: {k: round(v, 2 if k == "gain" else 1) for k, v in r.items()} for b, r in row["policy"].items()}
                         books = row["policy_books"]
-                        delivered = {m: round(books["tokens"][m] / s) for m, s in books["seconds"].items()
-                                     if s > 0 and m in books["tokens"]}
+                        delivered = {m: round(books["tokens"][m] / books["seconds"][m]) for m in ("speculative", "plain")
+                                     if books["seconds"].get(m, 0) > 0 and m in books["tokens"]}
                         print(f"  policy after c={c}: {json.dumps(rates)}; during the level ({row['level_s']:.2f} s "
                               f"with its warm-up) it charged seconds {json.dumps({m: round(s, 2) for m, s in books['seconds'].items()})}"
                               f" in which each mode produced tokens/s {json.dumps(delivered)}", file=sys.stderr, flush=True)
@@ -282,6 +308,8 @@ def main(argv=None) -> int:
     print(table(report["results"]))
     slower = slower_than_plain(report["results"])
     print("\nslower than plain: " + ", ".join(slower) if slower else "\nnever slower than plain")
+    if args.rounds > 1:
+        print("spread over rounds: " + "; ".join(spread(report["results"])))
     print(f"results: {args.out}", file=sys.stderr)
     return 0
 

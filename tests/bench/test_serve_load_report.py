@@ -1,0 +1,24 @@
+"""bench_serve_load's report: each server is compared with the plain server of its own round."""
+
+from benchmarks.bench_serve_load import slower_than_plain, spread, table
+
+
+def row(rnd, server, concurrency, tok_s):
+    return {"round": rnd, "server": server, "concurrency": concurrency, "output_tok_s": tok_s, "completed": 4,
+            "errors": 0, "request_s": 1.0, "ttft_ms": None, "itl_ms": None, "accept_length": None, "spec_steps": {}}
+
+
+def test_rounds_are_compared_within_themselves():
+    """Round 2's plain server ran slower than round 1's: adaptive is slower than plain in round 1 only,
+    although its round-2 rate is below round 1's plain rate."""
+    rows = [row(1, "plain", 16, 100.0), row(1, "adaptive", 16, 99.0),
+            row(2, "plain", 16, 90.0), row(2, "adaptive", 16, 95.0)]
+    assert slower_than_plain(rows) == ["adaptive at concurrency 16 in round 1 (0.99x)"]
+    assert spread(rows) == ["adaptive at 16: 0.99x-1.06x over 2 rounds"]
+    lines = table(rows).splitlines()
+    assert lines[3].startswith("| 1 | adaptive | 16 |") and lines[3].endswith("| 0.99x |")
+    assert lines[5].startswith("| 2 | adaptive | 16 |") and lines[5].endswith("| 1.06x |")
+
+
+def test_one_round_has_no_spread():
+    assert spread([row(1, "plain", 1, 10.0), row(1, "spec", 1, 12.0)]) == []
