@@ -68,6 +68,39 @@ def test_resume_gives_identical_weights(tiny_target, samples, tmp_path):
         assert torch.equal(a["exp_avg"], b["exp_avg"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
 
 
+def test_a_signal_stops_training_with_a_checkpoint_and_the_run_resumes_to_the_same_weights(tiny_target, samples,
+                                                                                            tmp_path):
+    """SIGTERM (a time limit's) mid-run: the step under way finishes, a checkpoint of it is saved although no
+    periodic one was due, the run stops with a clear error, the handler is given back, and the same command
+    then ends where an uninterrupted run does."""
+    import os
+    import signal
+
+    from eyas.train.interrupt import TrainingStopped
+
+    straight = make_trainer(tiny_target, samples, tmp_path / "a", steps=8)
+    straight.fit()
+    first = make_trainer(tiny_target, samples, tmp_path / "b", steps=8)
+    step = first.train_step
+
+    def step_then_signal(batch):
+        out = step(batch)
+        if first.step == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+    first.train_step = step_then_signal
+    with pytest.raises(TrainingStopped, match="stopped by SIGTERM at step 5 of 8; checkpoint saved"):
+        first.fit()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert (tmp_path / "b" / "checkpoints" / "step-000005" / "state.pt").is_file()
+    again = make_trainer(tiny_target, samples, tmp_path / "b", steps=8)
+    again.fit()
+    assert again.step == 8
+    want, got = straight.draft.state_dict(), again.draft.state_dict()
+    for k in want:
+        assert torch.equal(want[k], got[k]), k
+
+
 def test_resume_refuses_another_recipe(tiny_target, samples, tmp_path):
     from eyas.errors import EyasError
 

@@ -4,7 +4,8 @@ Usage: Trainer(cfg, draft, source, out_dir, device="cuda", evaluator=AcceptanceE
 
 The target is frozen and lives in the source; only the draft's weights train (its embedding is the
 target's). An interrupted run started again with the same recipe and output directory continues
-from the latest checkpoint and reaches the same weights as an uninterrupted run (on CPU, bit for bit).
+from the latest checkpoint and reaches the same weights as an uninterrupted run (on CPU, bit for bit);
+SIGTERM or SIGINT stops it between two steps with a checkpoint of the step reached (interrupt.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from eyas.errors import EyasError
 from eyas.models.eagle3 import Eagle3Draft
 from eyas.train.checkpoint import latest_checkpoint, load_state, save_checkpoint, set_rng_state
 from eyas.train.distributed import DistInfo, log
+from eyas.train.interrupt import StopRequests, TrainingStopped
 from eyas.train.recipe import TrainConfig
 from eyas.train.ttt import TTTModel
 
@@ -147,23 +149,40 @@ class Trainer:
         sums = torch.zeros(3 * K + 1, dtype=torch.float64, device=self.device)
         t0, tokens = time.perf_counter(), 0
         bar = tqdm(total=stop, initial=self.step, desc="fit", unit="step", disable=not (self.progress and self.dist.main))
-        while self.step < stop:
-            batch = self.source.stream.next()
-            tokens += batch.tokens
-            s = self.train_step(batch)
-            c = s["count"].double()
-            sums += torch.cat([s["loss"].double() * c, s["acc"].double() * c, c, s["grad_norm"].double()[None]])
-            bar.update(1)
-            if self.step % self.cfg.log_every == 0 or self.step == stop:
-                self._log(sums, tokens, t0, bar)
-                sums.zero_()
-                t0, tokens = time.perf_counter(), 0
-            if self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.steps:
-                self.save()
-            if self.eval_every and (self.step % self.eval_every == 0 or self.step == self.cfg.steps):
-                self._evaluate()
+        with StopRequests() as requests:
+            while self.step < stop:
+                batch = self.source.stream.next()
+                tokens += batch.tokens
+                s = self.train_step(batch)
+                c = s["count"].double()
+                sums += torch.cat([s["loss"].double() * c, s["acc"].double() * c, c, s["grad_norm"].double()[None]])
+                bar.update(1)
+                if self.step % self.cfg.log_every == 0 or self.step == stop:
+                    self._log(sums, tokens, t0, bar)
+                    sums.zero_()
+                    t0, tokens = time.perf_counter(), 0
+                saved = self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.steps
+                if saved:
+                    self.save()
+                if self._stop_requested(requests):
+                    if not saved:
+                        self.save()
+                    bar.close()
+                    raise TrainingStopped(f"training stopped by {requests.signal_name or 'a signal to another rank'} "
+                                          f"at step {self.step} of {self.cfg.steps}; checkpoint saved in "
+                                          f"{self.ckpt_dir}; run the same command again to resume")
+                if self.eval_every and (self.step % self.eval_every == 0 or self.step == self.cfg.steps):
+                    self._evaluate()
         bar.close()
         return self.summary()
+
+    def _stop_requested(self, requests: StopRequests) -> bool:
+        """Whether any rank got a signal: every rank must stop at the same step, or collectives unpair."""
+        if self.dist.world == 1:
+            return requests.signal_name is not None
+        flag = torch.tensor([float(requests.signal_name is not None)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
     def _log(self, sums: torch.Tensor, tokens: int, t0: float, bar):
         if self.dist.world > 1:
