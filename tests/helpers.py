@@ -19,11 +19,11 @@ def tiny_llama(path, vocab=64, layers=5, hidden=64, seed=0, **kw):
     return model
 
 
-def random_draft(target_hidden: int, vocab: int, draft_vocab: int | None = None, seed=0) -> Eagle3Draft:
+def random_draft(target_hidden: int, vocab: int, draft_vocab: int | None = None, seed=0, head_dim=16) -> Eagle3Draft:
     torch.manual_seed(seed)
     draft_vocab = draft_vocab or vocab
     hidden = target_hidden  # the embedding is the target's, so the widths agree
-    cfg = DraftConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_heads=4, num_kv_heads=2, head_dim=16,
+    cfg = DraftConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_heads=4, num_kv_heads=2, head_dim=head_dim,
                       vocab_size=vocab, draft_vocab_size=draft_vocab, target_hidden_size=target_hidden)
     draft = Eagle3Draft(cfg, max_positions=1024)
     with torch.no_grad():

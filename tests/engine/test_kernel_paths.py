@@ -38,7 +38,8 @@ def _generate(target_dir, kernels: str, monkeypatch, spec=None, hidden=64):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 32, (n,), generator=g).tolist() for n in (5, 11)]
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (10, 14)]
-    draft = random_draft(hidden, 32, draft_vocab=24) if spec else None
+    # Frozen as a loaded draft is (the kernels have no backward, so a draft that trains keeps the torch paths).
+    draft = random_draft(hidden, 32, draft_vocab=24, head_dim=hidden // 4).requires_grad_(False) if spec else None
     engine = Engine(target_dir, dtype="fp32", device="cuda" if CUDA else "cpu", max_batch=2, max_len=64,
                     draft=draft, spec=spec)
     return [s.output_ids for s in engine.generate(prompts, params)]
@@ -52,7 +53,8 @@ def test_kernels_give_the_reference_tokens(target_dir, monkeypatch, spec):
 
 @pytest.mark.parametrize("spec", [None, SpecConfig(3, 2, 5)], ids=["plain", "tree"])
 def test_kernels_over_the_cache_give_the_reference_tokens(wide_target_dir, monkeypatch, spec):
-    """The same with the slot-attention kernels in play (rotary fused with the cache write, tree masks)."""
+    """The same with the slot-attention kernels in play, in the target and the draft (head dim 32): rotary
+    fused with the cache write, tree masks."""
     reference = _generate(wide_target_dir, "0", monkeypatch, hidden=128)
     assert _generate(wide_target_dir, "force", monkeypatch, spec, hidden=128) == reference
 

@@ -21,7 +21,7 @@ from torch import nn
 from eyas.config import DraftConfig
 from eyas.dist.parallel import SINGLE
 from eyas.layers.activation import silu_mul
-from eyas.layers.attention import AttentionBatch, attend
+from eyas.layers.attention import AttentionBatch, rotate_and_attend
 from eyas.layers.norm import RMSNorm
 from eyas.layers.rotary import RotaryEmbedding
 from eyas.models.mla import MLAttention
@@ -57,21 +57,26 @@ class DraftAttention(nn.Module):
     def fuse_projections(self):
         fuse_linears(self, [self.q_proj, self.k_proj, self.v_proj], "qkv_weight")
 
-    def project(self, x, positions, rotary):
+    def qkv(self, x):
+        """q [B, T, heads, D], k and v [B, T, kv_heads, D], before the rotary embedding."""
         B, T, _ = x.shape
         d = self.head_dim
         if self.qkv_weight is not None:
             q, k, v = F.linear(x, self.qkv_weight).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], -1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q, k = rotary(q.view(B, T, self.heads, d), k.view(B, T, self.kv_heads, d), positions)
-        return q, k, v.view(B, T, self.kv_heads, d)
+        return q.view(B, T, self.heads, d), k.view(B, T, self.kv_heads, d), v.view(B, T, self.kv_heads, d)
+
+    def project(self, x, positions, rotary):
+        q, k, v = self.qkv(x)
+        q, k = rotary(q, k, positions)
+        return q, k, v
 
     def output(self, out):
         return self.o_proj(out)
 
     def forward(self, x, positions, batch: AttentionBatch, rotary):
-        return self.output(attend(*self.project(x, positions, rotary), 0, batch, self.scale))
+        return self.output(rotate_and_attend(*self.qkv(x), positions, rotary, 0, batch, self.scale))
 
 
 class DraftMLAttention(MLAttention):
