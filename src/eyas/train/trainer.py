@@ -177,9 +177,12 @@ class Trainer:
         return self.summary()
 
     def _stop_requested(self, requests: StopRequests) -> bool:
-        """Whether any rank got a signal: every rank must stop at the same step, or collectives unpair."""
+        """Whether any rank got a signal: every rank must stop at the same step, or collectives unpair. With
+        several ranks they compare every log_every steps (a step of its own would wait for the GPU)."""
         if self.dist.world == 1:
             return requests.signal_name is not None
+        if self.step % self.cfg.log_every:
+            return False
         flag = torch.tensor([float(requests.signal_name is not None)], device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
