@@ -2,8 +2,9 @@
 simulation (not to the policy), noisy step times, a noisy acceptance length, joins whose prefills land
 between steps, and a catch-up pass whenever speculation follows plain steps. The policy is driven as the
 decoder drives it (speculative.py): a window boundary closes the open window at the current time, each
-step starts, its catch-up (if any) runs inside it, each step reports its tokens, prefills are set aside. It must end within a few percent of
-the better mode, run the better mode most of the time, and follow a change of traffic."""
+step starts, its catch-up (if any) runs inside it, each step reports its tokens, prefills are set aside.
+It must end within a few percent of the better mode, run the better mode most of the time, and follow a
+change of traffic."""
 
 import random
 
