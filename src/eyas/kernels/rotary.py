@@ -42,16 +42,23 @@ def _rotate_head(src, src_stride, dst, cos_row, sin_row, offs, mask, half):
 
 
 @triton.jit
+def _token_rows(cos_ptr, sin_ptr, pos_ptr, seq_len, pos_sb, pos_st, table_stride, half, HALF_BLOCK: tl.constexpr):
+    """This program's token (b * T + t, grid axis 0), b, t, its cos/sin table rows, and the offsets and mask
+    of a half head."""
+    token = tl.program_id(0).to(tl.int64)
+    b, t = token // seq_len, token % seq_len
+    pos = tl.load(pos_ptr + b * pos_sb + t * pos_st).to(tl.int64)
+    offs = tl.arange(0, HALF_BLOCK)
+    return token, b, t, cos_ptr + pos * table_stride, sin_ptr + pos * table_stride, offs, offs < half
+
+
+@triton.jit
 def _rotary_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, pos_ptr, seq_len, q_heads, k_heads,
                    q_sb, q_st, q_sh, q_sd, k_sb, k_st, k_sh, k_sd, pos_sb, pos_st, table_stride, half,
                    HALF_BLOCK: tl.constexpr):
-    token = tl.program_id(0).to(tl.int64)  # b * T + t
+    token, b, t, cos_row, sin_row, offs, mask = _token_rows(cos_ptr, sin_ptr, pos_ptr, seq_len, pos_sb, pos_st,
+                                                            table_stride, half, HALF_BLOCK)
     head = tl.program_id(1).to(tl.int64)  # q heads first, then k heads
-    b, t = token // seq_len, token % seq_len
-    pos = tl.load(pos_ptr + b * pos_sb + t * pos_st).to(tl.int64)
-    cos_row, sin_row = cos_ptr + pos * table_stride, sin_ptr + pos * table_stride
-    offs = tl.arange(0, HALF_BLOCK)
-    mask = offs < half
     if head < q_heads:
         _rotate_head(q_ptr + b * q_sb + t * q_st + head * q_sh, q_sd,
                      q_out_ptr + (token * q_heads + head) * 2 * half, cos_row, sin_row, offs, mask, half)
@@ -61,13 +68,9 @@ def _rotary_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, pos_ptr
                      k_out_ptr + (token * k_heads + kv_head) * 2 * half, cos_row, sin_row, offs, mask, half)
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """RotaryEmbedding.forward: q [B, T, H, D] and k [B, T, Hk, D] (any strides, same dtype), cos/sin tables
-    [max_positions, D], positions [B, T] (integers below max_positions, not checked). Returns new contiguous
-    rotated (q, k)."""
+def _check(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor):
+    """The arguments both launchers share; returns B, T, q heads, k heads and the head dim."""
     B, T, q_heads, D = q.shape
-    k_heads = k.shape[2]
     if k.shape[:2] != (B, T) or k.shape[3] != D or positions.shape != (B, T):
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and positions {tuple(positions.shape)} "
                          "must share B and T, and q and k the head dim")
@@ -75,6 +78,15 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
         raise TypeError(f"q ({q.dtype}) and k ({k.dtype}) must share one of fp32, bf16 and fp16")
     if D % 2 or cos.shape != sin.shape or cos.shape[1] != D:
         raise ValueError(f"cos/sin tables {tuple(cos.shape)} must be [max_positions, {D}] with {D} even")
+    return B, T, q_heads, k.shape[2], D
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RotaryEmbedding.forward: q [B, T, H, D] and k [B, T, Hk, D] (any strides, same dtype), cos/sin tables
+    [max_positions, D], positions [B, T] (integers below max_positions, not checked). Returns new contiguous
+    rotated (q, k)."""
+    B, T, q_heads, k_heads, D = _check(q, k, cos, sin, positions)
     cos, sin = cos.contiguous(), sin.contiguous()
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
@@ -90,13 +102,9 @@ def _rotary_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache, v_cache, slots
                          pos_ptr, seq_len, q_heads, q_sb, q_st, q_sh, q_sd, k_sb, k_st, k_sh, k_sd,
                          v_sb, v_st, v_sh, v_sd, kc_s, kc_h, kc_c, vc_s, vc_h, vc_c, wp_sb, wp_st,
                          pos_sb, pos_st, table_stride, half, HALF_BLOCK: tl.constexpr):
-    token = tl.program_id(0).to(tl.int64)  # b * T + t
+    token, b, t, cos_row, sin_row, offs, mask = _token_rows(cos_ptr, sin_ptr, pos_ptr, seq_len, pos_sb, pos_st,
+                                                            table_stride, half, HALF_BLOCK)
     head = tl.program_id(1).to(tl.int64)  # q heads first, then kv heads
-    b, t = token // seq_len, token % seq_len
-    pos = tl.load(pos_ptr + b * pos_sb + t * pos_st).to(tl.int64)
-    cos_row, sin_row = cos_ptr + pos * table_stride, sin_ptr + pos * table_stride
-    offs = tl.arange(0, HALF_BLOCK)
-    mask = offs < half
     if head < q_heads:
         _rotate_head(q_ptr + b * q_sb + t * q_st + head * q_sh, q_sd,
                      q_out_ptr + (token * q_heads + head) * 2 * half, cos_row, sin_row, offs, mask, half)
@@ -119,18 +127,12 @@ def rotate_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
     q [B, T, H, D], k and v [B, T, Hk, D] (any strides; one dtype, the caches'); caches [num_slots, Hk,
     max_len, D] with unit stride along D; slots [B]; write_pos and positions [B, T]. Returns the rotated q
     (new, contiguous); k and v land in the caches."""
-    B, T, q_heads, D = q.shape
-    k_heads = k.shape[2]
-    if k.shape != v.shape or k.shape[:2] != (B, T) or k.shape[3] != D or positions.shape != (B, T) \
-            or write_pos.shape != (B, T) or slots.shape != (B,):
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, positions "
-                         f"{tuple(positions.shape)}, write_pos {tuple(write_pos.shape)} and slots "
+    B, T, q_heads, k_heads, D = _check(q, k, cos, sin, positions)
+    if v.shape != k.shape or write_pos.shape != (B, T) or slots.shape != (B,):
+        raise ValueError(f"k {tuple(k.shape)}, v {tuple(v.shape)}, write_pos {tuple(write_pos.shape)} and slots "
                          f"{tuple(slots.shape)} do not fit one batch")
-    if len({q.dtype, k.dtype, v.dtype, k_cache.dtype, v_cache.dtype}) != 1 \
-            or q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise TypeError("q, k, v and the caches must share one of fp32, bf16 and fp16")
-    if D % 2 or cos.shape != sin.shape or cos.shape[1] != D:
-        raise ValueError(f"cos/sin tables {tuple(cos.shape)} must be [max_positions, {D}] with {D} even")
+    if len({q.dtype, v.dtype, k_cache.dtype, v_cache.dtype}) != 1:
+        raise TypeError("q, k, v and the caches must share one dtype")
     if k_cache.shape[1] != k_heads or k_cache.shape[3] != D or k_cache.stride(3) != 1 \
             or v_cache.shape != k_cache.shape or v_cache.stride(3) != 1:
         raise ValueError(f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} must be [slots, {k_heads}, "
