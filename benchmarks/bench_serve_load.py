@@ -28,6 +28,7 @@ import httpx
 
 from eyas.bench.client import run_benchmark
 from eyas.bench.config import BenchConfig
+from eyas.bench.prometheus import labeled_samples
 from eyas.errors import EyasError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -117,19 +118,11 @@ def metrics_text(url: str) -> str:
     return httpx.get(url + "/metrics", timeout=30).text
 
 
-def labeled(text: str, name: str):
-    """(labels as written, value) of every sample of the labeled metric `name` in Prometheus text."""
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            labels, value = line.rsplit(" ", 1)
-            yield labels, float(value)
-
-
 def spec_steps(text: str) -> dict[str, float]:
     """The server's steps under a draft so far, by mode (`eyas_spec_steps_total`, summed over batch buckets)."""
     out = {"speculative": 0.0, "plain": 0.0}
-    for labels, value in labeled(text, "eyas_spec_steps_total"):
-        out["speculative" if 'mode="speculative"' in labels else "plain"] += value
+    for labels, value in labeled_samples(text, "eyas_spec_steps_total"):
+        out["speculative" if labels["mode"] == "speculative" else "plain"] += value
     return out
 
 
@@ -137,9 +130,8 @@ def policy_estimates(text: str) -> dict:
     """The adaptive policy's measured rates (`eyas_spec_rate_tokens_per_second`, tokens/s per running sequence)
     by batch bucket and mode, and the speed-up of speculation they show; {} without an adaptive policy."""
     rates = {}
-    for labels, value in labeled(text, "eyas_spec_rate_tokens_per_second"):
-        b = int(labels.split('bucket="')[1].split('"')[0])
-        rates.setdefault(b, {})["spec" if 'mode="speculative"' in labels else "plain"] = value
+    for labels, value in labeled_samples(text, "eyas_spec_rate_tokens_per_second"):
+        rates.setdefault(int(labels["bucket"]), {})["spec" if labels["mode"] == "speculative" else "plain"] = value
     for r in rates.values():
         if "spec" in r and "plain" in r:
             r["gain"] = r["spec"] / r["plain"]
@@ -151,8 +143,7 @@ def policy_books(text: str) -> dict[str, dict[str, float]]:
     (`eyas_spec_policy_seconds`, `eyas_spec_policy_tokens`; mode "void": windows with a graph capture)."""
     books = {}
     for kind in ("seconds", "tokens"):
-        books[kind] = {labels.split('mode="')[1].split('"')[0]: value
-                       for labels, value in labeled(text, f"eyas_spec_policy_{kind}")}
+        books[kind] = {labels["mode"]: value for labels, value in labeled_samples(text, f"eyas_spec_policy_{kind}")}
     return books
 
 

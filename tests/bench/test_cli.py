@@ -5,7 +5,7 @@ import json
 import pytest
 
 from eyas.bench.config import BenchConfig
-from eyas.bench.prometheus import parse_metrics
+from eyas.bench.prometheus import labeled_samples, parse_metrics
 from eyas.bench.report import percentile
 from eyas.cli import main
 from eyas.errors import EyasError
@@ -78,3 +78,10 @@ def test_percentile_matches_linear_interpolation():
 def test_parse_metrics_sums_nothing_and_keeps_label_sets():
     text = '# HELP x\nx_total{a="1 2",b="}"} 3\nx_total{a="2"} 4.5 1700000000\ny 1e3\nbad line\n'
     assert parse_metrics(text) == {"x_total": [3.0, 4.5], "y": [1000.0]}
+
+
+def test_labeled_samples_reads_each_label():
+    text = ('# HELP r rate\nr{bucket="16",mode="plain"} 12.5\nr{bucket="1",mode="speculative"} 3\n'
+            'r_other{mode="plain"} 9\n')
+    assert list(labeled_samples(text, "r")) == [({"bucket": "16", "mode": "plain"}, 12.5),
+                                                ({"bucket": "1", "mode": "speculative"}, 3.0)]

@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from eyas.bench.prometheus import parse_metrics
+from eyas.bench.prometheus import labeled_samples, parse_metrics
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
 from tests.server.tiny import Server, predictable_pair
@@ -87,9 +87,7 @@ def test_adaptive_speculation_with_tensor_parallelism_stays_lossless(pair, token
         text = httpx.get(server.url + "/metrics").text
         assert 'eyas_spec_rate_tokens_per_second{bucket="' in text and 'mode="speculative"' in text
         # ... and its books: speculation ran and produced tokens, the prompts' prefills were booked apart.
-        books = {name: {labels.split('mode="')[1].split('"')[0]: float(value)
-                        for labels, value in (line.rsplit(" ", 1) for line in text.splitlines()
-                                              if line.startswith(name + "{"))}
+        books = {name: {labels["mode"]: value for labels, value in labeled_samples(text, name)}
                  for name in ("eyas_spec_policy_seconds", "eyas_spec_policy_tokens")}
         assert books["eyas_spec_policy_seconds"]["speculative"] > 0 and books["eyas_spec_policy_tokens"]["speculative"] > 0
         assert books["eyas_spec_policy_seconds"]["prefill"] > 0

@@ -14,6 +14,7 @@ Metric names, checked against the engines' sources:
   Older SGLang has only the Gauge `sglang:spec_accept_length`, an average over its last logging window.
 """
 
+import re
 from dataclasses import dataclass
 
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts_total"
@@ -51,6 +52,17 @@ def parse_metrics(text: str) -> dict[str, list[float]]:
             continue
         out.setdefault(name.strip(), []).append(value)
     return out
+
+
+LABEL = re.compile(r'(\w+)="([^"]*)"')  # one label of a sample: name="value"
+
+
+def labeled_samples(text: str, name: str):
+    """({label: value}, sample value) of every sample of the labeled metric `name` in Prometheus text."""
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line.rsplit(" ", 1)
+            yield dict(LABEL.findall(labels)), float(value)
 
 
 def acceptance_from_metrics(before: dict[str, list[float]], after: dict[str, list[float]]) -> Acceptance | None:
