@@ -148,16 +148,20 @@ class Engine:
 
     def warm_eager_passes(self, long_rows: bool = True):
         """Run the eager passes whose slot-attention kernels would otherwise compile in the middle of
-        traffic (each new variant stalls every running request for a Triton compilation): prefills of
-        short prompts, and with a draft the catch-up passes of a switch from plain steps to speculation,
-        over rows up to SHORT_ROWS columns and past it. Query lengths 2, 8, 12 and 16 cover the kernel's
+        traffic (each new variant stalls every running request for a Triton compilation): eager prefills of
+        short prompts (groups too large for graphed chunks, runner.py), and with a draft the catch-up passes
+        of a switch from plain steps to speculation, over rows up to SHORT_ROWS columns and past it. Query lengths 2, 8, 12 and 16 cover the kernel's
         row-block sizes (16, 32, 64) and its specializations on the query length (1, a multiple of 16,
         other); decode-shaped passes are covered by the graph captures."""
         from eyas.engine.graphs import SHORT_ROWS
 
         query_lengths = (2, 8, 12, 16)  # prompt lengths of the prefills, lag lengths of the catch-ups
-        for n in query_lengths:
-            self.generate([[0] * n], SamplingParams(max_tokens=1, ignore_eos=True))
+        chunked, self.runner.chunked_prefill = self.runner.chunked_prefill, False  # eager: large groups' path
+        try:
+            for n in query_lengths:
+                self.generate([[0] * n], SamplingParams(max_tokens=1, ignore_eos=True))
+        finally:
+            self.runner.chunked_prefill = chunked
         if self.spec is None:
             return
         policy = self.spec.policy
@@ -201,14 +205,11 @@ class Engine:
 
     # -- forwards -------------------------------------------------------------------------------
     def _prefill(self, seqs: list[Sequence]):
-        """One target forward over several prompts, right-padded to the longest: padding sits after every
-        real token, so no real token attends to it, and the cache columns it writes lie past each
-        sequence's length, where the next forward overwrites them."""
+        """The target over several prompts at once, right-padded to the longest (runner.prefill)."""
         lens = [len(s.prompt_ids) for s in seqs]
         T = max(lens)
         ids = torch.tensor([s.prompt_ids + [0] * (T - len(s.prompt_ids)) for s in seqs], device=self.device)
-        pos = torch.arange(T, device=self.device)[None].expand(len(seqs), T)
-        out = self.runner.forward(ids, pos, [s.slot for s in seqs], [0] * len(seqs), graph=False)
+        out = self.runner.prefill(ids, [s.slot for s in seqs])
         last = torch.tensor(lens, device=self.device) - 1
         rows = torch.arange(len(seqs), device=self.device)
         tokens = self.sample(self.target.logits(out.hidden[rows, last]), seqs).tolist()

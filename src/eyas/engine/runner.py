@@ -2,6 +2,12 @@
 
 Eager forwards attend over the smallest 128-column bucket that holds the sequences; decode-shaped
 forwards on CUDA can be replayed from CUDA graphs (see graphs.py), which attend over the whole row.
+
+Prefills of a few short prompts, the joins of a loaded server, run as CUDA-graph replays too, in chunks of
+PREFILL_CHUNK tokens each appended like a verify pass. An eager forward of SmolLM2-135M costs ~22 ms of
+host time on an H200 for ~130 prompt tokens (`benchmarks/bench_join.py`, seventh session), against 1.4 ms
+for a whole batch-64 decode step from a graph: at concurrency 64 the server spent most of its time in
+prefills. Long prompts and large groups (batch jobs) stay eager, where the GPU's own work hides the launches.
 """
 
 from __future__ import annotations
@@ -13,6 +19,9 @@ from eyas.layers.attention import AttentionBatch
 from eyas.models.llama import ModelOutput
 
 KV_BUCKET = 128
+PREFILL_CHUNK = 64           # tokens per graphed prefill chunk: graphs.MAX_GRAPH_TOKENS, the longest graphed pass
+GRAPHED_PREFILL_ROWS = 16    # prompts in one graphed prefill at most
+GRAPHED_PREFILL_TOKENS = 256  # longest prompt prefilled in graphed chunks (4 replays)
 
 
 class ModelRunner:
@@ -27,10 +36,38 @@ class ModelRunner:
         self.kv = KVCache(cfg.num_layers, num_slots + 1, max_len, kv_heads, head_dim, dtype, self.device, shared)
         self.scratch_slot = self.kv.allocate_scratch()
         self.graphs = None  # set by enable_cuda_graphs()
+        self.chunked_prefill: bool | None = None  # None: when graphs can replay the chunks; True/False: always/never
 
     def kv_len_for(self, starts: list[int], num_new: int) -> int:
         need = max(starts) + num_new
         return min(self.max_len, -(-need // KV_BUCKET) * KV_BUCKET)
+
+    def prefill(self, input_ids: torch.Tensor, slots: list[int]) -> ModelOutput:
+        """input_ids: [B, T] prompts right-padded to the longest, written from column 0 of each slot.
+        Padding sits after every real token, so no real token attends to it; the columns it writes lie
+        past each sequence's length, where later forwards overwrite them."""
+        B, T = input_ids.shape
+        if not self._prefill_in_chunks(B, T):
+            positions = torch.arange(T, device=self.device)[None].expand(B, T)
+            return self.forward(input_ids, positions, slots, [0] * B, graph=False)
+        C = PREFILL_CHUNK
+        ids = torch.nn.functional.pad(input_ids, (0, -(-T // C) * C - T))
+        hidden, aux = [], []
+        for start in range(0, T, C):
+            positions = torch.arange(start, start + C, device=self.device)[None].expand(B, C)
+            out = self.forward(ids[:, start:start + C], positions, slots, [start] * B)
+            hidden.append(out.hidden.clone())  # a graph's outputs live only until its next replay
+            if out.aux_hidden is not None:
+                aux.append(out.aux_hidden.clone())
+        return ModelOutput(torch.cat(hidden, 1)[:, :T], torch.cat(aux, 1)[:, :T] if aux else None)
+
+    def _prefill_in_chunks(self, B: int, T: int) -> bool:
+        if -(-T // PREFILL_CHUNK) * PREFILL_CHUNK > self.max_len:
+            return False
+        if self.chunked_prefill is not None:
+            return self.chunked_prefill
+        return (self.graphs is not None and B <= GRAPHED_PREFILL_ROWS and T <= GRAPHED_PREFILL_TOKENS
+                and self.graphs.can_run(B, PREFILL_CHUNK))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: list[int], starts: list[int],
                 new_mask: torch.Tensor | None = None, graph: bool = True) -> ModelOutput:
