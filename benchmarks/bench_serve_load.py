@@ -147,6 +147,30 @@ def policy_books(text: str) -> dict[str, dict[str, float]]:
     return books
 
 
+def engine_time(text: str) -> dict[str, float]:
+    """Where the server's engine spent its time so far (`eyas_cycle_ms`, `eyas_joined_requests_total`):
+    steps and their seconds, and of those the steps that prefilled joining requests, and how many joined."""
+    out = dict.fromkeys(("steps", "step_s", "join_steps", "join_s", "joined"), 0.0)
+    names = {"step": ("steps", "step_s"), "step_with_joins": ("join_steps", "join_s")}
+    for suffix, scale, index in (("_count", 1.0, 0), ("_sum", 1e-3, 1)):
+        for labels, value in labeled_samples(text, "eyas_cycle_ms" + suffix):
+            if labels.get("phase") in names:
+                out[names[labels["phase"]][index]] += value * scale
+    for line in text.splitlines():
+        if line.startswith("eyas_joined_requests_total "):
+            out["joined"] = float(line.split()[1])
+    return out
+
+
+def engine_line(e: dict[str, float], level_s: float) -> str:
+    """One level's engine time in words (a difference of two engine_time readings)."""
+    plain_steps, plain_s = e["steps"] - e["join_steps"], e["step_s"] - e["join_s"]
+    mean = lambda s, n: f"{s / n * 1e3:.2f} ms" if n else "-"  # noqa: E731
+    return (f"engine busy {e['step_s']:.2f} s of the level's {level_s:.2f} s: {plain_steps:.0f} steps without joins "
+            f"({mean(plain_s, plain_steps)} each), {e['join_steps']:.0f} with joins ({mean(e['join_s'], e['join_steps'])} "
+            f"each, {e['joined']:.0f} requests)")
+
+
 def measure(args, server: Server, concurrency: int) -> dict:
     num_prompts = args.num_prompts or max(16, 4 * concurrency)
     # Warm-up fills the batch once, so CUDA graphs, allocator and the adaptive policy have seen this batch size.
@@ -154,11 +178,14 @@ def measure(args, server: Server, concurrency: int) -> dict:
     config = BenchConfig(url=server.url, dataset=args.dataset, num_prompts=num_prompts, concurrency=concurrency,
                          max_tokens=args.max_tokens, temperature=0.0, seed=args.seed, warmup=warmup, progress=False)
     text = metrics_text(server.url)
-    before, books_before, started = spec_steps(text), policy_books(text), time.perf_counter()
+    before, books_before, engine_before = spec_steps(text), policy_books(text), engine_time(text)
+    started = time.perf_counter()
     result = run_benchmark(config).to_dict()
     text = metrics_text(server.url)
-    after, books_after = spec_steps(text), policy_books(text)
-    result["level_s"] = time.perf_counter() - started  # warm-up requests included, as in the two below
+    after, books_after, engine_after = spec_steps(text), policy_books(text), engine_time(text)
+    result["level_s"] = time.perf_counter() - started  # warm-up requests included, as in the three below
+    # Where the engine's time went, for every server: what separates the modes besides the steps themselves.
+    result["engine"] = {k: engine_after[k] - engine_before[k] for k in engine_after}
     # What the server chose during this level: how the adaptive policy decided.
     result["spec_steps"] = {mode: after[mode] - before[mode] for mode in after}
     # The policy's books for this level: seconds charged and tokens produced per mode, to hold against
@@ -276,6 +303,7 @@ def main(argv=None) -> int:
                     report["results"].append(row)
                     print(f"round {rnd}, {name} c={c}: {row['output_tok_s']:.1f} tok/s, accept {row['accept_length']}",
                           file=sys.stderr, flush=True)
+                    print("  " + engine_line(row["engine"], row["level_s"]), file=sys.stderr, flush=True)
                     if row["policy"]:
                         rates = {b: {k: round(v, 2 if k == "gain" else 1) for k, v in r.items()} for b, r in row["policy"].items()}
                         books = row["policy_books"]

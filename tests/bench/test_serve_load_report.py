@@ -22,3 +22,23 @@ def test_rounds_are_compared_within_themselves():
 
 def test_one_round_has_no_spread():
     assert spread([row(1, "plain", 1, 10.0), row(1, "spec", 1, 12.0)]) == []
+
+
+def test_engine_time_reads_steps_and_joins_from_the_servers_metrics():
+    """Every server exports its step times, and apart those of the steps that prefilled joining requests;
+    the benchmark reads them per level to show where the engine's time went in each server."""
+    from benchmarks.bench_serve_load import engine_line, engine_time
+    from eyas.dist.messages import StepResult
+    from eyas.server.metrics import Metrics
+
+    m = Metrics()
+    empty = engine_time(m.render().decode())
+    assert empty == dict.fromkeys(("steps", "step_s", "join_steps", "join_s", "joined"), 0.0)
+    for step_ms, joined in ((2.0, 0), (30.0, 2), (4.0, 0), (20.0, 1)):
+        m.step(StepResult([], running=1, waiting=0, kv_usage=0.5, step_ms=step_ms, joined=joined))
+    e = engine_time(m.render().decode())
+    assert e["steps"] == 4 and e["join_steps"] == 2 and e["joined"] == 3
+    assert abs(e["step_s"] - 0.056) < 1e-9 and abs(e["join_s"] - 0.05) < 1e-9
+    line = engine_line(e, 1.0)
+    assert "0.06 s of the level's 1.00 s" in line and "2 steps without joins (3.00 ms each)" in line
+    assert "2 with joins (25.00 ms each, 3 requests)" in line

@@ -152,8 +152,21 @@ def test_forced_mode_measures_nothing():
     assert clock.steps(6, 8, 0.01, 3) == [True] * 6
     p.forced = False
     assert clock.steps(6, 8, 0.01, 1) == [False] * 6
+    p.forced = True
+    p.set_aside(0.5)  # a warm-up prefill
     p.forced = None
     assert p.rates == {} and p.speculate(8) is True
+    assert sum(p.seconds.values()) == 0 and sum(p.tokens.values()) == 0
+
+
+def test_warm_up_passes_leave_the_books_empty(tmp_path):
+    """A server's first level reads the books before and after it; warm-up time (eager passes that compile
+    kernels) booked as prefill or as a mode once made a level's books exceed its wall time."""
+    engine = adaptive_engine(tmp_path)
+    engine.warm_eager_passes()
+    policy = engine.spec.policy
+    assert policy.rates == {} and policy.forced is None
+    assert sum(policy.seconds.values()) == 0 and sum(policy.tokens.values()) == 0
 
 
 def adaptive_engine(path):

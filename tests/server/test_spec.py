@@ -91,3 +91,7 @@ def test_adaptive_speculation_with_tensor_parallelism_stays_lossless(pair, token
                  for name in ("eyas_spec_policy_seconds", "eyas_spec_policy_tokens")}
         assert books["eyas_spec_policy_seconds"]["speculative"] > 0 and books["eyas_spec_policy_tokens"]["speculative"] > 0
         assert books["eyas_spec_policy_seconds"]["prefill"] > 0
+        # Every prompt was prefilled in some step, and those steps are timed apart.
+        assert m["eyas_joined_requests_total"] == [len(prompts)]
+        joins = [v for labels, v in labeled_samples(text, "eyas_cycle_ms_count") if labels["phase"] == "step_with_joins"]
+        assert 1 <= joins[0] <= len(prompts)

@@ -89,6 +89,7 @@ class StepResult:
     waiting: int                   # requests the engine accepted but has not admitted yet
     kv_usage: float                # fraction of cache slots in use
     step_ms: float                 # wall time of the whole step on rank 0
+    joined: int = 0                # requests the step admitted and prefilled
     phase_ms: dict[str, list[float]] = field(default_factory=dict)  # --profile: per-phase times of this step
     spec_step: tuple[int, bool] | None = None  # with a draft: (batch size, speculated) of this step
     spec_policy: dict | None = None  # adaptive: SpecPolicy.snapshot(), every POLICY_EVERY steps and when idle

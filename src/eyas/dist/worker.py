@@ -190,6 +190,7 @@ class Lockstep:
         t0 = time.perf_counter()
         if eng.spec is not None:
             eng.spec.last_decision = None
+        eng.last_admitted = 0
         if eng.has_work():
             eng.step()
         step_ms = (time.perf_counter() - t0) * 1e3
@@ -211,6 +212,7 @@ class Lockstep:
         if eng.spec is not None and eng.spec.policy.adaptive and (self.steps % POLICY_EVERY == 0 or not eng.has_work()):
             policy = eng.spec.policy.snapshot()
         self.results.put(StepResult(updates, running=len(eng.running), waiting=len(eng.waiting),
-                                    kv_usage=len(eng.running) / slots, step_ms=step_ms, phase_ms=phases,
+                                    kv_usage=len(eng.running) / slots, step_ms=step_ms, joined=eng.last_admitted,
+                                    phase_ms=phases,
                                     spec_step=eng.spec.last_decision if eng.spec is not None else None,
                                     spec_policy=policy))

@@ -37,6 +37,7 @@ class Engine:
         self.runner = ModelRunner(self.target, max_batch, max_len, self.device)
         self.eos_ids = set(self.config.eos_token_ids)
         self.profiler = profiler
+        self.last_admitted = 0  # requests the last step prefilled (the server's metrics)
         self._ids = itertools.count()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -97,6 +98,7 @@ class Engine:
                     self._prefill(group)
             if self.spec:
                 self.spec.prefill_done(started)
+        self.last_admitted = len(admitted)
         self.running.extend(admitted)
         live = [s for s in self.running if not s.finished]
         if live and self.spec:
@@ -157,11 +159,15 @@ class Engine:
 
         query_lengths = (2, 8, 12, 16)  # prompt lengths of the prefills, lag lengths of the catch-ups
         chunked, self.runner.chunked_prefill = self.runner.chunked_prefill, False  # eager: large groups' path
+        if self.spec is not None:
+            self.spec.policy.forced = True  # dummy prompts: the adaptive policy books nothing
         try:
             for n in query_lengths:
                 self.generate([[0] * n], SamplingParams(max_tokens=1, ignore_eos=True))
         finally:
             self.runner.chunked_prefill = chunked
+            if self.spec is not None:
+                self.spec.policy.forced = None
         if self.spec is None:
             return
         policy = self.spec.policy

@@ -159,7 +159,9 @@ class SpecPolicy:
     def set_aside(self, seconds: float):
         """A prefill took these seconds (GPU settled before and after): the same work in either mode, as
         each request is prefilled once whichever mode runs, so it is booked apart and not charged to the
-        open window, whose rate it would only make noisier."""
+        open window, whose rate it would only make noisier. Forced (warm-up) prefills are not booked."""
+        if self.forced is not None:
+            return
         self.seconds["prefill"] += seconds
         if self.current is not None:
             self.current.prefill += seconds

@@ -40,8 +40,11 @@ class Metrics:
                                 "passes, per request)", registry=r)
         self.accept_length = Histogram("eyas_spec_accept_length", "Per-request acceptance length",
                                        buckets=ACCEPT, registry=r)
-        self.cycle = Histogram("eyas_cycle_ms", "Engine step time; per phase with --profile", ["phase"],
+        self.cycle = Histogram("eyas_cycle_ms", "Engine step time (phase step: every step; step_with_joins: the steps "
+                               "that prefilled joining requests); per phase with --profile", ["phase"],
                                buckets=CYCLE_MS, registry=r)
+        self.joined = Counter("eyas_joined_requests", "Requests admitted and prefilled (in the steps counted as "
+                              "eyas_cycle_ms{phase=\"step_with_joins\"})", registry=r)
         self.spec_steps = Counter("eyas_spec_steps", "Steps under a draft by batch-size bucket and mode "
                                   "(speculative cycle or plain step: what the adaptive policy chose)",
                                   ["bucket", "mode"], registry=r)
@@ -60,6 +63,9 @@ class Metrics:
         self.running.set(result.running)
         self.kv_usage.set(result.kv_usage)
         self.cycle.labels("step").observe(result.step_ms)
+        if result.joined:  # steps that prefilled joining requests, apart: a join costs far more than a step
+            self.cycle.labels("step_with_joins").observe(result.step_ms)
+            self.joined.inc(result.joined)
         for phase, times in result.phase_ms.items():
             for ms in times:
                 self.cycle.labels(phase).observe(ms)
