@@ -64,11 +64,30 @@ def test_which_prefills_run_in_graphed_chunks(tmp_path):
     tiny_llama(tmp_path, vocab=64)
     eng = Engine(str(tmp_path), dtype="fp32", device="cpu", max_batch=4, max_len=256)
     runner = eng.runner
-    assert not runner._prefill_in_chunks(1, 10)  # no graphs on the CPU
+    assert not runner.prefills_in_chunks(1, 10)  # no graphs on the CPU
     runner.graphs = _Graphs()
-    assert runner._prefill_in_chunks(1, 10)
-    assert runner._prefill_in_chunks(GRAPHED_PREFILL_ROWS, GRAPHED_PREFILL_TOKENS)
-    assert not runner._prefill_in_chunks(GRAPHED_PREFILL_ROWS + 1, 10)
-    assert not runner._prefill_in_chunks(1, GRAPHED_PREFILL_TOKENS + 1)
+    assert runner.prefills_in_chunks(1, 10)
+    assert runner.prefills_in_chunks(GRAPHED_PREFILL_ROWS, GRAPHED_PREFILL_TOKENS)
+    assert not runner.prefills_in_chunks(GRAPHED_PREFILL_ROWS + 1, 10)
+    assert not runner.prefills_in_chunks(1, GRAPHED_PREFILL_TOKENS + 1)
     runner.max_len = 100
-    assert runner._prefill_in_chunks(1, 64) and not runner._prefill_in_chunks(1, 65)  # 2 chunks = 128 > 100
+    assert runner.prefills_in_chunks(1, 64) and not runner.prefills_in_chunks(1, 65)  # 2 chunks = 128 > 100
+
+
+def test_the_drafts_chunked_prefill_gives_its_eager_states(tmp_path):
+    """The draft follows the target's chunks: each prompt's last hidden state and log-probabilities, from
+    whichever chunk holds its last token, equal those of one eager pass."""
+    tiny_llama(tmp_path, vocab=64)
+    outs = []
+    for chunked in (False, True):
+        eng = engine(tmp_path, chunked, SpecConfig(3, 1))
+        ps = prompts()
+        seqs = [eng.add(p, SamplingParams(max_tokens=4, ignore_eos=True)) for p in ps]
+        for s in seqs:
+            s.slot = eng.runner.kv.allocate()
+        eng._prefill(seqs)
+        outs.append([(s.draft_state.batch_hidden[s.draft_state.row], s.draft_state.batch_logp[s.draft_state.row])
+                     for s in seqs])
+    for (h0, l0), (h1, l1) in zip(*outs):
+        torch.testing.assert_close(h1, h0, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(l1, l0, atol=1e-5, rtol=1e-5)

@@ -47,7 +47,7 @@ class ModelRunner:
         Padding sits after every real token, so no real token attends to it; the columns it writes lie
         past each sequence's length, where later forwards overwrite them."""
         B, T = input_ids.shape
-        if not self._prefill_in_chunks(B, T):
+        if not self.prefills_in_chunks(B, T):
             positions = torch.arange(T, device=self.device)[None].expand(B, T)
             return self.forward(input_ids, positions, slots, [0] * B, graph=False)
         C = PREFILL_CHUNK
@@ -61,7 +61,8 @@ class ModelRunner:
                 aux.append(out.aux_hidden.clone())
         return ModelOutput(torch.cat(hidden, 1)[:, :T], torch.cat(aux, 1)[:, :T] if aux else None)
 
-    def _prefill_in_chunks(self, B: int, T: int) -> bool:
+    def prefills_in_chunks(self, B: int, T: int) -> bool:
+        """Whether a prefill of B prompts padded to T tokens runs in graphed chunks (the draft's follows)."""
         if -(-T // PREFILL_CHUNK) * PREFILL_CHUNK > self.max_len:
             return False
         if self.chunked_prefill is not None:

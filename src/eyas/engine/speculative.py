@@ -19,11 +19,13 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from eyas.config import SpecConfig
 from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
 from eyas.engine.kv_cache import KVCache
 from eyas.engine.profile import NullProfiler
+from eyas.engine.runner import PREFILL_CHUNK
 from eyas.engine.spec_policy import SpecPolicy
 from eyas.engine.tree import accept_greedy, accept_sampled, select_tree
 from eyas.layers.attention import AttentionBatch
@@ -213,17 +215,42 @@ class SpeculativeDecoder:
     # -- prefill ---------------------------------------------------------------------------------
     def prefill(self, seqs, features, lens: list[int]):
         """After the target's prefill (engine.py): run the draft over each prompt's (feature, next token)
-        pairs, the rows right-padded like the target's. Prompt lengths vary, so this pass runs eagerly."""
+        pairs, the rows right-padded like the target's. When the target ran in graphed chunks (runner.py),
+        the draft does too, through the extend graphs; otherwise in one eager pass."""
         dev = self.engine.device
-        T = features.shape[1]
+        B, T = features.shape[:2]
         rows = [s.prompt_ids[1:] + s.output_ids[:1] for s in seqs]
         ids = torch.tensor([r + [0] * (T - len(r)) for r in rows], device=dev)
-        B = len(seqs)
+        meta = torch.tensor([[n - 1 for n in lens], [s.slot for s in seqs]], device=dev)
+        last, slots = meta[0], meta[1]
+        if self.engine.runner.prefills_in_chunks(B, T):
+            set_states(seqs, *self._prefill_in_chunks(ids, features, last, slots))
+            return
         pos = torch.arange(T, device=dev)[None].expand(B, T)
-        out = self._draft_forward(self.target.embed(ids), features, pos, torch.tensor([s.slot for s in seqs], device=dev),
-                                  torch.zeros(B, dtype=torch.long, device=dev), graph_kv_len(self.kv, T), fuse=True)
-        h = out[torch.arange(B, device=dev), torch.tensor(lens, device=dev) - 1]
+        out = self._draft_forward(self.target.embed(ids), features, pos, slots, torch.zeros(B, dtype=torch.long, device=dev),
+                                  graph_kv_len(self.kv, T), fuse=True)
+        h = out[torch.arange(B, device=dev), last]
         set_states(seqs, h, torch.log_softmax(self.draft.logits(h), dim=-1))
+
+    def _prefill_in_chunks(self, ids, features, last, slots):
+        """The draft's prefill as PREFILL_CHUNK-token extend passes at columns 0, C, 2C, ...; each row keeps
+        the output at its last prompt token, from the chunk that holds it."""
+        B, T = ids.shape
+        C = PREFILL_CHUNK
+        pad = -(-T // C) * C - T
+        ids, features = F.pad(ids, (0, pad)), F.pad(features, (0, 0, 0, pad))
+        h = logp = None
+        for start in range(0, T, C):
+            starts = torch.full((B,), start, dtype=torch.long, device=ids.device)
+            hc, lc = self._run("extend", self._extend_fn, B, self.kv, start + C,
+                               [ids[:, start:start + C], features[:, start:start + C], (last - start).clamp(0, C - 1),
+                                starts, slots], [0, 0, 0, 0, self.engine.runner.scratch_slot])
+            if h is None:  # copies: under CUDA graphs hc and lc are buffers the next replay overwrites
+                h, logp = hc.clone(), lc.clone()
+            else:
+                here = ((last >= start) & (last < start + C))[:, None]
+                h, logp = torch.where(here, hc, h), torch.where(here, lc, logp)
+        return h, logp
 
     # -- one cycle -------------------------------------------------------------------------------
     def cycle(self, seqs):
