@@ -1,8 +1,11 @@
 """The front end's scheduler: one thread that batches requests into the workers' lockstep and hands tokens back.
 
-Between two steps it forwards every new request and every abort to all workers, then sends one Step and
-waits for rank 0's result: requests join and leave a running batch at step boundaries (continuous batching),
-and the Engine admits waiting requests while cache slots are free. The thread is the only user of the
+Between two steps it forwards every new request and every abort to all workers and sends one Step. When
+rank 0's result arrives it sends the next Step at once (new requests and aborts first) and only then hands
+the result's tokens out, so the workers never wait on it. Requests join and leave a running batch at step
+boundaries (continuous batching), and the Engine admits waiting requests while cache slots are free. An
+abort that a result's tokens prompt (a stop string) reaches the workers one step later than it would if the
+workers waited for the hand-out: that step's tokens for it are dropped. The thread is the only user of the
 WorkerGroup, so commands reach the workers in one order. Admission control is a count: at most
 max_running requests in slots plus max_queue waiting; beyond that `submit` refuses at once (HTTP 503).
 
@@ -58,6 +61,7 @@ class Scheduler:
         self._stopping = False
         self.healthy = True
         self.error: str | None = None
+        self._in_flight = False                  # a Step was sent and its result not yet received
         self.thread = threading.Thread(target=self._run, name="eyas-scheduler", daemon=True)
 
     # -- called from the HTTP side ----------------------------------------------------------------
@@ -98,17 +102,19 @@ class Scheduler:
             self._fail(f"scheduler error: {type(e).__name__}: {e}")
 
     def _cycle(self) -> bool:
-        for kind, item in self._take(block=not self.live):
-            if kind == "add":
-                self.live[item.id] = item
-                self.group.broadcast(AddRequest(item.id, item.prompt_ids, item.params))
-            elif kind == "abort" and item in self.live:
-                self.group.broadcast(Abort(item))
-                self._leave(item)
-        if not self.live:
-            return not self._stopping
-        self.group.broadcast(Step())
+        if not self._in_flight:
+            self._forward(self._take(block=not self.live))
+            if not self.live:
+                return not self._stopping
+            self._step()
         result = self.group.receive()
+        self._in_flight = False
+        # The next step starts before this one's tokens are handed out, so the workers compute while this
+        # thread does its bookkeeping (and waits for the GIL the HTTP side holds while it detokenizes).
+        ended = {u.id for u in result.updates if u.finish_reason is not None or u.error is not None}
+        self._forward(self._take(block=False))
+        if any(rid not in ended for rid in self.live):
+            self._step()
         self.metrics.step(result)
         for update in result.updates:
             sub = self.live.get(update.id)
@@ -118,6 +124,20 @@ class Scheduler:
             if update.finish_reason is not None or update.error is not None:
                 self._leave(update.id)
         return True
+
+    def _forward(self, items: list) -> None:
+        """New requests and aborts go to every worker, in one order, between two steps."""
+        for kind, item in items:
+            if kind == "add":
+                self.live[item.id] = item
+                self.group.broadcast(AddRequest(item.id, item.prompt_ids, item.params))
+            elif kind == "abort" and item in self.live:
+                self.group.broadcast(Abort(item))
+                self._leave(item)
+
+    def _step(self) -> None:
+        self.group.broadcast(Step())
+        self._in_flight = True
 
     def _take(self, block: bool) -> list:
         items = []
