@@ -91,3 +91,21 @@ def test_the_drafts_chunked_prefill_gives_its_eager_states(tmp_path):
     for (h0, l0), (h1, l1) in zip(*outs):
         torch.testing.assert_close(h1, h0, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(l1, l0, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+def test_chunked_prefill_of_moe_and_mla_targets(tmp_path, arch):
+    """Routed experts see the chunks' padding tokens, and MLA caches one shared latent per token (torch
+    attention, not the slot kernel); with a 200-column cache the 150-token prompt's last chunk pads to 192."""
+    from tests.models.tiny_moe import save_tiny
+
+    save_tiny(arch, tmp_path, vocab_size=32)
+    g = torch.Generator().manual_seed(0)
+    ps = [torch.randint(0, 32, (n,), generator=g).tolist() for n in (5, 64, 65, 150)]
+    outs = []
+    for chunked in (False, True):
+        eng = Engine(str(tmp_path), dtype="fp32", max_batch=4, max_len=200, spec=SpecConfig(4, 3, 8),
+                     draft=random_draft(64, 32, draft_vocab=24))
+        eng.runner.chunked_prefill = chunked
+        outs.append([s.output_ids for s in eng.generate(ps, SamplingParams(max_tokens=20))])
+    assert outs[0] == outs[1]
