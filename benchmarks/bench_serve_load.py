@@ -28,7 +28,7 @@ import httpx
 
 from eyas.bench.client import run_benchmark
 from eyas.bench.config import BenchConfig
-from eyas.bench.prometheus import labeled_samples
+from eyas.bench.prometheus import labeled_samples, parse_metrics
 from eyas.errors import EyasError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -156,9 +156,7 @@ def engine_time(text: str) -> dict[str, float]:
         for labels, value in labeled_samples(text, "eyas_cycle_ms" + suffix):
             if labels.get("phase") in names:
                 out[names[labels["phase"]][index]] += value * scale
-    for line in text.splitlines():
-        if line.startswith("eyas_joined_requests_total "):
-            out["joined"] = float(line.split()[1])
+    out["joined"] = sum(parse_metrics(text).get("eyas_joined_requests_total", []))
     return out
 
 

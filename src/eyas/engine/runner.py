@@ -25,6 +25,11 @@ GRAPHED_PREFILL_ROWS = 16    # prompts in one graphed prefill at most
 GRAPHED_PREFILL_TOKENS = 256  # longest prompt prefilled in graphed chunks (4 replays)
 
 
+def chunked_length(T: int) -> int:
+    """Columns a T-token prefill in PREFILL_CHUNK-token chunks writes: T rounded up to whole chunks."""
+    return -(-T // PREFILL_CHUNK) * PREFILL_CHUNK
+
+
 class ModelRunner:
     def __init__(self, model, num_slots: int, max_len: int, device):
         cfg = model.config
@@ -52,7 +57,7 @@ class ModelRunner:
             positions = torch.arange(T, device=self.device)[None].expand(B, T)
             return self.forward(input_ids, positions, slots, [0] * B, graph=False)
         C = PREFILL_CHUNK
-        ids = torch.nn.functional.pad(input_ids, (0, -(-T // C) * C - T))
+        ids = torch.nn.functional.pad(input_ids, (0, chunked_length(T) - T))
         hidden, aux = [], []
         for start in range(0, T, C):
             positions = torch.arange(start, start + C, device=self.device)[None].expand(B, C)
@@ -64,7 +69,7 @@ class ModelRunner:
 
     def prefills_in_chunks(self, B: int, T: int) -> bool:
         """Whether a prefill of B prompts padded to T tokens runs in graphed chunks (the draft's follows)."""
-        if -(-T // PREFILL_CHUNK) * PREFILL_CHUNK > self.max_len:
+        if chunked_length(T) > self.max_len:
             return False
         if self.chunked_prefill is not None:
             return self.chunked_prefill

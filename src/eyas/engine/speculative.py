@@ -25,7 +25,7 @@ from eyas.config import SpecConfig
 from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
 from eyas.engine.kv_cache import KVCache
 from eyas.engine.profile import NullProfiler
-from eyas.engine.runner import PREFILL_CHUNK
+from eyas.engine.runner import PREFILL_CHUNK, chunked_length
 from eyas.engine.spec_policy import SpecPolicy
 from eyas.engine.tree import accept_greedy, accept_sampled, select_tree
 from eyas.layers.attention import AttentionBatch
@@ -237,7 +237,7 @@ class SpeculativeDecoder:
         the output at its last prompt token, from the chunk that holds it."""
         B, T = ids.shape
         C = PREFILL_CHUNK
-        pad = -(-T // C) * C - T
+        pad = chunked_length(T) - T
         ids, features = F.pad(ids, (0, pad)), F.pad(features, (0, 0, 0, pad))
         h = logp = None
         for start in range(0, T, C):

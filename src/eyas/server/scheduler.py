@@ -121,7 +121,7 @@ class Scheduler:
             if sub is None:  # aborted while the step ran
                 continue
             sub.deliver(update)
-            if update.finish_reason is not None or update.error is not None:
+            if update.id in ended:
                 self._leave(update.id)
         return True
 
