@@ -27,7 +27,7 @@ from eyas.engine.kv_cache import KVCache
 from eyas.engine.profile import NullProfiler
 from eyas.engine.runner import PREFILL_CHUNK, chunked_length
 from eyas.engine.spec_policy import SpecPolicy
-from eyas.engine.tree import accept_greedy, accept_sampled, select_tree
+from eyas.engine.tree import accept_greedy, accept_greedy_batched, accept_sampled, select_tree
 from eyas.layers.attention import AttentionBatch
 from eyas.layers.rotary import RotaryEmbedding
 from eyas.layers.sampling import adjusted_probs
@@ -131,6 +131,19 @@ class SpeculativeDecoder:
         out = self.target(tokens, c_t[:, None] + depth, batch)
         logits = self.target.logits(out.hidden)
         return logits.argmax(-1), logits, out.aux_hidden
+
+    def _commit_fn(self, tokens, parents, depth, argmax, aux, c_t, slots, kv_len):
+        """Greedy acceptance of a verified tree, its target KV moved to contiguous columns (trees only: a
+        chain's path never skips a node), and the draft run over the accepted pairs (see _extend)."""
+        S = self.spec.steps
+        sel, accepted, new = accept_greedy_batched(tokens, parents, depth, argmax, S)
+        if self.spec.topk > 1:
+            cols = torch.arange(S + 1, device=sel.device)[None]
+            order = torch.where(cols <= accepted[:, None], cols, 0)  # past the path: column c onto itself
+            self.engine.runner.kv.compact(slots, c_t[:, None] + sel, c_t[:, None] + order)
+        feats = aux.gather(1, sel[..., None].expand(-1, -1, aux.shape[-1]))
+        h, logp = self._extend_fn(new, feats, accepted, c_t, slots, kv_len)
+        return new, accepted, h, logp
 
     def _run(self, name, fn, B, kv, kv_need, inputs, pads, padded=False):
         """Run `fn` on inputs padded to a batch bucket; replayed from a CUDA graph when the engine has them.
@@ -257,11 +270,40 @@ class SpeculativeDecoder:
         return 0 if g is None else len(g.graphs) + len(g.functions.graphs)
 
     def _speculative_cycle(self, seqs):
+        if all(s.params.greedy for s in seqs):
+            self._greedy_cycle(seqs)
+        else:
+            self._sampled_cycle(seqs)
+
+    def _greedy_cycle(self, seqs):
+        """A cycle of greedy sequences. Acceptance, the KV compaction and the draft's extend pass run on the
+        device right after the verify pass (one more graph), so the GPU runs the whole cycle without waiting
+        for the host, which reads the accepted tokens once, at the end."""
+        eng, prof = self.engine, self.profiler
+        S, B = self.spec.steps, len(seqs)
+        c = [s.cached for s in seqs]
+        tokens, parents, depth, argmax, _, aux, c_t, slots_t = self._draft_and_verify(seqs, c)
+        with prof.phase("commit"):
+            new, accepted, h, logp = self._run("commit", self._commit_fn, B, self.kv, max(c) + S + 1,
+                                               [tokens[:B], parents[:B], depth[:B], argmax, aux, c_t, slots_t],
+                                               [0, 0, 0, 0, 0, 0, eng.runner.scratch_slot])
+            set_states(seqs, h.clone(), logp.clone())  # graph outputs: the next replay overwrites them
+        with prof.phase("accept"):
+            host = torch.cat([new, accepted[:, None]], dim=1).tolist()  # the cycle's one sync
+            for s, row in zip(seqs, host):
+                m = row[-1]
+                prof.record_accept(m, S)
+                s.cached += m + 1
+                s.verify_passes += 1
+                s.append(row[:m + 1], eng.eos_ids)
+
+    def _sampled_cycle(self, seqs):
+        """A cycle with sampled sequences: acceptance draws on the host (tree.accept_sampled)."""
         eng, prof, dev = self.engine, self.profiler, self.engine.device
         S, N = self.spec.steps, self.spec.draft_tokens
         B = len(seqs)
         c = [s.cached for s in seqs]
-        tokens, parents, argmax, logits, aux, c_t, slots_t = self._draft_and_verify(seqs, c)
+        tokens, parents, _, argmax, logits, aux, c_t, slots_t = self._draft_and_verify(seqs, c)
         with prof.phase("accept"):
             host = torch.cat([tokens[:B], parents[:B], argmax], dim=1).tolist()  # the cycle's one sync
             paths, bonus = [], []
@@ -315,12 +357,12 @@ class SpeculativeDecoder:
             # Read after the verify graph replays, which may keep its temporaries where these live (graphs.py):
             # a chain's verify pass crosses a length bucket two columns before its draft does, so its graph is
             # captured first and the draft's is then free to reuse that memory. Copies, outside the pool.
-            tokens, parents = tokens.clone(), parents.clone()
+            tokens, parents, depth = tokens.clone(), parents.clone(), depth.clone()
         with prof.phase("verify"):
             # The tree's outputs go straight in, padding rows included (they write only the scratch row).
             argmax, logits, aux = self._run("verify", self._verify_fn, B, eng.runner.kv, max(c) + N,
                                             [tokens, depth, mask, c_t, slots_t], [0, 0, True, 0, scratch])
-        return tokens, parents, argmax, logits, aux, c_t, slots_t
+        return tokens, parents, depth, argmax, logits, aux, c_t, slots_t
 
     def _plain_step(self, seqs):
         """One plain decode step; the draft catches up later (see the module docstring), so speculation

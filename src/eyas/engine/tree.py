@@ -67,6 +67,42 @@ def accept_greedy(tokens: list[int], parents: list[int], target_argmax: list[int
         path.append(nxt)
 
 
+def accept_greedy_batched(tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor,
+                          target_argmax: torch.Tensor, max_depth: int):
+    """accept_greedy for a batch, on the device, in fixed shapes (CUDA-graph capturable, no sync).
+
+    tokens, parents, depth, target_argmax: [B, N]. Returns (sel [B, L], accepted [B], new [B, L]) with
+    L = max_depth + 1: sel holds the path's nodes by depth (root first, 0 past its end); `accepted` counts
+    its drafted nodes; new holds the tokens the path appends, the bonus token last and repeated past it.
+    At most one node per depth can be accepted: siblings are distinct tokens and only one can equal the
+    target's argmax at their parent, so the deepest accepted node is unique."""
+    B, N = tokens.shape
+    L = max_depth + 1
+    up = parents.clamp_min(0)
+    correct = tokens == target_argmax.gather(1, up)
+    correct[:, 0] = True
+    ok = correct
+    for _ in range(max_depth):  # a node is accepted when it and every ancestor are correct
+        ok = correct & ok.gather(1, up)
+    best = torch.where(ok, depth, -1).argmax(dim=1, keepdim=True)          # [B, 1] the deepest accepted node
+    accepted = depth.gather(1, best)[:, 0]
+    on_path = torch.zeros_like(ok).scatter_(1, best, True)
+    cur = best
+    for _ in range(max_depth):
+        cur = up.gather(1, cur)
+        on_path.scatter_(1, cur, True)
+    # Node j goes to column depth[j] when on the path; the others to a spare column L, dropped after.
+    nodes = torch.arange(N, device=tokens.device).expand(B, N)
+    sel = torch.zeros((B, L + 1), dtype=torch.long, device=tokens.device)
+    sel.scatter_(1, torch.where(on_path, depth, L), nodes)
+    sel = sel[:, :L]
+    bonus = target_argmax.gather(1, best)
+    drafted = tokens.gather(1, torch.cat([sel[:, 1:], sel[:, :1]], dim=1))  # the path's tokens after the root
+    cols = torch.arange(L, device=tokens.device)[None]
+    new = torch.where(cols < accepted[:, None], drafted, bonus)
+    return sel, accepted, new
+
+
 def accept_sampled(tokens: list[int], parents: list[int], probs: torch.Tensor,
                    generator: torch.Generator | None) -> tuple[list[int], int]:
     """Lossless acceptance for deterministic (top-k) proposals: at each node try its distinct children in

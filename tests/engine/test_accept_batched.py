@@ -1,0 +1,52 @@
+"""Greedy acceptance on the device (fixed shapes, no sync) picks the same path and tokens as the host's."""
+
+import pytest
+import torch
+
+from eyas.engine.tree import accept_greedy, accept_greedy_batched, select_tree
+
+
+def random_tree(B, steps, topk, num_nodes, vocab, g):
+    """A draft tree as the tree pass builds one: pools of top-k children per frontier node, depth by depth."""
+    root = torch.randint(0, vocab, (B,), generator=g)
+    tokens, parents, depth, scores = [], [], [], []
+    frontier = torch.full((B, 1), -1)
+    frontier_scores = torch.zeros(B, 1)
+    base = 0
+    for d in range(1, steps + 1):
+        n = frontier.shape[1]
+        child = torch.stack([torch.randperm(vocab, generator=g)[:topk] for _ in range(B * n)]).view(B, n * topk)
+        s = (frontier_scores.repeat_interleave(topk, 1) - torch.rand(B, n * topk, generator=g))
+        tokens.append(child)
+        parents.append(frontier.repeat_interleave(topk, 1))
+        depth.append(torch.full((B, n * topk), d))
+        scores.append(s)
+        keep = s.topk(topk, dim=1).indices
+        frontier, frontier_scores = base + keep, s.gather(1, keep)
+        base += n * topk
+    return select_tree(root, torch.cat(tokens, 1), torch.cat(scores, 1), torch.cat(parents, 1), torch.cat(depth, 1),
+                       num_nodes)
+
+
+@pytest.mark.parametrize("steps,topk,num_nodes", [(3, 1, 4), (5, 4, 8), (4, 3, 10)])
+def test_device_acceptance_equals_the_hosts(steps, topk, num_nodes):
+    g = torch.Generator().manual_seed(steps * 100 + topk)
+    vocab, B = 12, 64
+    tree = random_tree(B, steps, topk, num_nodes, vocab, g)
+    # The target's argmax at each node: often a child's token (so paths get accepted), else random.
+    argmax = torch.randint(0, vocab, (B, num_nodes), generator=g)
+    for b in range(B):
+        for j in range(1, num_nodes):
+            if torch.rand((), generator=g) < 0.7:
+                argmax[b, tree.parents[b, j]] = tree.tokens[b, j]
+    sel, accepted, new = accept_greedy_batched(tree.tokens, tree.parents, tree.depth, argmax, steps)
+    lengths = set()
+    for b in range(B):
+        path, bonus = accept_greedy(tree.tokens[b].tolist(), tree.parents[b].tolist(), argmax[b].tolist())
+        m = len(path) - 1
+        lengths.add(m)
+        assert accepted[b].item() == m
+        assert sel[b].tolist() == path + [0] * (steps + 1 - len(path))
+        want = [tree.tokens[b, j].item() for j in path[1:]] + [bonus]
+        assert new[b].tolist() == want + [bonus] * (steps + 1 - len(want))
+    assert len(lengths) > 2  # short and long paths both occurred
