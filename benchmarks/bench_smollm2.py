@@ -60,9 +60,11 @@ def draft_arg(args, model_path):
     return random_draft(cfg.hidden_size, cfg.vocab_size, draft_vocab=8192)
 
 
-def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=None):
+def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=None, host_accept=False):
     new_tokens = new_tokens or NEW_TOKENS
     eng = Engine(str(model_path), dtype=dtype, device=DEVICE, draft=draft, spec=spec, max_batch=1, max_len=2048)
+    if host_accept:  # the greedy cycle's acceptance and commit on the host, as before they moved to the device
+        eng.spec.accept_on_device = False
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     eng.generate([prompts[0]], SamplingParams(max_tokens=32, ignore_eos=True))  # warm-up + graph capture
     toks, secs, passes = 0, 0.0, 0
@@ -303,6 +305,8 @@ def main():
         sp = {}
         sp["eyas_plain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16")
         sp["eyas_chain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
+        sp["eyas_chain_host_accept"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN,
+                                                     host_accept=True)
         sp["eyas_tree"], eng = eyas_speed(path, prompts[:args.prompts], "bf16", draft, TREE)
         if args.hf_prompts > 0:
             sp["hf_static"] = hf_speed_isolated(path, prompts[:args.hf_prompts])

@@ -50,3 +50,23 @@ def test_device_acceptance_equals_the_hosts(steps, topk, num_nodes):
         want = [tree.tokens[b, j].item() for j in path[1:]] + [bonus]
         assert new[b].tolist() == want + [bonus] * (steps + 1 - len(want))
     assert len(lengths) > 2  # short and long paths both occurred
+
+
+@pytest.mark.parametrize("spec", [(3, 1, 4), (4, 3, 8)], ids=["chain", "tree"])
+def test_the_engine_gives_the_same_tokens_and_passes_accepting_on_the_device_or_the_host(tmp_path, spec):
+    from eyas.config import SpecConfig
+    from eyas.engine.engine import Engine
+    from eyas.layers.sampling import SamplingParams
+    from tests.server.tiny import predictable_pair
+
+    target, draft = predictable_pair(tmp_path / "target", tmp_path / "draft")
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 60, (n,), generator=g).tolist() for n in (9, 30, 17)]
+    outs = []
+    for on_device in (True, False):
+        engine = Engine(str(target), dtype="fp32", max_batch=3, max_len=256, draft=str(draft), spec=SpecConfig(*spec))
+        engine.spec.accept_on_device = on_device
+        seqs = engine.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))
+        outs.append([(s.output_ids, s.verify_passes) for s in seqs])
+    assert outs[0] == outs[1]
+    assert all(passes < 30 for _, passes in outs[0])  # drafts were accepted, several tokens per pass

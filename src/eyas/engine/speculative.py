@@ -60,6 +60,7 @@ class SpeculativeDecoder:
         heads, head_dim, shared = self.draft.config.kv_cache_layout()  # an MLA draft caches one latent per token
         self.kv = KVCache(1, engine.runner.kv.num_slots, positions, heads, head_dim, dtype, engine.device, shared)
         self._last_mode = None  # speculated or not, the last step
+        self.accept_on_device = True  # greedy batches; False keeps them on the host path (benchmarks compare both)
         self.last_decision = None  # (batch size, speculated) of the last step, for the server's metrics
 
     @property
@@ -272,7 +273,7 @@ class SpeculativeDecoder:
         return 0 if g is None else len(g.graphs) + len(g.functions.graphs)
 
     def _speculative_cycle(self, seqs):
-        if all(s.params.greedy for s in seqs):
+        if self.accept_on_device and all(s.params.greedy for s in seqs):
             self._greedy_cycle(seqs)
         else:
             self._sampled_cycle(seqs)
