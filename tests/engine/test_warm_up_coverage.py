@@ -1,57 +1,21 @@
 """The warm-up captures every CUDA graph that serving traffic replays, checked on the CPU with graphs faked.
 
 A capture in the middle of traffic stalls every running request for several forwards. The CUDA test
-(test_graphs.py) covers a few fixed batches; this one replays a loaded server's traffic: requests join a
-running batch in ones and twos, prompts long enough for the eager path and short enough for graphed chunks,
-rows past the long-row bound, and (adaptive) switches between plain steps and speculation.
+(test_graphs.py) covers a few fixed batches; this one replays a loaded server's traffic, with graphs faked
+(fake_cuda_graphs.py): requests join a running batch as others finish, prompts long enough for the eager
+path and short enough for graphed chunks, rows past the long-row bound, and (adaptive) switches between
+plain steps and speculation.
 """
 
 import random
 
 import pytest
-import torch
 
-import eyas.engine.graphs as graphs_mod
-import eyas.layers.attention as attention_mod
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
+from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
 from tests.helpers import random_draft, tiny_llama
-
-
-def _copy_into(dst, src):
-    if isinstance(dst, torch.Tensor):
-        dst.copy_(src)
-    elif hasattr(dst, "hidden"):
-        _copy_into(dst.hidden, src.hidden)
-        if dst.aux_hidden is not None:
-            _copy_into(dst.aux_hidden, src.aux_hidden)
-    else:
-        for d, s in zip(dst, src):
-            _copy_into(d, s)
-
-
-class _ReplayByRerun:
-    """Stands in for a CUDA graph: a replay reruns the function into the captured outputs."""
-
-    def __init__(self, fn, outputs):
-        self.fn, self.outputs = fn, outputs
-
-    def replay(self):
-        _copy_into(self.outputs, self.fn())
-
-
-@pytest.fixture
-def fake_graphs(monkeypatch):
-    def capture(fn, pool):
-        outputs = fn()
-        return _ReplayByRerun(fn, outputs), outputs
-
-    monkeypatch.setattr(graphs_mod, "capture", capture)
-    monkeypatch.setattr(graphs_mod.torch.cuda, "graph_pool_handle", lambda: None)
-    # The graph keys of the GPU path: two row widths (the slot-attention kernel), not doubling buckets.
-    monkeypatch.setattr(graphs_mod, "kernel_reads_cache", lambda kv: True)
-    monkeypatch.setattr(attention_mod, "kernel_reads_cache", lambda kv: True)
 
 
 def _keys(engine):
@@ -65,7 +29,7 @@ def test_join_heavy_traffic_after_warm_up_captures_nothing(tmp_path, fake_graphs
     draft = random_draft(64, 64, draft_vocab=48) if spec else None
     engine = Engine(str(tmp_path), dtype="fp32", device="cpu", max_batch=8, max_len=1024, draft=draft, spec=spec,
                     cuda_graphs=False)
-    engine.runner.graphs = graphs_mod.CudaGraphs(engine.runner)
+    fake_graphs(engine)
     assert engine.warm_up() > 0
     warm = _keys(engine)
 

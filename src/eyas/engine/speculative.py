@@ -136,17 +136,12 @@ class SpeculativeDecoder:
         return logits.argmax(-1), logits, out.aux_hidden
 
     def _commit_fn(self, tokens, parents, depth, argmax, aux, c_t, slots, kv_len):
-        """Greedy acceptance of a verified tree, its target KV moved to contiguous columns (trees only: a
-        chain's path never skips a node), and the draft run over the accepted pairs (see _extend)."""
-        S = self.spec.steps
-        sel, accepted, new = accept_greedy_batched(tokens, parents, depth, argmax, S)
-        if self.spec.topk > 1:
-            cols = torch.arange(S + 1, device=sel.device)[None]
-            order = torch.where(cols <= accepted[:, None], cols, 0)  # past the path: column c onto itself
-            self.engine.runner.kv.compact(slots, c_t[:, None] + sel, c_t[:, None] + order)
+        """Greedy acceptance of a verified tree and the draft run over the accepted pairs (see _extend).
+        Pure or idempotent, as a graph's body must be: capturing one runs it more than once."""
+        sel, accepted, new = accept_greedy_batched(tokens, parents, depth, argmax, self.spec.steps)
         feats = aux.gather(1, sel[..., None].expand(-1, -1, aux.shape[-1]))
         h, logp = self._extend_fn(new, feats, accepted, c_t, slots, kv_len)
-        return new, accepted, h, logp
+        return new, accepted, sel, h, logp
 
     def _run(self, name, fn, B, kv, kv_need, inputs, pads, padded=False):
         """Run `fn` on inputs padded to a batch bucket; replayed from a CUDA graph when the engine has them.
@@ -279,18 +274,24 @@ class SpeculativeDecoder:
             self._sampled_cycle(seqs)
 
     def _greedy_cycle(self, seqs):
-        """A cycle of greedy sequences. Acceptance, the KV compaction and the draft's extend pass run on the
-        device right after the verify pass (one more graph), so the GPU runs the whole cycle without waiting
-        for the host, which reads the accepted tokens once, at the end."""
+        """A cycle of greedy sequences. Acceptance and the draft's extend pass run as one more graph right
+        after the verify pass, and a tree's KV compaction eagerly on the device, so the GPU runs the whole
+        cycle without waiting for the host, which reads the accepted tokens once, at the end."""
         eng, prof = self.engine, self.profiler
         S, B = self.spec.steps, len(seqs)
         c = [s.cached for s in seqs]
         tokens, parents, depth, argmax, _, aux, c_t, slots_t = self._draft_and_verify(seqs, c)
         with prof.phase("commit"):
-            new, accepted, h, logp = self._run("commit", self._commit_fn, B, self.kv, max(c) + S + 1,
-                                               [tokens[:B], parents[:B], depth[:B], argmax, aux, c_t, slots_t],
-                                               [0, 0, 0, 0, 0, 0, eng.runner.scratch_slot])
+            new, accepted, sel, h, logp = self._run("commit", self._commit_fn, B, self.kv, max(c) + S + 1,
+                                                    [tokens[:B], parents[:B], depth[:B], argmax, aux, c_t, slots_t],
+                                                    [0, 0, 0, 0, 0, 0, eng.runner.scratch_slot])
             set_states(seqs, h.clone(), logp.clone())  # graph outputs: the next replay overwrites them
+            if self.spec.topk > 1:
+                # A tree's path may skip nodes: its target KV moves to contiguous columns. Eager, on the
+                # device: moving columns is not idempotent, so it cannot sit in a graph's body.
+                cols = torch.arange(S + 1, device=sel.device)[None]
+                order = torch.where(cols <= accepted[:, None], cols, 0)  # past the path: column c onto itself
+                eng.runner.kv.compact(slots_t, c_t[:, None] + sel, c_t[:, None] + order)
         with prof.phase("accept"):
             host = torch.cat([new, accepted[:, None]], dim=1).tolist()  # the cycle's one sync
             for s, row in zip(seqs, host):
