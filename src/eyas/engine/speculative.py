@@ -8,8 +8,9 @@ output token x_c pending (the tree root):
 - verify runs the whole tree through the target in one forward at columns c..c+N-1;
 - commit compacts the accepted path's target KV to c..c+m and re-runs the draft on the accepted
   pairs with the target's fresh features (overwriting the speculative draft entries).
-For greedy batches, acceptance and commit run on the device in one more graph right after verify, and the
-host reads the result once per cycle; batches with sampled sequences accept on the host.
+For greedy batches, acceptance and commit run on the device right after verify (acceptance and the extend
+pass as one more graph), and the host reads the result once per cycle; batches with sampled sequences accept
+on the host.
 When the policy chooses a plain step, the draft does not run: the step's (feature, token) pair is kept
 in the sequence's lag, and one eager pass over the whole batch catches the draft up before the next
 speculative cycle (or once LAG_FLUSH pairs have piled up). Plain steps then cost what plain decoding costs.
