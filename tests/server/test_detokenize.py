@@ -59,3 +59,26 @@ def test_random_token_soup_decodes_like_the_whole(tokenizer):
     d = Detokenizer(tokenizer, [5, 6, 7])
     got = "".join(d.add([t]) for t in ids) + d.flush()
     assert got == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_the_fast_decoder_gives_the_tokenizers_own_decode(tokenizer):
+    """The Rust backend's decode, used when the tokenizer does not clean up spaces, equals decode() with
+    special tokens skipped, on random ids special tokens included; otherwise decode() itself is used."""
+    from eyas.server.detokenize import fast_decoder
+
+    assert not tokenizer.clean_up_tokenization_spaces
+    decode = fast_decoder(tokenizer)
+    assert decode is not None and "backend" in decode.__code__.co_names + decode.__code__.co_freevars
+    rng = random.Random(0)
+    for _ in range(200):
+        ids = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(0, 12))]
+        assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=True)
+
+    class Cleaning:
+        clean_up_tokenization_spaces = True
+        backend_tokenizer = tokenizer.backend_tokenizer
+
+        def decode(self, ids, skip_special_tokens):
+            return "wrapper"
+
+    assert fast_decoder(Cleaning())([1, 2]) == "wrapper"
