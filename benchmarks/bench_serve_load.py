@@ -160,13 +160,25 @@ def engine_time(text: str) -> dict[str, float]:
     return out
 
 
-def engine_line(e: dict[str, float], level_s: float) -> str:
-    """One level's engine time in words (a difference of two engine_time readings)."""
+def engine_line(e: dict[str, float], level_s: float, front_end_cpu_s: float | None = None) -> str:
+    """One level's engine time in words (a difference of two engine_time readings), and the CPU time of the
+    server's own process (HTTP, detokenization, the scheduler thread: the workers are other processes)."""
     plain_steps, plain_s = e["steps"] - e["join_steps"], e["step_s"] - e["join_s"]
     mean = lambda s, n: f"{s / n * 1e3:.2f} ms" if n else "-"  # noqa: E731
+    front = "" if front_end_cpu_s is None else f"; the front end used {front_end_cpu_s:.2f} s of CPU"
     return (f"engine busy {e['step_s']:.2f} s of the level's {level_s:.2f} s: {plain_steps:.0f} steps without joins "
             f"({mean(plain_s, plain_steps)} each), {e['join_steps']:.0f} with joins ({mean(e['join_s'], e['join_steps'])} "
-            f"each, {e['joined']:.0f} requests)")
+            f"each, {e['joined']:.0f} requests){front}")
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of one process, all its threads, its children not included (Linux /proc);
+    None where /proc is not there."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
 
 
 def measure(args, server: Server, concurrency: int) -> dict:
@@ -177,13 +189,17 @@ def measure(args, server: Server, concurrency: int) -> dict:
                          max_tokens=args.max_tokens, temperature=0.0, seed=args.seed, warmup=warmup, progress=False)
     text = metrics_text(server.url)
     before, books_before, engine_before = spec_steps(text), policy_books(text), engine_time(text)
+    cpu_before = process_cpu_s(server.proc.pid)
     started = time.perf_counter()
     result = run_benchmark(config).to_dict()
+    cpu_after = process_cpu_s(server.proc.pid)
     text = metrics_text(server.url)
     after, books_after, engine_after = spec_steps(text), policy_books(text), engine_time(text)
     result["level_s"] = time.perf_counter() - started  # warm-up requests included, as in the three below
     # Where the engine's time went, for every server: what separates the modes besides the steps themselves.
     result["engine"] = {k: engine_after[k] - engine_before[k] for k in engine_after}
+    # The front end's CPU: near the level's wall time, one core is saturated and the GIL bounds the server.
+    result["front_end_cpu_s"] = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
     # What the server chose during this level: how the adaptive policy decided.
     result["spec_steps"] = {mode: after[mode] - before[mode] for mode in after}
     # The policy's books for this level: seconds charged and tokens produced per mode, to hold against
@@ -301,7 +317,8 @@ def main(argv=None) -> int:
                     report["results"].append(row)
                     print(f"round {rnd}, {name} c={c}: {row['output_tok_s']:.1f} tok/s, accept {row['accept_length']}",
                           file=sys.stderr, flush=True)
-                    print("  " + engine_line(row["engine"], row["level_s"]), file=sys.stderr, flush=True)
+                    print("  " + engine_line(row["engine"], row["level_s"], row["front_end_cpu_s"]), file=sys.stderr,
+                          flush=True)
                     if row["policy"]:
                         rates = {b: {k: round(v, 2 if k == "gain" else 1) for k, v in r.items()} for b, r in row["policy"].items()}
                         books = row["policy_books"]

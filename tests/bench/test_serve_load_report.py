@@ -42,3 +42,24 @@ def test_engine_time_reads_steps_and_joins_from_the_servers_metrics():
     line = engine_line(e, 1.0)
     assert "0.06 s of the level's 1.00 s" in line and "2 steps without joins (3.00 ms each)" in line
     assert "2 with joins (25.00 ms each, 3 requests)" in line
+
+
+def test_the_front_end_cpu_is_read_from_proc_and_printed():
+    """A process's CPU seconds come from /proc (this process, which has used some); the level's line says
+    how much CPU the server's own process used, when it is known."""
+    import os
+    import time
+
+    from benchmarks.bench_serve_load import engine_line, engine_time, process_cpu_s
+    from eyas.server.metrics import Metrics
+
+    before = process_cpu_s(os.getpid())
+    end = time.process_time() + 0.05
+    while time.process_time() < end:  # burn 50 ms of CPU
+        pass
+    after = process_cpu_s(os.getpid())
+    assert before is not None and after - before >= 0.03
+    assert process_cpu_s(2 ** 22 + 12345) is None  # no such process
+    e = engine_time(Metrics().render().decode())
+    assert engine_line(e, 2.0, 1.5).endswith("; the front end used 1.50 s of CPU")
+    assert "front end" not in engine_line(e, 2.0)
