@@ -28,3 +28,29 @@ def test_no_draft_no_speculation_and_spec_flags_need_a_draft():
     assert _config().spec is None
     with pytest.raises(EyasError, match="need --draft"):
         _config("--spec-steps", "2")
+
+
+def test_steps_in_flight_default_override_and_bad_values(monkeypatch):
+    from eyas.errors import EyasError
+    from eyas.server.scheduler import steps_in_flight
+
+    monkeypatch.delenv("EYAS_STEPS_IN_FLIGHT", raising=False)
+    assert steps_in_flight() == 2
+    monkeypatch.setenv("EYAS_STEPS_IN_FLIGHT", "1")
+    assert steps_in_flight() == 1
+    for bad in ("0", "two", "-1", ""):
+        monkeypatch.setenv("EYAS_STEPS_IN_FLIGHT", bad)
+        with pytest.raises(EyasError, match="EYAS_STEPS_IN_FLIGHT must be a positive integer"):
+            steps_in_flight()
+
+
+def test_a_bad_steps_in_flight_is_one_line_before_any_worker_starts(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, EYAS_STEPS_IN_FLIGHT="x")
+    p = subprocess.run([sys.executable, "-m", "eyas.cli", "serve", "--model", str(tmp_path / "none"), "--device", "cpu"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 2
+    assert p.stderr.strip() == "eyas: error: EYAS_STEPS_IN_FLIGHT must be a positive integer, not 'x'"

@@ -83,8 +83,10 @@ def run(args) -> int:
     from eyas.dist.launch import STOP_GRACE_S, WorkerGroup
     from eyas.models.demo import resolve_model_path
     from eyas.models.tokenizer import load_tokenizer
+    from eyas.server.scheduler import steps_in_flight
 
     config = config_from_args(args)
+    steps_in_flight()  # a bad EYAS_STEPS_IN_FLIGHT fails here, before any worker starts
     # The front end owns text. A bad checkpoint is reported as such (not as a tokenizer problem), and both
     # before any worker loads weights.
     path = resolve_model_path(config.model)

@@ -1,11 +1,11 @@
 """The front end's scheduler: one thread that batches requests into the workers' lockstep and hands tokens back.
 
-Between two steps it forwards every new request and every abort to all workers and sends one Step. When
-rank 0's result arrives it sends the next Step at once (new requests and aborts first) and only then hands
-the result's tokens out, so the workers never wait on it. Requests join and leave a running batch at step
-boundaries (continuous batching), and the Engine admits waiting requests while cache slots are free. An
-abort that a result's tokens prompt (a stop string) reaches the workers one step later than it would if the
-workers waited for the hand-out: that step's tokens for it are dropped. The thread is the only user of the
+Between two steps it forwards every new request and every abort to all workers and sends Steps. The workers
+hold steps_in_flight() Steps at once: when rank 0's result arrives, the thread tops the queue up (new requests
+and aborts first) and only then hands the result's tokens out, so the workers never wait on it. Requests
+join and leave a running batch at step boundaries (continuous batching), and the Engine admits waiting
+requests while cache slots are free. An abort that a result's tokens prompt (a stop string) reaches the
+workers after the steps already queued: those steps' tokens for it are dropped. The thread is the only user of the
 WorkerGroup, so commands reach the workers in one order. Admission control is a count: at most
 max_running requests in slots plus max_queue waiting; beyond that `submit` refuses at once (HTTP 503).
 
@@ -16,6 +16,7 @@ the worker processes.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import traceback
@@ -24,7 +25,18 @@ from typing import Callable
 
 from eyas.dist.launch import POLL_S, WorkerDied, WorkerGroup
 from eyas.dist.messages import Abort, AddRequest, Step
+from eyas.errors import EyasError
 from eyas.layers.sampling import SamplingParams
+
+
+def steps_in_flight() -> int:
+    """Steps queued at the workers at once: 2, so that they go on with the next step while this thread waits
+    for a result, for the GIL, or hands tokens out. EYAS_STEPS_IN_FLIGHT=1 gives the one-step pipeline of
+    before, for comparison (docs/BENCHMARKS.md). Requests join, and aborts land, one step later per step."""
+    raw = os.environ.get("EYAS_STEPS_IN_FLIGHT", "2")
+    if not raw.isdigit() or int(raw) < 1:
+        raise EyasError(f"EYAS_STEPS_IN_FLIGHT must be a positive integer, not {raw!r}")
+    return int(raw)
 
 
 @dataclass
@@ -61,7 +73,8 @@ class Scheduler:
         self._stopping = False
         self.healthy = True
         self.error: str | None = None
-        self._in_flight = False                  # a Step was sent and its result not yet received
+        self._in_flight = 0                      # Steps sent whose results have not been received
+        self.steps_in_flight = steps_in_flight()
         self.thread = threading.Thread(target=self._run, name="eyas-scheduler", daemon=True)
 
     # -- called from the HTTP side ----------------------------------------------------------------
@@ -108,12 +121,13 @@ class Scheduler:
                 return not self._stopping
             self._step()
         result = self.group.receive()
-        self._in_flight = False
-        # The next step starts before this one's tokens are handed out, so the workers compute while this
-        # thread does its bookkeeping (and waits for the GIL the HTTP side holds while it detokenizes).
+        self._in_flight -= 1
+        # The next steps are queued before this one's tokens are handed out, so the workers compute while this
+        # thread does its bookkeeping, and one step more is queued behind them: this thread may wait for the
+        # GIL while the HTTP side detokenizes, and the workers then go on with the queued step.
         ended = {u.id for u in result.updates if u.finish_reason is not None or u.error is not None}
         self._forward(self._take(block=False))
-        if any(rid not in ended for rid in self.live):
+        while self._in_flight < self.steps_in_flight and any(rid not in ended for rid in self.live):
             self._step()
         self.metrics.step(result)
         for update in result.updates:
@@ -137,7 +151,7 @@ class Scheduler:
 
     def _step(self) -> None:
         self.group.broadcast(Step())
-        self._in_flight = True
+        self._in_flight += 1
 
     def _take(self, block: bool) -> list:
         items = []
