@@ -1,12 +1,12 @@
 """The front end's scheduler: one thread that batches requests into the workers' lockstep and hands tokens back.
 
 Between two steps it forwards every new request and every abort to all workers and sends Steps. The workers
-hold steps_in_flight() Steps at once: when rank 0's result arrives, the thread tops the queue up (new requests
-and aborts first) and only then hands the result's tokens out, so the workers never wait on it. Requests
-join and leave a running batch at step boundaries (continuous batching), and the Engine admits waiting
-requests while cache slots are free. An abort that a result's tokens prompt (a stop string) reaches the
-workers after the steps already queued: those steps' tokens for it are dropped. The thread is the only user of the
-WorkerGroup, so commands reach the workers in one order. Admission control is a count: at most
+hold steps_in_flight() Steps at once: when rank 0's result arrives, the thread tops the queue up (new
+requests and aborts first) and only then hands the result's tokens out, so the workers never wait on it.
+Requests join and leave a running batch at step boundaries (continuous batching), and the Engine admits
+waiting requests while cache slots are free. An abort that a result's tokens prompt (a stop string) reaches
+the workers after the steps already queued: those steps' tokens for it are dropped. The thread is the only
+user of the WorkerGroup, so commands reach the workers in one order. Admission control is a count: at most
 max_running requests in slots plus max_queue waiting; beyond that `submit` refuses at once (HTTP 503).
 
 A worker that dies or fails ends the server: every live request gets a Failure, `healthy` turns False, and
@@ -122,9 +122,9 @@ class Scheduler:
             self._step()
         result = self.group.receive()
         self._in_flight -= 1
-        # The next steps are queued before this one's tokens are handed out, so the workers compute while this
-        # thread does its bookkeeping, and one step more is queued behind them: this thread may wait for the
-        # GIL while the HTTP side detokenizes, and the workers then go on with the queued step.
+        # The next steps are queued before this one's tokens are handed out, so the workers compute while
+        # this thread does its bookkeeping, and one step more waits behind them: this thread may wait for
+        # the GIL while the HTTP side detokenizes, and the workers then go on with the queued step.
         ended = {u.id for u in result.updates if u.finish_reason is not None or u.error is not None}
         self._forward(self._take(block=False))
         while self._in_flight < self.steps_in_flight and any(rid not in ended for rid in self.live):
