@@ -30,10 +30,11 @@ from eyas.layers.sampling import SamplingParams
 
 
 def steps_in_flight() -> int:
-    """Steps queued at the workers at once: 2, so that they go on with the next step while this thread waits
-    for a result, for the GIL, or hands tokens out. EYAS_STEPS_IN_FLIGHT=1 gives the one-step pipeline of
-    before, for comparison (docs/BENCHMARKS.md). Requests join, and aborts land, one step later per step."""
-    raw = os.environ.get("EYAS_STEPS_IN_FLIGHT", "2")
+    """Steps queued at the workers at once (EYAS_STEPS_IN_FLIGHT, default 1). With 2 the workers go on with
+    the next step while this thread waits for a result, for the GIL, or hands tokens out: faster on the CPU
+    VM (docs/BENCHMARKS.md), not yet measured on a GPU, where the default keeps the serving behaviour that
+    was. Requests join, and aborts land, one step later per step in flight."""
+    raw = os.environ.get("EYAS_STEPS_IN_FLIGHT", "1")
     if not raw.isdigit() or int(raw) < 1:
         raise EyasError(f"EYAS_STEPS_IN_FLIGHT must be a positive integer, not {raw!r}")
     return int(raw)
@@ -123,8 +124,7 @@ class Scheduler:
         result = self.group.receive()
         self._in_flight -= 1
         # The next steps are queued before this one's tokens are handed out, so the workers compute while
-        # this thread does its bookkeeping, and one step more waits behind them: this thread may wait for
-        # the GIL while the HTTP side detokenizes, and the workers then go on with the queued step.
+        # this thread does its bookkeeping (and may wait for the GIL while the HTTP side detokenizes).
         ended = {u.id for u in result.updates if u.finish_reason is not None or u.error is not None}
         self._forward(self._take(block=False))
         while self._in_flight < self.steps_in_flight and any(rid not in ended for rid in self.live):

@@ -1,0 +1,34 @@
+"""With two steps queued at the workers (EYAS_STEPS_IN_FLIGHT=2), concurrent greedy requests get what each
+gets alone, and a stop string still cuts the text where it first appears (its abort lands a step later, and
+that step's tokens are dropped)."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+
+from tests.server.tiny import Server
+
+
+def test_two_steps_in_flight_change_no_text(tiny_model):
+    with Server(tiny_model, "--max-running", "8", env={"EYAS_STEPS_IN_FLIGHT": "2"}) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+        def one(i):
+            r = client.completions.create(model=server.model, prompt=f"Request {i}: the {'abc'[i % 3]}",
+                                          max_tokens=6 + i % 13, temperature=0)
+            return r.choices[0].text, r.usage.completion_tokens
+
+        alone = [one(i) for i in range(12)]
+        with ThreadPoolExecutor(12) as pool:
+            together = list(pool.map(one, range(12)))
+        assert together == alone
+
+        def go_on(**kw):
+            return client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "Go on."}],
+                                                  max_tokens=40, temperature=0, **kw).choices[0]
+
+        text = go_on().message.content
+        assert len(text) > 13
+        stop = text[10:13]
+        cut = go_on(stop=[stop])
+        assert cut.message.content == text[:text.index(stop)] and cut.finish_reason == "stop"
