@@ -287,24 +287,31 @@ class SpeculativeDecoder:
                                                     [tokens[:B], parents[:B], depth[:B], argmax, aux, c_t, slots_t],
                                                     [0, 0, 0, 0, 0, 0, eng.runner.scratch_slot])
             set_states(seqs, h.clone(), logp.clone())  # graph outputs: the next replay overwrites them
-            if self.spec.topk > 1:
-                # A tree's path may skip nodes: its target KV moves to contiguous columns. Eager, on the
-                # device: moving columns is not idempotent, so it cannot sit in a graph's body.
-                cols = torch.arange(S + 1, device=sel.device)[None]
-                order = torch.where(cols <= accepted[:, None], cols, 0)  # past the path: column c onto itself
-                eng.runner.kv.compact(slots_t, c_t[:, None] + sel, c_t[:, None] + order)
+            self._compact_paths(slots_t, c_t, sel, accepted)  # eager: moving columns is not idempotent
         with prof.phase("accept"):
             host = torch.cat([new, accepted[:, None]], dim=1).tolist()  # the cycle's one sync
-            for s, row in zip(seqs, host):
-                m = row[-1]
-                prof.record_accept(m, S)
-                s.cached += m + 1
-                s.verify_passes += 1
-                s.append(row[:m + 1], eng.eos_ids)
+            self._advance(seqs, [row[:row[-1] + 1] for row in host], [row[-1] for row in host])
+
+    def _compact_paths(self, slots_t, c_t, sel, accepted):
+        """A tree's accepted path may skip nodes: move its target KV from columns c + sel to c, c+1, ...
+        (on the device; past the path, column c onto itself). A chain's path never skips a node."""
+        if self.spec.topk == 1:
+            return
+        cols = torch.arange(sel.shape[1], device=sel.device)[None]
+        order = torch.where(cols <= accepted[:, None], cols, 0)
+        self.engine.runner.kv.compact(slots_t, c_t[:, None] + sel, c_t[:, None] + order)
+
+    def _advance(self, seqs, new_tokens: list[list[int]], accepted: list[int]):
+        """The host's side of a commit: each sequence takes its accepted tokens and the bonus token."""
+        for s, tokens, m in zip(seqs, new_tokens, accepted):
+            self.profiler.record_accept(m, self.spec.steps)
+            s.cached += m + 1
+            s.verify_passes += 1
+            s.append(tokens, self.engine.eos_ids)
 
     def _sampled_cycle(self, seqs):
         """A cycle with sampled sequences: acceptance draws on the host (tree.accept_sampled)."""
-        eng, prof, dev = self.engine, self.profiler, self.engine.device
+        prof, dev = self.profiler, self.engine.device
         S, N = self.spec.steps, self.spec.draft_tokens
         B = len(seqs)
         c = [s.cached for s in seqs]
@@ -327,24 +334,15 @@ class SpeculativeDecoder:
             # are padded with the root (node 0), which the extend pass computes past `last` and ignores.
             L = S + 1
             sel = [path + [0] * (L - len(path)) for path in paths]                     # accepted nodes
-            order = [list(range(len(path))) + [0] * (L - len(path)) for path in paths]  # where they go
             new_tokens = [[host[i][j] for j in paths[i][1:]] + [bonus[i]] for i in range(B)]
-            for i, s in enumerate(seqs):
-                prof.record_accept(len(paths[i]) - 1, S)
-                s.cached += len(paths[i])
-                s.verify_passes += 1
-                s.append(new_tokens[i], eng.eos_ids)
-            # One host-to-device copy: accepted nodes, the extend pass's tokens and its last valid index.
+            self._advance(seqs, new_tokens, [len(path) - 1 for path in paths])
+            # One host-to-device copy: accepted nodes, the extend pass's tokens and its last valid index
+            # (which is also the number of drafted nodes accepted).
             meta = torch.tensor([sel[i] + t + [t[-1]] * (L - len(t)) + [len(t) - 1]
                                  for i, t in enumerate(new_tokens)], device=dev)
             sel_t, ids, last = meta[:, :L], meta[:, L:2 * L], meta[:, 2 * L]
             feats = aux[:B].gather(1, sel_t[..., None].expand(-1, -1, aux.shape[-1]))
-            moved = [i for i in range(B) if sel[i] != order[i]]
-            if moved:  # tree paths that skip nodes: their target KV moves to contiguous columns
-                rows = torch.tensor(moved, device=dev)
-                base = c_t[rows, None]
-                eng.runner.kv.compact(slots_t[rows], base + sel_t[rows],
-                                      base + torch.tensor([order[i] for i in moved], device=dev))
+            self._compact_paths(slots_t, c_t, sel_t, last)
             self._extend(seqs, ids, last, feats, c_t, slots_t, max(c))
 
     def _draft_and_verify(self, seqs, c: list[int]):
