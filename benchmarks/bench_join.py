@@ -35,8 +35,8 @@ from eyas.errors import EyasError
 from eyas.config import SpecConfig
 
 REPO = Path(__file__).resolve().parents[1]
-SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-               num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+SMOLLM2 = dict(architectures=["LlamaForCausalLM"], vocab_size=49152, hidden_size=576, intermediate_size=1536,
+               num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
                tie_word_embeddings=True, eos_token_id=None, bos_token_id=None)
 
 

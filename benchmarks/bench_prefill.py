@@ -18,40 +18,33 @@ import sys
 from pathlib import Path
 
 import torch
-from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
+# benchmarks/ (the script's own folder is on sys.path): the shapes and the random fill the other scripts use
+from bench_join import SMOLLM2
+from bench_moe_mla import random_init
+from bench_tp import LLAMA_8B
 from eyas.config import ModelConfig
-from eyas.dist.parallel import SINGLE
 from eyas.engine.runner import ModelRunner
 from eyas.errors import EyasError
 from eyas.models.llama import CausalLM
+from timing import median_ms
 
 REPO = Path(__file__).resolve().parents[1]
-_LLAMA = dict(architectures=["LlamaForCausalLM"], rms_norm_eps=1e-5, max_position_embeddings=8192)
 SHAPES = {
-    "tiny": dict(_LLAMA, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0),
-    "smollm2": dict(_LLAMA, vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                    num_attention_heads=9, num_key_value_heads=3, rope_theta=100000.0, tie_word_embeddings=True),
-    "llama-8b": dict(_LLAMA, vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                     num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0),
+    "tiny": dict(architectures=["LlamaForCausalLM"], vocab_size=256, hidden_size=64, intermediate_size=128,
+                 num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2),
+    "smollm2": SMOLLM2,
+    "llama-8b": LLAMA_8B,
 }
 MAX_LEN = 2048
 
 
 def random_runner(shape: str, slots: int, device: str, dtype: torch.dtype) -> ModelRunner:
     """A runner over a model of `shape` with random weights, built in place (no checkpoint on disk)."""
-    cfg = ModelConfig.from_hf(SHAPES[shape])
     torch.manual_seed(0)
     with torch.device("meta"):
-        model = CausalLM(cfg, SINGLE, max_positions=MAX_LEN)
-    model = model.to_empty(device=device).to(dtype)
-    model.model.rotary.reset_buffers()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02)
-    model.eval().requires_grad_(False)
-    runner = ModelRunner(model, slots, MAX_LEN, device)
+        model = CausalLM(ModelConfig.from_hf(SHAPES[shape]), max_positions=MAX_LEN)
+    runner = ModelRunner(random_init(model, dtype, device), slots, MAX_LEN, device)
     if runner.device.type == "cuda":
         from eyas.engine.graphs import CudaGraphs
 
