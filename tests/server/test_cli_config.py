@@ -35,9 +35,9 @@ def test_steps_in_flight_default_override_and_bad_values(monkeypatch):
     from eyas.server.scheduler import steps_in_flight
 
     monkeypatch.delenv("EYAS_STEPS_IN_FLIGHT", raising=False)
-    assert steps_in_flight() == 1
-    monkeypatch.setenv("EYAS_STEPS_IN_FLIGHT", "2")
     assert steps_in_flight() == 2
+    monkeypatch.setenv("EYAS_STEPS_IN_FLIGHT", "1")
+    assert steps_in_flight() == 1
     for bad in ("0", "two", "-1", ""):
         monkeypatch.setenv("EYAS_STEPS_IN_FLIGHT", bad)
         with pytest.raises(EyasError, match="EYAS_STEPS_IN_FLIGHT must be a positive integer"):

@@ -1,16 +1,18 @@
-"""With two steps queued at the workers (EYAS_STEPS_IN_FLIGHT=2), concurrent greedy requests get what each
-gets alone, and a stop string still cuts the text where it first appears (its abort lands a step later, and
-that step's tokens are dropped)."""
+"""With one or two steps queued at the workers (EYAS_STEPS_IN_FLIGHT; two is the default), concurrent greedy
+requests get what each gets alone, and a stop string still cuts the text where it first appears (with two,
+its abort lands a step later, and that step's tokens are dropped)."""
 
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
+import pytest
 
 from tests.server.tiny import Server
 
 
-def test_two_steps_in_flight_change_no_text(tiny_model):
-    with Server(tiny_model, "--max-running", "8", env={"EYAS_STEPS_IN_FLIGHT": "2"}) as server:
+@pytest.mark.parametrize("steps", ["1", "2"])
+def test_steps_in_flight_change_no_text(tiny_model, steps):
+    with Server(tiny_model, "--max-running", "8", env={"EYAS_STEPS_IN_FLIGHT": steps}) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
 
         def one(i):
