@@ -1,0 +1,61 @@
+"""bench_draft_accuracy: the acceptance read off its teacher-forced pass equals the Engine's on the same replies;
+conversations are scored as written; bad input is one line."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.server.tiny import predictable_pair
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_draft_accuracy.py"
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    return predictable_pair(root / "target", root / "draft")
+
+
+def test_simulated_acceptance_equals_the_engines_on_mt_bench(pair, tmp_path):
+    target, draft = pair
+    out = tmp_path / "acc.json"
+    p = run("--model", str(target), "--draft", str(draft), "--prompts", "3", "--max-tokens", "24", "--device", "cpu",
+            "--accuracy-steps", "4", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    assert r["texts"] == 3 and r["engine"]["passes"] > 0
+    assert r["simulated_accept_length"] == r["engine"]["accept_length"] > 1.0
+    assert len(r["accuracy_k"]) == 4 and r["accuracy_k"][0] == 1.0  # the pair's first guess is always right
+
+
+def test_conversations_are_scored_as_written(pair, tmp_path):
+    target, draft = pair
+    data = tmp_path / "convs.jsonl"
+    rows = [{"conversations": [{"from": "human", "value": f"Question {i}?"},
+                               {"from": "gpt", "value": "An answer that the draft has to guess, word by word."}]}
+            for i in range(5)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    p = run("--model", str(target), "--draft", str(draft), "--conversations", str(data), "--prompts", "4",
+            "--device", "cpu")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["texts"] == 4 and r["engine"] is None and r["reply_tokens"] > 4 * 5
+    assert all(0.0 <= a <= 1.0 for a in r["accuracy_k"]) and r["simulated_accept_length"] >= 1.0
+
+
+def test_bad_input_is_one_line(pair, tmp_path):
+    target, draft = pair
+    p = run("--prompts", "0", "--device", "cpu")
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0
+    assert p.stderr.startswith("bench_draft_accuracy: error:")
+    p = run("--model", str(target), "--draft", str(draft), "--conversations", str(tmp_path / "missing.jsonl"),
+            "--device", "cpu")
+    assert p.returncode == 1 and p.stderr.strip().count("\n") == 0, p.stderr
+    assert p.stderr.startswith("bench_draft_accuracy: error:")
