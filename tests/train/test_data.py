@@ -46,6 +46,55 @@ def test_magpie_prefix_and_end_of_turn(tokenizer):
     assert end_of_turn_ids(tokenizer) == (tokenizer.convert_tokens_to_ids("<|im_end|>"),)
 
 
+def test_magpie_prefix_under_a_system_prompt(tokenizer):
+    prefix = tokenizer.decode(user_turn_prefix(tokenizer, "The user asks for Python code."))
+    assert prefix == "<|im_start|>system\nThe user asks for Python code.<|im_end|>\n<|im_start|>user\n"
+    assert tokenizer.decode(user_turn_prefix(tokenizer, "")) == tokenizer.decode(user_turn_prefix(tokenizer))
+
+
+def test_a_template_without_system_turns_is_one_clear_error(tokenizer):
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+                         + tokenizer.chat_template)
+    with pytest.raises(EyasError, match="does not take a system message"):
+        user_turn_prefix(tok, "Ask about math.")
+    tok.chat_template = "{% for m in messages %}{% if m['role'] != 'system' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    with pytest.raises(EyasError, match="drops the system message"):
+        user_turn_prefix(tok, "Ask about math.")
+
+
+def test_synth_takes_the_system_prompts_in_turn_and_keeps_only_the_question(tokenizer, tmp_path):
+    from types import SimpleNamespace
+
+    from eyas.train.recipe import parse_recipe
+    from eyas.train.synth import synthesize
+
+    systems = ["", "The user asks for code.", "The user asks a math question."]
+    recipe = parse_recipe({"target": "unused", "out_dir": str(tmp_path),
+                           "synth": {"num": 7, "batch": 4, "system_prompts": systems}})
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    seen_prompts = []
+
+    class Engine:
+        config = SimpleNamespace(eos_token_ids=[end])
+
+        def generate(self, prompts, params):
+            seen_prompts.extend(prompts)
+            return [SimpleNamespace(output_ids=tokenizer.encode(f"Question number {len(seen_prompts) + i}?") + [end],
+                                    finish_reason="stop") for i in range(len(prompts))]
+
+    out = synthesize(recipe, Engine(), tokenizer, progress=False)
+    assert out["prompts"] == 7
+    prefixes = [user_turn_prefix(tokenizer, s) for s in systems]
+    assert seen_prompts[:6] == prefixes * 2
+    rows = read_conversations(tmp_path / "data" / "synth-r0.jsonl")
+    assert len(rows) == 7
+    assert all(c.messages == [{"role": "user", "content": c.first_user()}] for c in rows)
+    assert all(c.first_user().startswith("Question number") for c in rows)
+
+
 def test_vocab_counts_only_assistant_tokens(samples):
     m = build_mapping(samples, vocab_size=320, draft_vocab_size=40)
     counts = torch.zeros(320, dtype=torch.long)

@@ -87,6 +87,8 @@ def test_draft_that_does_not_fit_the_target(tiny_target, samples, tmp_path):
     ({"target": "demo", "data": {"sharegpt": "one.json"}}, "must be a list"),
     ({"target": "demo", "export": {"layouts": ["gguf"]}}, "layouts must name"),
     ({"target": "demo", "synth": {"min_ascii_ratio": 2}}, "min_ascii_ratio"),
+    ({"target": "demo", "synth": {"system_prompts": ["Ask about code.", 3]}}, "system_prompts must be a list of strings"),
+    ({"target": "demo", "synth": {"system_prompts": "Ask about code."}}, "must be a list"),
     ({"target": "demo", "train": {"repeat_weight": -0.5}}, "repeat_weight must be >= 0"),
     ({"target": "demo", "train": {"repeat_ngram": 0}}, "repeat_ngram must be positive"),
 ])

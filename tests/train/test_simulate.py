@@ -58,3 +58,7 @@ def test_simulated_chain_stops_at_the_first_wrong_guess_and_at_the_end():
     assert simulate_chain(preds, ids, 4, 3) == (5, 2)     # 4 tokens (3 guesses + 1), then the last one
     assert simulate_chain(preds, ids, 4, 1) == (5, 3)     # index 3: 2 tokens; index 5: 2; index 7: the last
     assert teacher_forced_accuracy(preds, ids, 4) == ([5, 1, 1], [5, 4, 3])
+    # A reply of one token (the prefill's) or two leaves nothing, or only step 0, to guess.
+    assert simulate_chain(preds[:, :5], ids[:5], 4, 3) == (0, 0)
+    assert teacher_forced_accuracy(preds[:, :5], ids[:5], 4) == ([0, 0, 0], [0, 0, 0])
+    assert teacher_forced_accuracy(preds[:, :6], ids[:6], 4) == ([1, 0, 0], [1, 0, 0])

@@ -78,10 +78,20 @@ def encode_all(tokenizer, convs, max_len: int, progress: bool = True) -> tuple[l
 PLACEHOLDER = "\u2063EYAS-PLACEHOLDER\u2063"  # text no template rewrites and no user would type
 
 
-def user_turn_prefix(tokenizer) -> list[int]:
+def user_turn_prefix(tokenizer, system: str = "") -> list[int]:
     """Magpie: the template's text up to where a user's message starts (system turn included, if the
-    template adds one). Given only this, an instruction-tuned target writes a plausible user question."""
-    text = render(tokenizer, [{"role": "user", "content": PLACEHOLDER}], False)
+    template adds one). Given only this, an instruction-tuned target writes a plausible user question.
+    `system`, when given, replaces the template's own system turn: it steers what kind of question comes."""
+    messages = [{"role": "user", "content": PLACEHOLDER}]
+    if system:
+        messages.insert(0, {"role": "system", "content": system})
+    try:
+        text = render(tokenizer, messages, False)
+    except Exception as e:  # jinja raises its own errors for a template that refuses a system turn
+        raise EyasError(f"the chat template does not take a system message ({e}); leave [synth] system_prompts "
+                        "empty") from None
+    if system and system not in text:
+        raise EyasError("the chat template drops the system message; leave [synth] system_prompts empty")
     cut = text.find(PLACEHOLDER)
     if cut < 0:
         raise EyasError("the chat template does not include the user's message verbatim; cannot synthesize prompts")

@@ -133,7 +133,8 @@ class Pipeline:
         cfg = self.recipe.synth
         if cfg.num == 0:
             return {"skipped": "[synth] num = 0"}
-        engine = self.engine(cfg.batch, len(user_turn_prefix(self.tokenizer)) + cfg.max_tokens + 8)
+        longest = max(len(user_turn_prefix(self.tokenizer, system)) for system in cfg.system_prompts or [""])
+        engine = self.engine(cfg.batch, longest + cfg.max_tokens + 8)
         out = synthesize(self.recipe, engine, self.tokenizer, self.dist.rank, self.dist.world, self.progress)
         self._report_profile(engine, "synth")
         self.dist.barrier()

@@ -55,10 +55,15 @@ class SynthConfig:
     min_ascii_ratio: float = 0.8  # share of letters that are ASCII: a cheap "is it English" filter
     batch: int = 128              # Engine max_batch
     max_rounds: int = 8           # generation rounds before giving up on reaching `num` (filters drop some)
+    # System turns the question is written under, taken in turn ("" = the template's own); each steers the
+    # target toward one kind of task. Only the question is kept: replies are regenerated without it.
+    system_prompts: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         if self.num < 0:
             raise EyasError(f"[synth] num must be >= 0, got {self.num}")
+        if not all(isinstance(x, str) for x in self.system_prompts):
+            raise EyasError("[synth] system_prompts must be a list of strings")
         _positive("synth", max_tokens=self.max_tokens, batch=self.batch, max_rounds=self.max_rounds)
         if not 0 <= self.min_ascii_ratio <= 1:
             raise EyasError(f"[synth] min_ascii_ratio must be in [0, 1], got {self.min_ascii_ratio}")

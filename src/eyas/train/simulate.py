@@ -51,7 +51,7 @@ def teacher_forced_accuracy(preds: torch.Tensor, ids: torch.Tensor, prompt_len: 
     T = ids.shape[0]
     right, total = [], []
     for k in range(preds.shape[0]):
-        t = torch.arange(prompt_len - 1, T - 2 - k)
+        t = torch.arange(prompt_len - 1, max(prompt_len - 1, T - 2 - k))  # empty when the reply is too short
         right.append(int((preds[k, t] == ids[t + 2 + k]).sum()))
         total.append(int(t.numel()))
     return right, total

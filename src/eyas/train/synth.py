@@ -5,6 +5,11 @@ Usage: synthesize(recipe, engine, tokenizer)   # appends to <out>/data/synth-r<r
 Sampling at temperature ~1 makes every row a different question; rows that ran out of tokens (no
 end-of-turn), are too short or long, are mostly non-ASCII letters, or repeat an earlier question are
 dropped. Resumable: questions already in the file count towards `num` and are never written twice.
+
+With `[synth] system_prompts`, row i of a round is written under system prompt i mod n: a small target
+asked for "a question" mostly asks one kind, and a system turn naming a kind of task (code, math, writing,
+role-play, ...) moves it toward that kind. The system turn is not kept; the regeneration answers the
+question under the template's default, as users' requests arrive.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ def synthesize(recipe, engine, tokenizer, rank: int = 0, world: int = 1, progres
     seen = {normalize(c.first_user()) for c in existing}
     want = cfg.num // world + (1 if rank < cfg.num % world else 0)
     have = len(existing)
-    prefix = user_turn_prefix(tokenizer)
+    prefixes = [user_turn_prefix(tokenizer, system) for system in cfg.system_prompts] or [user_turn_prefix(tokenizer)]
     stops = end_of_turn_ids(tokenizer, engine.config.eos_token_ids)
     stats = {"generated": 0, "generated_tokens": 0, "kept": 0, "dropped_filter": 0, "dropped_duplicate": 0}
     bar = tqdm(total=want, initial=min(have, want), desc="synth", unit="prompt", disable=not progress)
@@ -51,7 +56,7 @@ def synthesize(recipe, engine, tokenizer, rank: int = 0, world: int = 1, progres
         torch.manual_seed(base)
         params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens,
                                 stop_token_ids=stops)
-        seqs = engine.generate([prefix] * n, params)
+        seqs = engine.generate([prefixes[i % len(prefixes)] for i in range(n)], params)
         rows = []
         for s in seqs:
             stats["generated"] += 1
