@@ -103,6 +103,9 @@ def test_whole_pipeline_then_stages_alone(recipe, chatty_target, capsys, monkeyp
     # Training record: metrics, evals with the real Engine at steps 0, 2, 4, the plot, checkpoints.
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "accept_length" in r] == [0, 2, 4]
+    for r in rows:  # each eval also scores its held-out replies teacher-forced, one accuracy per chain step
+        if "accept_length" in r:
+            assert len(r["heldout_acc_k"]) == 3 and all(0.0 <= a <= 1.0 for a in r["heldout_acc_k"])
     assert [r["step"] for r in rows if "loss" in r] == [2, 4]
     assert (out / "metrics.png").stat().st_size > 1000
 

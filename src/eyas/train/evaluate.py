@@ -7,6 +7,10 @@ Acceptance length = generated tokens per target verify pass (SGLang's definition
 not counted), summed over all prompts, greedy, SpecConfig(spec_steps, 1). One Engine is built on the
 first call and its draft's weights are refreshed in place on later calls (so its CUDA graphs,
 which read those very tensors, stay valid).
+
+Each call also scores the replies it just generated in one teacher-forced pass (train/simulate.py):
+`heldout_acc_k`, the draft's top-1 accuracy per step on text it never trained on, sits in metrics.jsonl
+next to the `acc_k` the trainer logs on its own batches, so the gap between the two is on the record.
 """
 
 from __future__ import annotations
@@ -48,8 +52,24 @@ class AcceptanceEval:
         seqs = self.engine.generate(self.prompts, self.params)
         generated = sum(len(s.output_ids) - 1 for s in seqs)
         passes = sum(s.verify_passes for s in seqs)
+        seconds = time.perf_counter() - t0
         return {"accept_length": generated / passes if passes else 0.0, "eval_tokens": generated + len(seqs),
-                "eval_tok_s": round((generated + len(seqs)) / max(1e-9, time.perf_counter() - t0), 1)}
+                "eval_tok_s": round((generated + len(seqs)) / max(1e-9, seconds), 1),
+                "heldout_acc_k": self._accuracy(seqs)}
+
+    def _accuracy(self, seqs) -> list[float]:
+        from eyas.train.simulate import draft_predictions, teacher_forced_accuracy
+        from eyas.train.target import run_target
+
+        target, draft, steps = self.engine.target, self.engine.spec.draft, self.spec.steps
+        right, total = [0] * steps, [0] * steps
+        for prompt, seq in zip(self.prompts, seqs):
+            ids = torch.tensor(prompt + seq.output_ids, device=self.engine.device)
+            preds = draft_predictions(draft, target.embed(ids[None]), run_target(target, ids[None]).features, steps)
+            r, t = teacher_forced_accuracy(preds[:, 0], ids, len(prompt))
+            right = [a + b for a, b in zip(right, r)]
+            total = [a + b for a, b in zip(total, t)]
+        return [round(a / b, 5) if b else 0.0 for a, b in zip(right, total)]
 
 
 def plot_metrics(metrics: Path, png: Path) -> Path | None:
@@ -72,6 +92,10 @@ def plot_metrics(metrics: Path, png: Path) -> Path | None:
         K = len(train[0]["acc_k"])
         for k in sorted({0, K // 2, K - 1}):
             axes[1].plot(steps, [r["acc_k"][k] for r in train], label=f"TTT step {k}")
+    held = [r for r in evals if r.get("heldout_acc_k")]
+    if held:
+        axes[1].plot([r["step"] for r in held], [r["heldout_acc_k"][0] for r in held], marker="o", linestyle="--",
+                     label="step 0, held-out replies")
     if evals:
         axes[2].plot([r["step"] for r in evals], [r["accept_length"] for r in evals], marker="o")
     for ax, title in zip(axes, ("loss", "accuracy (draft top-1 = target top-1)", "acceptance length (Engine)")):
