@@ -1,77 +1,102 @@
-"""Where a draft's acceptance goes: its teacher-forced chain hits on the target's own greedy replies,
-split by position in the reply and by whether the token continues a repetition.
+"""Where a draft's acceptance goes: its teacher-forced guesses on the target's greedy replies (or on given
+conversations), per draft step, per kind of token and per position in the reply.
 
-Usage: python3 benchmarks/diagnose_acceptance.py --draft assets/smollm2-135m-eagle3 [--dataset mt-bench]
-           [--prompts 16] [--new-tokens 256] [--steps 3] [--device cpu] [--out diagnosis.json]
+Usage: python3 benchmarks/diagnose_acceptance.py --draft assets/smollm2-135m-eagle3 [--dataset mt-bench|humaneval|FILE]
+           [--conversations out/RUN/data/regen-r0.jsonl] [--prompts 16] [--new-tokens 256] [--steps 3]
+           [--device cpu] [--out diagnosis.json]
 
-The target (the demo model unless --model) writes greedy replies; one full forward then gives its features
-and its greedy choice at every position, and the draft is unrolled over the sequence exactly as training
-does (eyas.train.ttt.unroll). A chain starting at index t is accepted for as many leading steps as the
-draft's top-1 equals the target's: 1 + the mean accepted run is the acceptance length teacher forcing
-predicts (a token outside the draft vocabulary ends a chain, as in the engine). A token "repeats" when the
-8 tokens ending with it already occurred earlier in the same sequence (greedy loops and copied spans).
+Prompts (`--dataset`): the target writes greedy replies with the draft as a chain of `--steps` through the
+Engine, which counts its verify passes. One forward of the target then gives its features at every
+position, and the draft is unrolled over the sequence exactly as training does (eyas.train.ttt.unroll).
+From that one pass:
+  - `accuracy_k`: each draft step's top-1 accuracy over the reply, the number the training log's `acc_k`
+    gives on training batches;
+  - `simulated_accept_length`: the chain cycles replayed on the guesses (train/simulate.py), which equals
+    the Engine's `accept_length`, verify pass for verify pass, when the replay's forward matches the
+    Engine's numerics (fp32);
+  - a chain started at every reply position: 1 + the mean accepted run ("predicted acceptance"), split by
+    whether the token repeats (the 8 tokens ending with it already occurred in the sequence: greedy loops,
+    copied spans), by position in the reply, and with the share of tokens outside the draft vocabulary
+    (never guessed, as in the Engine).
+Conversations (`--conversations`, ShareGPT or OpenAI-messages JSONL, e.g. a training run's regenerated
+data): the same over the first reply as written, without generating: the draft's accuracy on the very
+text it trained on, against held-out text.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from eyas.bench.datasets import load_prompts
-from eyas.engine.engine import Engine
-from eyas.layers.sampling import SamplingParams
-from eyas.models.draft_io import load_draft
-from eyas.models.tokenizer import encode_messages, load_tokenizer
-from eyas.train.repeats import repeat_mask
-from eyas.train.target import run_target
-from eyas.train.ttt import teacher_from_logits, unroll
-
+REPO = Path(__file__).resolve().parents[1]
 BUCKETS = ((0, 64), (64, 128), (128, 256), (256, 1 << 30))
 NGRAM = 8
 
 
-def repeats(ids: list[int], start: int) -> list[bool]:
-    """For each position p >= start: do ids[p-NGRAM+1 .. p] occur earlier in ids? (The definition
-    `[train] repeat_weight` trains with.)"""
-    return repeat_mask(torch.tensor([ids]), NGRAM)[0, start:].tolist()
+def texts_from_prompts(args, tokenizer, stop_ids) -> tuple[list[list[int]], list[int], dict]:
+    """Prompt + greedy reply token lists, prompt lengths, and the Engine's own acceptance."""
+    from eyas.bench.datasets import load_prompts
+    from eyas.config import SpecConfig
+    from eyas.engine.engine import Engine
+    from eyas.layers.sampling import SamplingParams
+    from eyas.models.tokenizer import encode_messages
+
+    prompts = [encode_messages(tokenizer, p.messages) for p in load_prompts(args.dataset)[: args.prompts]]
+    engine = Engine(args.model, dtype=args.dtype, device=args.device, draft=str(args.draft),
+                    spec=SpecConfig(args.steps, 1), max_batch=min(32, len(prompts)),
+                    max_len=max(map(len, prompts)) + args.new_tokens + 16)
+    seqs = engine.generate(prompts, SamplingParams(max_tokens=args.new_tokens, stop_token_ids=stop_ids))
+    generated = sum(len(s.output_ids) - 1 for s in seqs)
+    passes = sum(s.verify_passes for s in seqs)
+    return ([p + s.output_ids for p, s in zip(prompts, seqs)], [len(p) for p in prompts],
+            {"accept_length": generated / max(1, passes), "generated": generated, "passes": passes})
 
 
-@torch.no_grad()
-def chain_runs(target, draft, ids: list[int], reply_start: int, steps: int, device) -> list[tuple[int, int, bool]]:
-    """(reply offset of the first drafted token, accepted run length, whether the target's token there is
-    outside the draft vocabulary) for every chain start whose first drafted token lies in the reply and
-    whose target choices all exist. A token outside the draft vocabulary can never be guessed: such a
-    chain accepts nothing, as in the engine."""
-    x = torch.tensor([ids], device=device)
-    out = run_target(target, x)
-    loss_mask = torch.zeros_like(x, dtype=torch.bool)
-    loss_mask[:, reply_start:] = True
-    used = torch.arange(draft.config.draft_vocab_size, device=device) + draft.d2t
-    logits = target.logits(out.hidden)
-    teacher = teacher_from_logits(logits, loss_mask, used, draft.t2d)
-    outside = (~draft.t2d[logits.argmax(-1)])[0].tolist()
-    outs = unroll(draft, target.embed(x), out.features, steps)
+def texts_from_conversations(args, tokenizer) -> tuple[list[list[int]], list[int]]:
+    """First replies as written: the prompt is everything before the first assistant token."""
+    from eyas.train.conversation import encode_conversation
+    from eyas.train.prompts import read_conversations
+
+    texts, starts = [], []
+    for conv in read_conversations(args.conversations):
+        sample = encode_conversation(tokenizer, conv.messages, args.max_len)
+        assistant = sample.loss_mask.nonzero().flatten().tolist()
+        if not assistant or assistant[0] < 1:
+            continue
+        end = assistant[0]  # the first reply ends where the assistant's tokens first stop
+        while end < len(sample) and sample.loss_mask[end]:
+            end += 1
+        texts.append(sample.input_ids[:end].tolist())
+        starts.append(assistant[0])
+        if len(texts) == args.prompts:
+            break
+    return texts, starts
+
+
+def chain_starts(hits: list[list[bool]], ids: list[int], start: int, steps: int, t2d) -> list[tuple[int, int, bool, bool]]:
+    """(reply offset of the first drafted token, accepted run, the token repeats, it is outside the draft
+    vocabulary) for a chain started at every index whose chain lies within the sequence. The reply's first
+    token comes from the prefill and is never drafted (this script counted it as a chain start before the
+    eighth session)."""
+    from eyas.train.repeats import repeat_mask
+
     T = len(ids)
-    hits = []
-    for k, o in enumerate(outs):
-        n = T - 1 - k
-        pred = draft.logits(o[:, :n]).argmax(-1)
-        hits.append(((pred == teacher.ids[:, 1 + k:]) & teacher.valid[:, 1 + k:])[0].tolist())
-    runs = []
-    # Index t drafts x_{t+2} at step 0 (its features are f_t, its embedding x_{t+1}).
-    for t in range(max(0, reply_start - 2), T - 1 - steps):
+    repeats = repeat_mask(torch.tensor([ids]), NGRAM)[0].tolist()
+    rows = []
+    for t in range(start - 1, T - 1 - steps):
         r = 0
         while r < steps and hits[r][t]:
             r += 1
-        runs.append((t + 2 - reply_start, r, outside[t + 1]))
-    return runs
+        rows.append((t + 2 - start, r, repeats[t + 2], not bool(t2d[ids[t + 2]])))
+    return rows
 
 
 def summarize(rows: list[tuple[int, int, bool, bool]]) -> dict:
-    """rows: (reply offset, accepted run, repeats, outside the draft vocabulary) per chain start."""
     def stats(sel):
         if not sel:
             return None
@@ -88,43 +113,83 @@ def summarize(rows: list[tuple[int, int, bool, bool]]) -> dict:
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--draft", required=True)
-    ap.add_argument("--model", default="demo")
-    ap.add_argument("--dataset", default="mt-bench")
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default="fp32")
-    ap.add_argument("--out", default="diagnosis.json")
-    args = ap.parse_args()
+@torch.no_grad()
+def diagnose(args) -> dict:
+    from eyas.config import ModelConfig
+    from eyas.models.demo import resolve_model_path
+    from eyas.models.draft_io import load_draft
+    from eyas.models.loader import load_model, parse_dtype
+    from eyas.models.tokenizer import load_tokenizer
+    from eyas.train.conversation import end_of_turn_ids
+    from eyas.train.simulate import draft_predictions, guess_hits, simulate_chain, teacher_forced_accuracy
+    from eyas.train.target import run_target
+
     t0 = time.perf_counter()
-    engine = Engine(args.model, dtype=args.dtype, device=args.device, max_batch=args.prompts, max_len=2048)
-    tok = load_tokenizer(engine.model_path if args.model != "demo" else _demo_dir())
-    prompts = [encode_messages(tok, p.messages) for p in load_prompts(args.dataset)[: args.prompts]]
-    seqs = engine.generate(prompts, SamplingParams(max_tokens=args.new_tokens))
-    target = engine.target
-    draft = load_draft(args.draft, target.config, next(target.parameters()).dtype, args.device)
+    model_dir = resolve_model_path(args.model)
+    tokenizer = load_tokenizer(model_dir)
+    engine_side = None
+    if args.conversations:
+        texts, starts = texts_from_conversations(args, tokenizer)
+        if not texts:
+            raise SystemExit(f"diagnose_acceptance: error: {args.conversations} holds no conversation with an "
+                             "assistant reply after a prompt")
+    else:
+        stop_ids = end_of_turn_ids(tokenizer, ModelConfig.from_dir(model_dir).eos_token_ids)
+        texts, starts, engine_side = texts_from_prompts(args, tokenizer, stop_ids)
+
+    target = load_model(args.model, args.dtype, args.device, max_positions=max(map(len, texts)) + 8)
+    draft = load_draft(args.draft, target.config, dtype=parse_dtype(args.dtype), device=args.device)
     target.capture_layers = draft.config.capture_layers(target.config.num_layers)
-    rows = []
-    for s in seqs:
-        ids = s.prompt_ids + s.output_ids
-        flags = repeats(ids, len(s.prompt_ids))
-        for offset, run, outside in chain_runs(target, draft, ids, len(s.prompt_ids), args.steps, args.device):
-            rows.append((offset, run, flags[offset] if 0 <= offset < len(flags) else False, outside))
-    result = dict(args=vars(args), seconds=round(time.perf_counter() - t0, 1), **summarize(rows))
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(json.dumps(result, indent=2))
+    K = max(args.steps, args.accuracy_steps)
+    right, total, rows = [0] * K, [0] * K, []
+    generated = passes = 0
+    for ids, start in zip(texts, starts):
+        x = torch.tensor(ids, device=args.device)
+        preds = draft_predictions(draft, target.embed(x[None]), run_target(target, x[None]).features, K)[:, 0]
+        g, p = simulate_chain(preds, x, start, args.steps)
+        generated, passes = generated + g, passes + p
+        r, t = teacher_forced_accuracy(preds, x, start)
+        right, total = [a + b for a, b in zip(right, r)], [a + b for a, b in zip(total, t)]
+        rows += chain_starts(guess_hits(preds[: args.steps], x), ids, start, args.steps, draft.t2d.cpu())
+    return {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "texts": len(texts), "reply_tokens": total[0],
+            "accuracy_k": [round(a / max(1, b), 4) for a, b in zip(right, total)],
+            "simulated_accept_length": generated / max(1, passes), "engine": engine_side,
+            "seconds": round(time.perf_counter() - t0, 1), **summarize(rows)}
 
 
-def _demo_dir():
-    from eyas.models.demo import demo_model_path
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--draft", type=Path, default=REPO / "assets" / "smollm2-135m-eagle3")
+    p.add_argument("--model", default="demo", help="target: HF checkpoint directory or 'demo' (default)")
+    p.add_argument("--dataset", default="mt-bench", help="mt-bench, humaneval, or a JSONL of prompts (in file order)")
+    p.add_argument("--conversations", type=Path, help="score these conversations' first replies as written instead")
+    p.add_argument("--prompts", type=int, default=16, help="prompts or conversations to use (default 16)")
+    p.add_argument("--new-tokens", type=int, default=256, help="reply budget when generating (default 256)")
+    p.add_argument("--max-len", type=int, default=1024, help="conversation tokens kept (default 1024)")
+    p.add_argument("--steps", type=int, default=3, help="chain depth of the Engine and of the replay (default 3)")
+    p.add_argument("--accuracy-steps", type=int, default=7, help="draft steps whose accuracy is reported (default 7)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
+    p.add_argument("--out", type=Path, help="JSON results (also printed)")
+    args = p.parse_args(argv)
+    if min(args.prompts, args.steps, args.accuracy_steps, args.new_tokens) < 1:
+        print("diagnose_acceptance: error: --prompts, --steps, --accuracy-steps and --new-tokens must be at least 1",
+              file=sys.stderr)
+        return 2
+    from eyas.errors import EyasError
 
-    return demo_model_path()
+    try:
+        result = diagnose(args)
+    except (EyasError, OSError) as e:
+        print(f"diagnose_acceptance: error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

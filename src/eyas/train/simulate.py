@@ -30,11 +30,17 @@ def draft_predictions(draft: Eagle3Draft, embeds: torch.Tensor, features: torch.
     return torch.stack([draft.to_target_ids(draft.logits(o).argmax(-1)) for o in outs])
 
 
+def guess_hits(preds: torch.Tensor, ids: torch.Tensor) -> list[list[bool]]:
+    """[k][t]: whether draft step k's guess at index t is x_{t+2+k}, for t < T - 2 - k."""
+    T = ids.shape[0]
+    return [(preds[k, : max(0, T - 2 - k)] == ids[2 + k:]).tolist() for k in range(preds.shape[0])]
+
+
 def simulate_chain(preds: torch.Tensor, ids: torch.Tensor, prompt_len: int, spec_steps: int) -> tuple[int, int]:
     """preds [>= spec_steps, T], ids [T] = prompt + greedy reply. Returns (tokens generated after the first,
     verify passes): the engine's acceptance length is their ratio (the prefill's token is not counted)."""
     T = ids.shape[0]
-    right = [(preds[k, : T - 2 - k] == ids[2 + k:]).tolist() for k in range(spec_steps)]  # [k][t]: x_{t+2+k}?
+    right = guess_hits(preds[:spec_steps], ids)
     committed, generated, passes = prompt_len + 1, 0, 0
     while committed < T:
         t, n = committed - 2, 0
@@ -48,10 +54,7 @@ def simulate_chain(preds: torch.Tensor, ids: torch.Tensor, prompt_len: int, spec
 def teacher_forced_accuracy(preds: torch.Tensor, ids: torch.Tensor, prompt_len: int) -> tuple[list[int], list[int]]:
     """Per draft step k: (right guesses, guesses) over the reply's tokens x_{prompt_len+1+k}.. (the first reply
     token comes from the prefill, never from a guess)."""
-    T = ids.shape[0]
-    right, total = [], []
-    for k in range(preds.shape[0]):
-        t = torch.arange(prompt_len - 1, max(prompt_len - 1, T - 2 - k))  # empty when the reply is too short
-        right.append(int((preds[k, t] == ids[t + 2 + k]).sum()))
-        total.append(int(t.numel()))
+    hits = guess_hits(preds, ids)
+    right = [sum(h[prompt_len - 1:]) for h in hits]
+    total = [max(0, len(h) - (prompt_len - 1)) for h in hits]
     return right, total

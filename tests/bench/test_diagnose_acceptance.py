@@ -1,5 +1,5 @@
-"""bench_draft_accuracy: the acceptance read off its teacher-forced pass equals the Engine's on the same replies;
-conversations are scored as written; bad input is one line."""
+"""diagnose_acceptance: the acceptance replayed on its teacher-forced pass equals the Engine's on the same replies;
+conversations are scored as written; the breakdown covers every chain start; bad input is one line."""
 
 import json
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 
 from tests.server.tiny import predictable_pair
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_draft_accuracy.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "diagnose_acceptance.py"
 
 
 def run(*args):
@@ -26,13 +26,15 @@ def pair(tmp_path_factory):
 def test_simulated_acceptance_equals_the_engines_on_mt_bench(pair, tmp_path):
     target, draft = pair
     out = tmp_path / "acc.json"
-    p = run("--model", str(target), "--draft", str(draft), "--prompts", "3", "--max-tokens", "24", "--device", "cpu",
+    p = run("--model", str(target), "--draft", str(draft), "--prompts", "3", "--new-tokens", "24", "--device", "cpu",
             "--accuracy-steps", "4", "--out", str(out))
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     assert r["texts"] == 3 and r["engine"]["passes"] > 0
     assert r["simulated_accept_length"] == r["engine"]["accept_length"] > 1.0
     assert len(r["accuracy_k"]) == 4 and r["accuracy_k"][0] == 1.0  # the pair's first guess is always right
+    assert r["all"]["step0_hit_rate"] == 1.0 and r["all"]["chains"] > 0
+    assert r["repeat"] is None or r["repeat"]["chains"] + r["fresh"]["chains"] == r["all"]["chains"]
 
 
 def test_conversations_are_scored_as_written(pair, tmp_path):
@@ -54,8 +56,8 @@ def test_bad_input_is_one_line(pair, tmp_path):
     target, draft = pair
     p = run("--prompts", "0", "--device", "cpu")
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0
-    assert p.stderr.startswith("bench_draft_accuracy: error:")
+    assert p.stderr.startswith("diagnose_acceptance: error:")
     p = run("--model", str(target), "--draft", str(draft), "--conversations", str(tmp_path / "missing.jsonl"),
             "--device", "cpu")
     assert p.returncode == 1 and p.stderr.strip().count("\n") == 0, p.stderr
-    assert p.stderr.startswith("bench_draft_accuracy: error:")
+    assert p.stderr.startswith("diagnose_acceptance: error:")
