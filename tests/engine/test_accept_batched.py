@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from eyas.engine.tree import accept_greedy, accept_greedy_batched, select_tree
+from eyas.engine.tree import accept_greedy, accept_greedy_batched, accept_greedy_chain, select_tree
 
 
 def random_tree(B, steps, topk, num_nodes, vocab, g):
@@ -50,6 +50,9 @@ def test_device_acceptance_equals_the_hosts(steps, topk, num_nodes):
         want = [tree.tokens[b, j].item() for j in path[1:]] + [bonus]
         assert new[b].tolist() == want + [bonus] * (steps + 1 - len(want))
     assert len(lengths) > 2  # short and long paths both occurred
+    if topk == 1:  # a chain's own acceptance gives the same three tensors
+        for a, b in zip(accept_greedy_chain(tree.tokens, argmax), (sel, accepted, new)):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("spec", [(3, 1, 4), (4, 3, 8)], ids=["chain", "tree"])

@@ -10,7 +10,8 @@ output token x_c pending (the tree root):
   pairs with the target's fresh features (overwriting the speculative draft entries).
 For greedy batches, acceptance and commit run on the device right after verify (acceptance and the extend
 pass as one more graph), and the host reads the result once per cycle; batches with sampled sequences accept
-on the host.
+on the host. A chain (topk 1) drafts and accepts through shorter functions of its own (_chain_fn,
+tree.accept_greedy_chain) that give the general tree's results with k = 1 in fewer kernels.
 When the policy chooses a plain step, the draft does not run: the step's (feature, token) pair is kept
 in the sequence's lag, and one eager pass over the whole batch catches the draft up before the next
 speculative cycle (or once LAG_FLUSH pairs have piled up). Plain steps then cost what plain decoding costs.
@@ -30,7 +31,8 @@ from eyas.engine.kv_cache import KVCache
 from eyas.engine.profile import NullProfiler
 from eyas.engine.runner import PREFILL_CHUNK, chunked_length
 from eyas.engine.spec_policy import SpecPolicy
-from eyas.engine.tree import accept_greedy, accept_greedy_batched, accept_sampled, select_tree
+from eyas.engine.tree import (accept_greedy, accept_greedy_batched, accept_greedy_chain, accept_sampled,
+                              select_tree)
 from eyas.layers.attention import AttentionBatch
 from eyas.layers.rotary import RotaryEmbedding
 from eyas.layers.sampling import adjusted_probs
@@ -62,6 +64,12 @@ class SpeculativeDecoder:
         self.kv = KVCache(1, engine.runner.kv.num_slots, positions, heads, head_dim, dtype, engine.device, shared)
         self._last_mode = None  # speculated or not, the last step
         self.accept_on_device = True  # greedy batches; False keeps them on the host path (benchmarks compare both)
+        # A chain's tree never changes shape: root, then one node per step, each the child of the one before.
+        n = self.spec.draft_tokens
+        self._chain_tree = (torch.arange(-1, n - 1, device=engine.device)[None],
+                            torch.arange(n, device=engine.device)[None],
+                            torch.ones(n, n, dtype=torch.bool, device=engine.device).tril()[None])
+        self.draft_fn = self._chain_fn if k == 1 else self._tree_fn
         self.last_decision = None  # (batch size, speculated) of the last step, for the server's metrics
 
     @property
@@ -92,6 +100,22 @@ class SpeculativeDecoder:
         out = self._draft_forward(self.target.embed(ids), feats, pos, slots, starts, kv_len, fuse=True)
         h = out.gather(1, last[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0]
         return h, torch.log_softmax(self.draft.logits(h), dim=-1)
+
+    def _chain_fn(self, logp0, hidden0, root, c, slots, kv_len):
+        """A chain (topk 1): each step feeds its argmax to the next, and the draft attends causally over its
+        cache. The same tree as _tree_fn's with k = 1, without the small kernels of its scores, frontier
+        and reranking."""
+        ids = logp0.argmax(-1, keepdim=True)                                 # [B, 1] draft ids
+        hidden, guesses = hidden0[:, None], [ids]
+        for step in range(2, self.spec.steps + 1):
+            embeds = self.target.embed(self.draft.to_target_ids(ids))
+            out = self._draft_forward(embeds, hidden, (c + step - 2)[:, None], slots, c + step - 2, kv_len)
+            ids, hidden = self.draft.logits(out).argmax(-1), out
+            guesses.append(ids)
+        B = root.shape[0]
+        tokens = torch.cat([root[:, None], self.draft.to_target_ids(torch.cat(guesses, dim=1))], dim=1)
+        parents, depth, mask = self._chain_tree
+        return tokens, parents.expand(B, -1), depth.expand(B, -1), mask.expand(B, -1, -1)
 
     def _tree_fn(self, logp0, hidden0, root, c, slots, kv_len):
         """EAGLE-2 dynamic tree: expand the top-k frontier by cumulative log-prob for S steps, then rerank."""
@@ -139,7 +163,10 @@ class SpeculativeDecoder:
     def _commit_fn(self, tokens, parents, depth, argmax, aux, c_t, slots, kv_len):
         """Greedy acceptance of a verified tree and the draft run over the accepted pairs (see _extend).
         Pure or idempotent, as a graph's body must be: capturing one runs it more than once."""
-        sel, accepted, new = accept_greedy_batched(tokens, parents, depth, argmax, self.spec.steps)
+        if self.spec.topk == 1:
+            sel, accepted, new = accept_greedy_chain(tokens, argmax)
+        else:
+            sel, accepted, new = accept_greedy_batched(tokens, parents, depth, argmax, self.spec.steps)
         feats = aux.gather(1, sel[..., None].expand(-1, -1, aux.shape[-1]))
         h, logp = self._extend_fn(new, feats, accepted, c_t, slots, kv_len)
         return new, accepted, sel, h, logp
@@ -354,7 +381,7 @@ class SpeculativeDecoder:
             hidden0, logp0 = gather_states(seqs)
             root, c_t, slots_t = torch.tensor([[s.output_ids[-1] for s in seqs], c, [s.slot for s in seqs]],
                                               device=dev)  # one host-to-device copy for the cycle's inputs
-            tokens, parents, depth, mask = self._run("tree", self._tree_fn, B, self.kv, max(c) + (S - 1) * k,
+            tokens, parents, depth, mask = self._run("tree", self.draft_fn, B, self.kv, max(c) + (S - 1) * k,
                                                      [logp0, hidden0, root, c_t, slots_t], [0, 0, 0, 0, scratch],
                                                      padded=True)
             # Read after the verify graph replays, which may keep its temporaries where these live (graphs.py):

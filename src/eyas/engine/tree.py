@@ -103,6 +103,19 @@ def accept_greedy_batched(tokens: torch.Tensor, parents: torch.Tensor, depth: to
     return sel, accepted, new
 
 
+def accept_greedy_chain(tokens: torch.Tensor, target_argmax: torch.Tensor):
+    """accept_greedy_batched for chains (node j is the child of node j-1): the same outputs from a running
+    product of the matches instead of walks up the tree."""
+    B, L = tokens.shape
+    correct = (tokens[:, 1:] == target_argmax[:, :-1]).long()
+    accepted = correct.cumprod(dim=1).sum(dim=1)                              # [B] leading matches
+    cols = torch.arange(L, device=tokens.device)[None]
+    sel = torch.where(cols <= accepted[:, None], cols, 0)
+    bonus = target_argmax.gather(1, accepted[:, None])
+    new = torch.where(cols < accepted[:, None], tokens.roll(-1, dims=1), bonus)
+    return sel, accepted, new
+
+
 def accept_sampled(tokens: list[int], parents: list[int], probs: torch.Tensor,
                    generator: torch.Generator | None) -> tuple[list[int], int]:
     """Lossless acceptance for deterministic (top-k) proposals: at each node try its distinct children in
