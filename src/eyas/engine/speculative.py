@@ -64,12 +64,12 @@ class SpeculativeDecoder:
         self.kv = KVCache(1, engine.runner.kv.num_slots, positions, heads, head_dim, dtype, engine.device, shared)
         self._last_mode = None  # speculated or not, the last step
         self.accept_on_device = True  # greedy batches; False keeps them on the host path (benchmarks compare both)
-        # A chain's tree never changes shape: root, then one node per step, each the child of the one before.
-        n = self.spec.draft_tokens
-        self._chain_tree = (torch.arange(-1, n - 1, device=engine.device)[None],
-                            torch.arange(n, device=engine.device)[None],
-                            torch.ones(n, n, dtype=torch.bool, device=engine.device).tril()[None])
         self.draft_fn = self._chain_fn if k == 1 else self._tree_fn
+        if k == 1:  # a chain's tree never changes: the root, then one node per step, each the last one's child
+            n = self.spec.draft_tokens
+            self._chain_tree = (torch.arange(-1, n - 1, device=engine.device)[None],
+                                torch.arange(n, device=engine.device)[None],
+                                torch.ones(n, n, dtype=torch.bool, device=engine.device).tril()[None])
         self.last_decision = None  # (batch size, speculated) of the last step, for the server's metrics
 
     @property
@@ -103,8 +103,8 @@ class SpeculativeDecoder:
 
     def _chain_fn(self, logp0, hidden0, root, c, slots, kv_len):
         """A chain (topk 1): each step feeds its argmax to the next, and the draft attends causally over its
-        cache. The same tree as _tree_fn's with k = 1, without the small kernels of its scores, frontier
-        and reranking."""
+        cache. The same tree as _tree_fn's with k = 1 (up to which of two exactly tied tokens is guessed),
+        without the small kernels of its scores, frontier and reranking."""
         ids = logp0.argmax(-1, keepdim=True)                                 # [B, 1] draft ids
         hidden, guesses = hidden0[:, None], [ids]
         for step in range(2, self.spec.steps + 1):

@@ -85,9 +85,11 @@ def user_turn_prefix(tokenizer, system: str = "") -> list[int]:
     messages = [{"role": "user", "content": PLACEHOLDER}]
     if system:
         messages.insert(0, {"role": "system", "content": system})
+    from jinja2 import TemplateError
+
     try:
         text = render(tokenizer, messages, False)
-    except Exception as e:  # jinja raises its own errors for a template that refuses a system turn
+    except TemplateError as e:  # a template that refuses a system turn raises through jinja
         raise EyasError(f"the chat template does not take a system message ({e}); leave [synth] system_prompts "
                         "empty") from None
     if system and system not in text:
