@@ -62,3 +62,18 @@ def test_simulated_chain_stops_at_the_first_wrong_guess_and_at_the_end():
     assert simulate_chain(preds[:, :5], ids[:5], 4, 3) == (0, 0)
     assert teacher_forced_accuracy(preds[:, :5], ids[:5], 4) == ([0, 0, 0], [0, 0, 0])
     assert teacher_forced_accuracy(preds[:, :6], ids[:6], 4) == ([1, 0, 0], [1, 0, 0])
+
+
+def test_training_evals_score_their_heldout_replies(pair):
+    """AcceptanceEval's heldout_acc_k is the teacher-forced accuracy of the replies it generated: the pair's
+    draft guesses the next token right every time at step 0, and mostly wrong deeper."""
+    from eyas.train.evaluate import AcceptanceEval
+
+    target_dir, draft_dir = pair
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (6, 13)]
+    draft = load_draft(draft_dir, load_model(str(target_dir), "fp32", "cpu").config)
+    result = AcceptanceEval(str(target_dir), prompts, device="cpu", dtype="fp32", max_tokens=30, spec_steps=3,
+                            ignore_eos=True)(draft)
+    assert result["heldout_acc_k"][0] == 1.0 and result["heldout_acc_k"][1] < 1.0
+    assert result["accept_length"] > 1.5
