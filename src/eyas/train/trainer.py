@@ -118,7 +118,9 @@ class Trainer:
             t0 = time.perf_counter()
             result = self.evaluator(self.draft)
             self._record({"step": self.step, **result, "eval_s": round(time.perf_counter() - t0, 2)})
-            log(self.dist, f"eyas train: step {self.step} acceptance length {result['accept_length']:.3f}")
+            held = result.get("heldout_acc_k")
+            log(self.dist, f"eyas train: step {self.step} acceptance length {result['accept_length']:.3f}"
+                + (f", held-out accuracy per step {' '.join(f'{a:.3f}' for a in held)}" if held else ""))
         self.dist.barrier()
 
     # -- the loop ---------------------------------------------------------------------------------
