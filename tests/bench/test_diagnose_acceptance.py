@@ -34,7 +34,9 @@ def test_simulated_acceptance_equals_the_engines_on_mt_bench(pair, tmp_path):
     assert r["simulated_accept_length"] == r["engine"]["accept_length"] > 1.0
     assert len(r["accuracy_k"]) == 4 and r["accuracy_k"][0] == 1.0  # the pair's first guess is always right
     assert r["all"]["step0_hit_rate"] == 1.0 and r["all"]["chains"] > 0
-    assert r["repeat"] is None or r["repeat"]["chains"] + r["fresh"]["chains"] == r["all"]["chains"]
+    chains = lambda part: 0 if r[part] is None else r[part]["chains"]  # noqa: E731
+    assert chains("repeat") + chains("fresh") == r["all"]["chains"]
+    assert sum(v["chains"] for v in r["by_reply_position"].values() if v) == r["all"]["chains"]
 
 
 def test_conversations_are_scored_as_written(pair, tmp_path):
