@@ -38,8 +38,9 @@ BUCKETS = ((0, 64), (64, 128), (128, 256), (256, 1 << 30))
 NGRAM = 8
 
 
-def texts_from_prompts(args, tokenizer, stop_ids) -> tuple[list[list[int]], list[int], dict]:
-    """Prompt + greedy reply token lists, prompt lengths, and the Engine's own acceptance."""
+def texts_from_prompts(args, tokenizer, stop_ids):
+    """Prompt + greedy reply token lists, prompt lengths, the Engine's own acceptance, and the Engine (whose
+    target and draft then score the replies: the models are loaded once)."""
     from eyas.bench.datasets import load_prompts
     from eyas.config import SpecConfig
     from eyas.engine.engine import Engine
@@ -54,7 +55,7 @@ def texts_from_prompts(args, tokenizer, stop_ids) -> tuple[list[list[int]], list
     generated = sum(len(s.output_ids) - 1 for s in seqs)
     passes = sum(s.verify_passes for s in seqs)
     return ([p + s.output_ids for p, s in zip(prompts, seqs)], [len(p) for p in prompts],
-            {"accept_length": generated / max(1, passes), "generated": generated, "passes": passes})
+            {"accept_length": generated / max(1, passes), "generated": generated, "passes": passes}, engine)
 
 
 def texts_from_conversations(args, tokenizer) -> tuple[list[list[int]], list[int]]:
@@ -122,7 +123,6 @@ def diagnose(args) -> dict:
     from eyas.models.tokenizer import load_tokenizer
     from eyas.train.conversation import end_of_turn_ids
     from eyas.train.simulate import draft_predictions, guess_hits, simulate_chain, teacher_forced_accuracy
-    from eyas.train.target import run_target
 
     t0 = time.perf_counter()
     model_dir = resolve_model_path(args.model)
@@ -133,19 +133,19 @@ def diagnose(args) -> dict:
         if not texts:
             raise SystemExit(f"diagnose_acceptance: error: {args.conversations} holds no conversation with an "
                              "assistant reply after a prompt")
+        target = load_model(args.model, args.dtype, args.device, max_positions=max(map(len, texts)) + 8)
+        draft = load_draft(args.draft, target.config, dtype=parse_dtype(args.dtype), device=args.device)
+        target.capture_layers = draft.config.capture_layers(target.config.num_layers)
     else:
         stop_ids = end_of_turn_ids(tokenizer, ModelConfig.from_dir(model_dir).eos_token_ids)
-        texts, starts, engine_side = texts_from_prompts(args, tokenizer, stop_ids)
-
-    target = load_model(args.model, args.dtype, args.device, max_positions=max(map(len, texts)) + 8)
-    draft = load_draft(args.draft, target.config, dtype=parse_dtype(args.dtype), device=args.device)
-    target.capture_layers = draft.config.capture_layers(target.config.num_layers)
+        texts, starts, engine_side, engine = texts_from_prompts(args, tokenizer, stop_ids)
+        target, draft = engine.target, engine.spec.draft
     K = max(args.steps, args.accuracy_steps)
     right, total, rows = [0] * K, [0] * K, []
     generated = passes = 0
     for ids, start in zip(texts, starts):
         x = torch.tensor(ids, device=args.device)
-        preds = draft_predictions(draft, target.embed(x[None]), run_target(target, x[None]).features, K)[:, 0]
+        preds = draft_predictions(target, draft, x, K)
         g, p = simulate_chain(preds, x, start, args.steps)
         generated, passes = generated + g, passes + p
         r, t = teacher_forced_accuracy(preds, x, start)

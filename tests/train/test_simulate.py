@@ -10,7 +10,6 @@ from eyas.layers.sampling import SamplingParams
 from eyas.models.draft_io import load_draft
 from eyas.models.loader import load_model
 from eyas.train.simulate import draft_predictions, simulate_chain, teacher_forced_accuracy
-from eyas.train.target import run_target
 from tests.server.tiny import predictable_pair
 
 
@@ -36,8 +35,7 @@ def test_simulated_chain_equals_the_engines_verify_passes(pair, spec_steps):
     accepted_more_than_one = False
     for prompt, seq in zip(prompts, seqs):
         ids = torch.tensor(prompt + seq.output_ids)
-        features = run_target(target, ids[None]).features
-        preds = draft_predictions(draft, target.model.embed_tokens(ids[None]), features, spec_steps)[:, 0]
+        preds = draft_predictions(target, draft, ids, spec_steps)
         generated, passes = simulate_chain(preds, ids, len(prompt), spec_steps)
         assert (generated, passes) == (len(seq.output_ids) - 1, seq.verify_passes)
         accepted_more_than_one |= generated > passes

@@ -59,14 +59,12 @@ class AcceptanceEval:
 
     def _accuracy(self, seqs) -> list[float]:
         from eyas.train.simulate import draft_predictions, teacher_forced_accuracy
-        from eyas.train.target import run_target
 
         target, draft, steps = self.engine.target, self.engine.spec.draft, self.spec.steps
         right, total = [0] * steps, [0] * steps
         for prompt, seq in zip(self.prompts, seqs):
             ids = torch.tensor(prompt + seq.output_ids, device=self.engine.device)
-            preds = draft_predictions(draft, target.embed(ids[None]), run_target(target, ids[None]).features, steps)
-            r, t = teacher_forced_accuracy(preds[:, 0], ids, len(prompt))
+            r, t = teacher_forced_accuracy(draft_predictions(target, draft, ids, steps), ids, len(prompt))
             right = [a + b for a, b in zip(right, r)]
             total = [a + b for a, b in zip(total, t)]
         return [round(a / b, 5) if b else 0.0 for a, b in zip(right, total)]

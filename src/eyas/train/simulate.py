@@ -1,8 +1,8 @@
 """Acceptance read off one teacher-forced pass: what the engine's greedy chain accepts, without generating.
 
-Usage: preds = draft_predictions(draft, embeds, features, steps=3)        # [steps, B, T] target token ids
-       generated, passes = simulate_chain(preds[:, row], ids[row], prompt_len, spec_steps=3)
-       acc = teacher_forced_accuracy(preds[:, row], ids[row], prompt_len)  # per step, over the reply
+Usage: preds = draft_predictions(target, draft, ids, steps=3)      # [steps, T] target token ids
+       generated, passes = simulate_chain(preds, ids, prompt_len, spec_steps=3)
+       right, total = teacher_forced_accuracy(preds, ids, prompt_len)  # per step, over the reply
 
 Why it is exact (ttt.py's indexing): a greedy chain cycle that starts with tokens 0..L-1 committed runs the
 draft's step k at position L-1+k, which is TTT step k at index L-2, with the draft's own guesses in place of
@@ -20,14 +20,18 @@ from __future__ import annotations
 import torch
 
 from eyas.models.eagle3 import Eagle3Draft
+from eyas.models.llama import CausalLM
+from eyas.train.target import run_target
 from eyas.train.ttt import unroll
 
 
 @torch.no_grad()
-def draft_predictions(draft: Eagle3Draft, embeds: torch.Tensor, features: torch.Tensor, steps: int) -> torch.Tensor:
-    """[steps, B, T]: the target token the draft's step k guesses at index t (the one after x_{t+1+k})."""
-    outs = unroll(draft, embeds.to(draft.fc.weight.dtype), features, steps)
-    return torch.stack([draft.to_target_ids(draft.logits(o).argmax(-1)) for o in outs])
+def draft_predictions(target: CausalLM, draft: Eagle3Draft, ids: torch.Tensor, steps: int) -> torch.Tensor:
+    """ids [T] on the target's device -> [steps, T]: the target token the draft's step k guesses at index t
+    (the one after x_{t+1+k}), from one forward of the target (its capture_layers set for this draft)."""
+    x = ids[None]
+    outs = unroll(draft, target.embed(x).to(draft.fc.weight.dtype), run_target(target, x).features, steps)
+    return torch.stack([draft.to_target_ids(draft.logits(o).argmax(-1))[0] for o in outs])
 
 
 def guess_hits(preds: torch.Tensor, ids: torch.Tensor) -> list[list[bool]]:
