@@ -292,6 +292,6 @@ class Pipeline:
 
 
 def _brief(res: dict) -> str:
-    keys = ("prompts", "conversations", "samples", "coverage", "samples_captured", "steps", "final_loss",
-            "accept_length", "skipped")
+    keys = ("prompts", "conversations", "sampled_replies", "samples", "coverage", "samples_captured", "steps",
+            "final_loss", "accept_length", "skipped")
     return "  ".join(f"{k}={res[k]:.4g}" if isinstance(res[k], float) else f"{k}={res[k]}" for k in keys if k in res)

@@ -74,15 +74,20 @@ class RegenConfig:
     """The target rewrites every assistant turn, so the draft learns the target's own distribution."""
 
     temperature: float = 0.7
-    top_p: float = 1.0
+    top_p: float = 1.0            # also for the sampled copies
     max_tokens: int = 512
     batch: int = 128              # Engine max_batch
-    max_samples: int = 0          # cap on conversations regenerated; 0 = the whole prompt pool
+    max_samples: int = 0          # cap on training prompts regenerated (before copies); 0 = the whole prompt pool
+    sampled_copies: int = 0       # extra conversations per prompt, every turn sampled: more varied contexts
+    sampled_temperature: float = 0.8  # the copies' temperature
 
     def __post_init__(self):
-        _positive("regen", max_tokens=self.max_tokens, batch=self.batch)
+        _positive("regen", max_tokens=self.max_tokens, batch=self.batch,
+                  sampled_temperature=self.sampled_temperature)
         if self.temperature < 0:
             raise EyasError(f"[regen] temperature must be >= 0, got {self.temperature}")
+        if self.sampled_copies < 0:
+            raise EyasError(f"[regen] sampled_copies must be >= 0, got {self.sampled_copies}")
 
 
 @dataclass

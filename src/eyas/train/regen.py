@@ -6,7 +6,10 @@ All conversations stream through one continuously batched Engine: a freed slot t
 conversation, or the next turn of one whose reply just finished (turn i's prompt holds the target's own
 reply to turn i-1), so no batch ever drains waiting for its longest reply. Finished conversations are
 appended to the JSONL file every FLUSH_ROWS, so an interrupted run resumes by skipping the ids already
-written. Under torchrun, rank r takes every r-th conversation and writes its own file.
+written. With `[regen] sampled_copies = N` each prompt is also answered N more times, every turn sampled
+at `sampled_temperature`, as conversations "<id>~s1" .. "<id>~sN" (the draft's soft labels are the
+target's logits, so sampled contexts are as exactly labelled as greedy ones). Under torchrun, rank r takes
+every r-th (prompt, copy) pair and writes its own file.
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ def read_regenerated(recipe) -> list[Conversation]:
     return sorted(convs, key=lambda c: c.id)
 
 
+def copy_id(conv_id: str, copy: int) -> str:
+    """Copy 0 is the prompt's own reply, under the prompt's id; copies 1..N are sampled."""
+    return f"{conv_id}~s{copy}" if copy else conv_id
+
+
 def engine_margin(engine) -> int:
     return engine.spec.lookahead if engine.spec else 1
 
@@ -55,9 +63,10 @@ def regenerate(recipe, engine, tokenizer, prompts: list[Conversation], rank: int
     path = data_dir(recipe) / f"regen-r{rank}.jsonl"
     todo = prompts[: cfg.max_samples] if cfg.max_samples else prompts
     already = done_ids(recipe)
-    mine = [(i, c) for i, c in enumerate(todo) if i % world == rank and c.id not in already]
-    stats = {"conversations": 0, "replies": 0, "dropped": 0, "generated_tokens": 0,
-             "skipped_done": len(todo) // world - len(mine)}
+    jobs = [(i, copy) for i in range(len(todo)) for copy in range(1 + cfg.sampled_copies)][rank::world]
+    mine = [(i, copy) for i, copy in jobs if copy_id(todo[i].id, copy) not in already]
+    stats = {"conversations": 0, "replies": 0, "sampled_replies": 0, "dropped": 0, "generated_tokens": 0,
+             "skipped_done": len(jobs) - len(mine)}
     job = _Regen(recipe, engine, tokenizer, path, stats)
     bar = tqdm(total=len(mine), desc="regen", unit="conv", disable=not progress)
     queue = iter(mine)
@@ -68,9 +77,10 @@ def regenerate(recipe, engine, tokenizer, prompts: list[Conversation], rank: int
             nxt = next(queue, None)
             if nxt is None:
                 break
-            index, conv = nxt
-            bar.update(job.start(index, Conversation(conv.id, [dict(m) for m in conv.messages
-                                                               if m["role"] != "assistant"])))
+            index, copy = nxt
+            conv = todo[index]
+            bar.update(job.start(index, copy, Conversation(copy_id(conv.id, copy), [
+                dict(m) for m in conv.messages if m["role"] != "assistant"])))
         if not engine.has_work():
             break
         for seq in engine.step():
@@ -92,12 +102,12 @@ class _Regen:
     def __init__(self, recipe, engine, tokenizer, path, stats):
         self.recipe, self.engine, self.tokenizer, self.path, self.stats = recipe, engine, tokenizer, path, stats
         self.stops = end_of_turn_ids(tokenizer, engine.config.eos_token_ids)
-        self.active: dict[int, tuple[int, Conversation, int, int]] = {}  # seq id -> (index, conv, turn, at)
+        self.active: dict[int, tuple[int, int, Conversation, int, int]] = {}  # seq id -> (index, copy, conv, turn, at)
         self.rows: list[dict] = []
 
-    def start(self, index: int, conv: Conversation, turn: int = 0) -> int:
-        """Queue turn `turn` of `conv`; a conversation with no such turn (or no room for it) is finished.
-        Returns how many conversations finished (0 or 1)."""
+    def start(self, index: int, copy: int, conv: Conversation, turn: int = 0) -> int:
+        """Queue turn `turn` of `conv` (copy `copy` of prompt `index`); a conversation with no such turn (or no
+        room for it) is finished. Returns how many conversations finished (0 or 1)."""
         users = [i for i, m in enumerate(conv.messages) if m["role"] == "user"]
         if turn >= len(users):
             return self._finish(conv)
@@ -106,23 +116,27 @@ class _Regen:
         if len(ids) + cfg.max_tokens + engine_margin(self.engine) > self.engine.max_len:
             conv.messages = conv.messages[: users[turn]]  # no room for this turn: the conversation ends before it
             return self._finish(conv)
-        # The seed depends on the conversation and turn only, not on what else shares the batch.
-        seed = (self.recipe.data.seed * 1_000_003 + index) * 64 + turn
-        seq = self.engine.add(ids, SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
+        # The seed depends on the conversation, turn and copy only, not on what else shares the batch. Copy 0
+        # keeps the seed it always had; copy j adds j times an odd constant, so a prompt's copies differ in
+        # the low 32 bits, all that the CPU's generator keeps of a seed.
+        seed = (self.recipe.data.seed * 1_000_003 + index) * 64 + turn + copy * 0x9E3779B9
+        temperature = cfg.sampled_temperature if copy else cfg.temperature
+        seq = self.engine.add(ids, SamplingParams(temperature=temperature, top_p=cfg.top_p,
                                                   max_tokens=cfg.max_tokens, seed=seed, stop_token_ids=self.stops))
-        self.active[seq.id] = (index, conv, turn, users[turn])
+        self.active[seq.id] = (index, copy, conv, turn, users[turn])
         return 0
 
     def reply(self, seq) -> int:
-        index, conv, turn, at = self.active.pop(seq.id)
+        index, copy, conv, turn, at = self.active.pop(seq.id)
         self.stats["generated_tokens"] += len(seq.output_ids)
         text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
         if not text.strip():
             conv.messages = conv.messages[:at]  # an empty reply teaches nothing; end the conversation before it
             return self._finish(conv)
         self.stats["replies"] += 1
+        self.stats["sampled_replies"] += copy > 0
         conv.messages.insert(at + 1, {"role": "assistant", "content": text})
-        return self.start(index, conv, turn + 1)
+        return self.start(index, copy, conv, turn + 1)
 
     def _finish(self, conv: Conversation) -> int:
         """Keep the conversation up to its last assistant reply; one without any is recorded as dropped."""
