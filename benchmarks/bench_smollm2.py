@@ -19,6 +19,7 @@ Sections, all in one process so the numbers are side by side:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -60,11 +61,23 @@ def draft_arg(args, model_path):
     return random_draft(cfg.hidden_size, cfg.vocab_size, draft_vocab=8192)
 
 
-def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=None, host_accept=False):
+@contextlib.contextmanager
+def fused_linears_off():
+    """EYAS_FUSED_LINEAR=0 while engines are built and run (CUDA graphs keep what they captured under it)."""
+    before = os.environ.get("EYAS_FUSED_LINEAR")
+    os.environ["EYAS_FUSED_LINEAR"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["EYAS_FUSED_LINEAR"]
+        else:
+            os.environ["EYAS_FUSED_LINEAR"] = before
+
+
+def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=None):
     new_tokens = new_tokens or NEW_TOKENS
     eng = Engine(str(model_path), dtype=dtype, device=DEVICE, draft=draft, spec=spec, max_batch=1, max_len=2048)
-    if host_accept:  # the greedy cycle's acceptance and commit on the host, as before they moved to the device
-        eng.spec.accept_on_device = False
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     eng.generate([prompts[0]], SamplingParams(max_tokens=32, ignore_eos=True))  # warm-up + graph capture
     toks, secs, passes = 0, 0.0, 0
@@ -305,8 +318,9 @@ def main():
         sp = {}
         sp["eyas_plain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16")
         sp["eyas_chain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
-        sp["eyas_chain_host_accept"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN,
-                                                     host_accept=True)
+        with fused_linears_off():  # the same two engines without the fused norm/activation + projection kernels
+            sp["eyas_plain_unfused"], _ = eyas_speed(path, prompts[:args.prompts], "bf16")
+            sp["eyas_chain_unfused"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
         sp["eyas_tree"], eng = eyas_speed(path, prompts[:args.prompts], "bf16", draft, TREE)
         if args.hf_prompts > 0:
             sp["hf_static"] = hf_speed_isolated(path, prompts[:args.hf_prompts])

@@ -72,17 +72,24 @@ def test_kernels_run_when_forced(monkeypatch):
 
 
 @pytest.mark.skipif(CUDA, reason="counts Python calls of the kernels, which CUDA-graph replays do not make")
-def test_residual_adds_and_cache_writes_have_no_launches_of_their_own(wide_target_dir, monkeypatch):
-    """Per forward of the 3-layer target: one plain norm (layer 0's input) and two fused add+norms per layer
-    (the last layer's second one is the final norm), so no residual add has a launch of its own; and per
-    layer one launch rotates q and k and writes k and v into the cache."""
+@pytest.mark.parametrize("fused_linear", ["1", "0"])
+def test_residual_adds_and_cache_writes_have_no_launches_of_their_own(wide_target_dir, monkeypatch, fused_linear):
+    """Per forward of the 3-layer target (every forward here has at most MAX_ROWS tokens): no residual add
+    and no norm has a launch of its own. With the fused linears each layer's two norms (and the adds before
+    them) run inside its q/k/v and gate/up projections and SiLU-and-mul inside the down projection, and only
+    the final norm launches; without them, one plain norm (layer 0's input) and two fused add+norms per layer
+    (the last layer's second one is the final norm). Per layer one launch rotates q and k and writes k and v
+    into the cache."""
+    import eyas.kernels.activation as activation
+    import eyas.kernels.fused_linear as fused
     import eyas.kernels.norm as norms
     import eyas.kernels.rotary as rotary
     import eyas.kernels.slot_attention as slot_attention
 
     calls = {}
     for module, names in ((norms, ("rms_norm", "add_rms_norm")), (rotary, ("apply_rotary", "rotate_and_store")),
-                          (slot_attention, ("store_kv",))):
+                          (slot_attention, ("store_kv",)), (fused, ("norm_linear", "silu_mul_linear")),
+                          (activation, ("silu_mul",))):
         for name in names:
             calls[name] = 0
 
@@ -91,8 +98,14 @@ def test_residual_adds_and_cache_writes_have_no_launches_of_their_own(wide_targe
                 return _fn(*args, **kwargs)
             monkeypatch.setattr(module, name, counted)
     monkeypatch.setenv("EYAS_KERNELS", "force")
+    monkeypatch.setenv("EYAS_FUSED_LINEAR", fused_linear)
     engine = Engine(wide_target_dir, dtype="fp32", device="cpu", max_batch=1, max_len=32)
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=3, ignore_eos=True))  # a prefill and 2 decode steps
     forwards, layers = 3, 3
-    assert calls == {"rms_norm": forwards, "add_rms_norm": forwards * layers * 2,
-                     "apply_rotary": 0, "rotate_and_store": forwards * layers, "store_kv": 0}
+    common = {"apply_rotary": 0, "rotate_and_store": forwards * layers, "store_kv": 0}
+    if fused_linear == "1":
+        assert calls == {**common, "rms_norm": 0, "add_rms_norm": forwards, "norm_linear": forwards * layers * 2,
+                         "silu_mul_linear": forwards * layers, "silu_mul": 0}
+    else:
+        assert calls == {**common, "rms_norm": forwards, "add_rms_norm": forwards * layers * 2, "norm_linear": 0,
+                         "silu_mul_linear": 0, "silu_mul": forwards * layers}

@@ -56,7 +56,11 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x):
-        y = self.tp.all_reduce(F.linear(x, self.weight))
+        return self.finish(F.linear(x, self.weight))
+
+    def finish(self, partial: torch.Tensor) -> torch.Tensor:
+        """This rank's x_local W_local^T, summed over ranks, plus the bias."""
+        y = self.tp.all_reduce(partial)
         return y + self.bias if self.bias is not None else y
 
     def load(self, param: str, tensor: torch.Tensor, shard=None):

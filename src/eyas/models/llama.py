@@ -17,6 +17,7 @@ from eyas.config import ModelConfig
 from eyas.dist.parallel import SINGLE, TPContext
 from eyas.layers.activation import silu_mul
 from eyas.layers.attention import AttentionBatch, rotate_and_attend
+from eyas.layers.fused_linear import norm_linear, silu_mul_linear
 from eyas.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from eyas.layers.norm import RMSNorm
 from eyas.layers.rotary import RotaryEmbedding
@@ -47,9 +48,13 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
 
     def forward(self, x, positions, batch: AttentionBatch, rotary: RotaryEmbedding):
-        B, T, _ = x.shape
+        return self.attend(self.qkv_proj(x), positions, batch, rotary)
+
+    def attend(self, qkv, positions, batch: AttentionBatch, rotary: RotaryEmbedding):
+        """Attention and the output projection, from the fused q/k/v projection's output."""
+        B, T, _ = qkv.shape
         d = self.head_dim
-        q, k, v = self.qkv_proj(x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        q, k, v = qkv.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
         q, k, v = q.view(B, T, self.heads, d), k.view(B, T, self.kv_heads, d), v.view(B, T, self.kv_heads, d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -65,6 +70,10 @@ class MLP(nn.Module):
 
     def forward(self, x):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
+
+    def down(self, gate_up):
+        """The MLP from its gate/up projection's output on: activation and down projection, one kernel at decode."""
+        return silu_mul_linear(self.down_proj, gate_up)
 
 
 def make_mlp(cfg: ModelConfig, layer: int, tp: TPContext) -> nn.Module:
@@ -82,12 +91,23 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = make_mlp(cfg, layer, tp)
 
-    def forward(self, h, x, positions, batch, rotary):
-        """h: the residual stream entering this layer, x: its input_layernorm. Returns the stream after
-        attention and the MLP's output, unadded: the next norm adds them in its fused kernel (one launch
-        per layer fewer than an add of their own)."""
-        h, x = self.post_attention_layernorm.residual(h, self.self_attn(x, positions, batch, rotary))
-        return h, self.mlp(x)
+    def forward(self, h, delta, positions, batch, rotary):
+        """The residual stream entering this layer is h + delta (the previous layer's MLP output, not yet
+        added; None at layer 0). Returns (that stream, the stream after attention, the MLP's output): each
+        add happens in the kernel of the norm after it, and for dense layers in the kernel of the projection
+        after that norm too (eyas.layers.fused_linear), so a decode step launches two kernels fewer per add."""
+        attn, mlp = self.self_attn, self.mlp
+        if isinstance(attn, Attention):
+            h, qkv = norm_linear(self.input_layernorm, attn.qkv_proj, h, delta)
+            out = attn.attend(qkv, positions, batch, rotary)
+        else:
+            h, x = self.input_layernorm.residual(h, delta) if delta is not None else (h, self.input_layernorm(h))
+            out = attn(x, positions, batch, rotary)
+        if isinstance(mlp, MLP):
+            mid, gate_up = norm_linear(self.post_attention_layernorm, mlp.gate_up_proj, h, out)
+            return h, mid, mlp.down(gate_up)
+        mid, x = self.post_attention_layernorm.residual(h, out)
+        return h, mid, mlp(x)
 
 
 class Decoder(nn.Module):
@@ -120,15 +140,13 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids, positions, batch: AttentionBatch) -> ModelOutput:
         batch.prepare(input_ids.shape[1])
-        h = self.embed(input_ids)
-        layers = self.model.layers
-        x = layers[0].input_layernorm(h)
+        h, delta = self.embed(input_ids), None
         captured = {}
-        for i, layer in enumerate(layers):
+        for i, layer in enumerate(self.model.layers):
+            entering, h, delta = layer(h, delta, positions, batch, self.model.rotary)
             if i in self.capture_layers:
-                captured[i] = h
-            h, delta = layer(h, x, positions, batch, self.model.rotary)
-            h, x = (layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm).residual(h, delta)
+                captured[i] = entering
+        h, x = self.model.norm.residual(h, delta)
         # Small models can list one layer twice (L=5 gives 2, 2, 2): index, don't filter.
         aux = torch.cat([captured[i] for i in self.capture_layers], dim=-1) if self.capture_layers else None
         return ModelOutput(x, aux)

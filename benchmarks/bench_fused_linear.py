@@ -1,0 +1,130 @@
+"""The fused norm+linear and SiLU-and-mul+linear kernels against the two launches they replace, side by side.
+
+For each projection of a model shape that the fusion touches (q/k/v and gate/up after a residual add and
+RMSNorm, down after SiLU-and-mul) and each row count, this times, as CUDA-graph replays (launch gaps
+included, as in a decode step):
+  unfused: eyas.kernels.norm.add_rms_norm then F.linear (cuBLAS), or eyas.kernels.activation.silu_mul then F.linear
+  fused:   eyas.kernels.fused_linear.norm_linear / silu_mul_linear
+and prints µs per call, the weight bytes per µs, the largest difference between the two outputs, and the tile
+the fused kernel's timing picked.
+
+    python3 benchmarks/bench_fused_linear.py --shape smollm2,llama-8b --rows 1,4,16 --out fused_linear.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from bench_join import SMOLLM2
+from bench_tp import LLAMA_8B
+
+SHAPES = {"smollm2": SMOLLM2, "llama-8b": LLAMA_8B}
+CALLS_PER_GRAPH = 20
+
+
+def graphed_us(fn, reps: int = 20) -> float:
+    """Median µs per call of `fn`, replayed CALLS_PER_GRAPH times in one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS_PER_GRAPH):
+            fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / CALLS_PER_GRAPH)
+    return sorted(times)[len(times) // 2]
+
+
+def cases(shape: dict):
+    h, inter = shape["hidden_size"], shape["intermediate_size"]
+    d = h // shape["num_attention_heads"]
+    qkv = (shape["num_attention_heads"] + 2 * shape["num_key_value_heads"]) * d
+    return [("qkv", "norm", h, qkv), ("gate_up", "norm", h, 2 * inter), ("down", "act", inter, h)]
+
+
+def measure(name: str, kind: str, k: int, n: int, rows: int) -> dict:
+    from eyas.kernels import fused_linear as fused
+    from eyas.kernels.activation import silu_mul
+    from eyas.kernels.norm import add_rms_norm
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dt, dev = torch.bfloat16, "cuda"
+    w = (torch.randn(n, k, generator=g, device=dev) * k ** -0.5).to(dt)
+    if kind == "norm":
+        x, delta = (torch.randn(rows, k, generator=g, device=dev).to(dt) for _ in range(2))
+        nw = (1 + 0.1 * torch.randn(k, generator=g, device=dev)).to(dt)
+
+        def unfused():
+            return F.linear(add_rms_norm(x, delta, nw, 1e-5)[1], w)
+
+        def fused_fn():
+            return fused.norm_linear(x, delta, nw, 1e-5, w)[1]
+        kernel = fused._norm_linear_kernel
+    else:
+        gate_up = (2 * torch.randn(rows, 2 * k, generator=g, device=dev)).to(dt)
+
+        def unfused():
+            return F.linear(silu_mul(gate_up), w)
+
+        def fused_fn():
+            return fused.silu_mul_linear(gate_up, w)
+        kernel = fused._silu_mul_linear_kernel
+    diff = (unfused().float() - fused_fn().float()).abs().max().item()
+    scale = unfused().float().abs().max().item()
+    t_unfused, t_fused = graphed_us(unfused), graphed_us(fused_fn)
+    best = fused._tuned[kernel].best_config
+    mb = w.numel() * w.element_size() / 1e6
+    return dict(proj=name, k=k, n=n, rows=rows, unfused_us=round(t_unfused, 2), fused_us=round(t_fused, 2),
+                speedup=round(t_unfused / t_fused, 3), weight_gb_s_fused=round(mb / t_fused * 1e3, 1),
+                max_abs_diff=diff, out_scale=scale,
+                tile=dict(BLOCK_N=best.kwargs["BLOCK_N"], num_stages=best.num_stages, num_warps=best.num_warps))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", default="smollm2,llama-8b", help=f"comma-separated, of {sorted(SHAPES)}")
+    ap.add_argument("--rows", default="1,4,16", help="tokens per call (decode 1, verify 4 or 8, ...), at most 16")
+    ap.add_argument("--out", default="bench_fused_linear.json")
+    args = ap.parse_args()
+    shapes = args.shape.split(",")
+    unknown = [s for s in shapes if s not in SHAPES]
+    try:
+        rows = [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        sys.exit(f"error: --rows must be comma-separated integers, got {args.rows!r}")
+    if unknown:
+        sys.exit(f"error: unknown shape(s) {unknown}; choose from {sorted(SHAPES)}")
+    if not all(1 <= r <= 16 for r in rows):
+        sys.exit("error: --rows must lie in 1..16 (the fused path's MAX_ROWS)")
+    if not torch.cuda.is_available():
+        sys.exit("error: this benchmark times CUDA-graph replays and needs a CUDA GPU")
+    out = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, results=[])
+    print("| shape | proj | K | N | rows | unfused µs | fused µs | speedup | fused weight GB/s | tile |")
+    for shape in shapes:
+        for name, kind, k, n in cases(SHAPES[shape]):
+            for r in rows:
+                m = dict(shape=shape, **measure(name, kind, k, n, r))
+                out["results"].append(m)
+                print(f"| {shape} | {name} | {k} | {n} | {r} | {m['unfused_us']} | {m['fused_us']} | {m['speedup']} "
+                      f"| {m['weight_gb_s_fused']} | {m['tile']} |", flush=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

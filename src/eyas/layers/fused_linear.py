@@ -1,0 +1,47 @@
+"""A projection together with the norm or activation before it, as one kernel at decode (eyas.kernels.fused_linear).
+
+The torch meaning of each function is its fallback, written out below: the residual add and RMSNorm
+(`RMSNorm.residual`) then the linear; SiLU-and-mul then the linear. The fused kernel runs when the kernels
+are enabled for these tensors (CUDA, no autograd), there are at most MAX_ROWS tokens (decode, verify and
+draft passes: prefills keep cuBLAS), everything shares one dtype, and EYAS_FUSED_LINEAR is not "0" (the
+switch that benchmarks flip to measure the fusion).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from eyas.kernels import enabled
+from eyas.layers.activation import silu_mul
+from eyas.layers.norm import RMSNorm
+
+
+def _fits(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
+    from eyas.kernels.fused_linear import MAX_ROWS
+
+    present = [t for t in tensors if t is not None]
+    return (os.environ.get("EYAS_FUSED_LINEAR", "1") != "0" and x.numel() <= MAX_ROWS * x.shape[-1]
+            and enabled(x, *present) and all(t.dtype == x.dtype for t in present))
+
+
+def norm_linear(norm: RMSNorm, linear, h: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h + delta, linear(norm(h + delta))); with delta None, (h, linear(norm(h))). `linear` is a
+    column-parallel linear (weight [N, K], optional bias): its output needs no all-reduce."""
+    if _fits(h, delta, norm.weight, linear.weight, linear.bias):
+        from eyas.kernels.fused_linear import norm_linear as fused
+
+        return fused(h, delta, norm.weight, norm.eps, linear.weight, linear.bias)
+    h, x = norm.residual(h, delta) if delta is not None else (h, norm(h))
+    return h, linear(x)
+
+
+def silu_mul_linear(linear, gate_up: torch.Tensor) -> torch.Tensor:
+    """linear(silu(gate) * up) for a row-parallel `linear` (its all-reduce and bias applied after)."""
+    if _fits(gate_up, linear.weight):
+        from eyas.kernels.fused_linear import silu_mul_linear as fused
+
+        return linear.finish(fused(gate_up, linear.weight))
+    return linear(silu_mul(gate_up))

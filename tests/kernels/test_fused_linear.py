@@ -1,0 +1,130 @@
+"""The fused norm+linear and SiLU-and-mul+linear kernels against their torch meaning.
+
+What is asserted: the residual stream h is torch's `x + delta` bit for bit. The projection's input is
+what the unfused ops write (the reference computes it with the torch paths), and the kernel accumulates
+its products in fp32, so y is compared with the product of that input computed in float64 and rounded
+once: fp32 to 1e-5 of the output's scale (an accumulation-order difference is ~1e-7 of it; TF32, which
+the kernel must not use for fp32, errs by ~1e-3), bf16 to one ulp of each element plus 1% of an ulp of
+the largest (a last-bit difference of the norm's sum may flip a rare rounding of one input element).
+Shapes are chosen so that K and N are not multiples of the tiles and the rows not of the row block.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eyas.kernels.fused_linear import norm_linear, silu_mul_linear
+from eyas.layers import fused_linear as layer
+from eyas.layers.linear import ColumnParallelLinear, RowParallelLinear
+from eyas.layers.norm import RMSNorm
+
+EPS = 1e-6
+K, N, INTER = 96, 40, 80
+
+
+def rand(shape, dtype, device, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(shape, generator=g)).to(device, dtype)
+
+
+def assert_product_close(y, x_in, w, bias=None):
+    """y against x_in @ w^T (+ bias) in float64, rounded once to y's dtype."""
+    ref64 = x_in.double() @ w.double().T + (bias.double() if bias is not None else 0)
+    ref = ref64.to(y.dtype)
+    assert y.shape == ref.shape and y.dtype == ref.dtype
+    scale = ref64.abs().max().item()
+    if y.dtype == torch.float32:
+        torch.testing.assert_close(y.double(), ref64, rtol=0, atol=1e-5 * scale)
+    else:
+        ulp = (ref.float().abs() * 2 ** -7).clamp_min(2 ** -133)
+        assert ((y.float() - ref64.float()).abs() <= ulp + 0.01 * scale * 2 ** -7).all()
+
+
+@pytest.fixture(autouse=True)
+def _torch_references(monkeypatch):
+    monkeypatch.setenv("EYAS_KERNELS", "0")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [(1, 1), (2, 3), (1, 17)])
+@pytest.mark.parametrize("with_delta,with_bias", [(True, False), (False, True)])
+def test_norm_linear_matches_add_norm_then_linear(device, dtype, rows, with_delta, with_bias):
+    x = rand((*rows, K), dtype, device, 0)
+    delta = rand((*rows, K), dtype, device, 1) if with_delta else None
+    norm = RMSNorm(K, EPS).to(device)
+    norm.weight.data = 1 + 0.3 * rand(K, dtype, device, 2)
+    w = rand((N, K), dtype, device, 3, K ** -0.5)
+    bias = rand(N, dtype, device, 4) if with_bias else None
+    h, y = norm_linear(x, delta, norm.weight, EPS, w, bias)
+    h_ref, x_in = norm.residual(x, delta) if with_delta else (x, norm(x))
+    assert torch.equal(h, h_ref)
+    assert_product_close(y, x_in, w, bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [(1, 1), (3, 2)])
+def test_silu_mul_linear_matches_silu_mul_then_linear(device, dtype, rows):
+    gate_up = rand((*rows, 2 * INTER), dtype, device, 0, 4.0)
+    w = rand((N, INTER), dtype, device, 1, INTER ** -0.5)
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert_product_close(silu_mul_linear(gate_up, w), F.silu(gate) * up, w)
+
+
+def test_bad_shapes_and_dtypes_are_refused():
+    x = torch.zeros(1, K)
+    with pytest.raises(TypeError, match="must be one of"):
+        norm_linear(x, None, torch.ones(K), EPS, torch.zeros(N, K, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="does not take inputs of 96"):
+        norm_linear(x, None, torch.ones(K), EPS, torch.zeros(N, K + 1))
+    with pytest.raises(ValueError, match="delta"):
+        norm_linear(x, torch.zeros(2, K), torch.ones(K), EPS, torch.zeros(N, K))
+    with pytest.raises(ValueError, match="must be even"):
+        silu_mul_linear(torch.zeros(1, 2 * INTER + 1), torch.zeros(N, INTER))
+
+
+def _layers(device):
+    norm = RMSNorm(K, EPS).to(device)
+    col = ColumnParallelLinear(K, [N], False).to(device)
+    row = RowParallelLinear(INTER, N, True).to(device)
+    for p in (*col.parameters(), *row.parameters()):
+        p.data = rand(p.shape, torch.float32, device, p.numel(), 0.1)
+    return norm, col, row
+
+
+@pytest.mark.parametrize("tokens,fused_expected", [(16, True), (17, False)])
+def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, fused_expected):
+    """The layer functions run the kernels for at most MAX_ROWS tokens and give the unfused result either way
+    (the row-parallel bias is added after the kernel)."""
+    import eyas.kernels.fused_linear as kernels
+
+    norm, col, row = _layers(device)
+    x, delta, gate_up = (rand((1, tokens, n), torch.float32, device, s) for s, n in ((5, K), (6, K), (7, 2 * INTER)))
+    h_ref, y_ref = layer.norm_linear(norm, col, x, delta)
+    out_ref = layer.silu_mul_linear(row, gate_up)
+
+    calls = []
+    for name in ("norm_linear", "silu_mul_linear"):
+        monkeypatch.setattr(kernels, name, lambda *a, _f=getattr(kernels, name): calls.append(1) or _f(*a))
+    monkeypatch.setenv("EYAS_KERNELS", "force")
+    with torch.no_grad():
+        h, y = layer.norm_linear(norm, col, x, delta)
+        out = layer.silu_mul_linear(row, gate_up)
+    assert len(calls) == (2 if fused_expected else 0)
+    assert torch.equal(h, h_ref)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
+    monkeypatch.setenv("EYAS_FUSED_LINEAR", "0")
+    calls.clear()
+    with torch.no_grad():
+        layer.norm_linear(norm, col, x, delta)
+    assert not calls
+
+
+def test_layers_keep_torch_paths_for_training(monkeypatch):
+    """The kernels have no backward: with parameters that need gradients the layers run torch's ops."""
+    norm, col, row = _layers("cpu")
+    monkeypatch.setenv("EYAS_KERNELS", "force")
+    x = torch.randn(1, 2, K)
+    _, y = layer.norm_linear(norm, col, x, None)
+    y.sum().backward()
+    assert col.weight.grad is not None and norm.weight.grad is not None
