@@ -91,11 +91,13 @@ def _layers(device):
     return norm, col, row
 
 
-@pytest.mark.parametrize("tokens,fused_expected", [(16, True), (17, False)])
-def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, fused_expected):
-    """The layer functions run the kernels for at most MAX_ROWS tokens and give the unfused result either way
-    (the row-parallel bias is added after the kernel)."""
+@pytest.mark.parametrize("tokens,max_k,fused_expected", [(16, 2048, True), (17, 2048, False), (2, 64, False)])
+def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, max_k, fused_expected):
+    """The layer functions run the kernels for at most MAX_ROWS tokens of at most MAX_K features, and give the
+    unfused result either way (the row-parallel bias is added after the kernel)."""
     import eyas.kernels.fused_linear as kernels
+
+    monkeypatch.setattr(kernels, "MAX_K", max_k)
 
     norm, col, row = _layers(device)
     x, delta, gate_up = (rand((1, tokens, n), torch.float32, device, s) for s, n in ((5, K), (6, K), (7, 2 * INTER)))

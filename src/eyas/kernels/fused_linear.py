@@ -10,12 +10,14 @@ previous kernel into the projection's input load:
 - `silu_mul_linear`: y = (silu(gate) * up) @ W^T, the activation recomputed tile by tile as it is loaded.
 
 Rounding follows torch's unfused ops (each intermediate rounded to the tensor dtype), so the projection's
-input holds exactly the values the unfused kernels would write. The products are exact and accumulated in fp32
-(`tl.dot`; IEEE for fp32 inputs: no TF32), in another order than cuBLAS's, so outputs agree with
-`F.linear` to accumulation rounding, not bit for bit.
+input holds exactly the values the unfused kernels would write. The products are accumulated in fp32, in
+another order than cuBLAS's, so outputs agree with `F.linear` to accumulation rounding, not bit for bit.
 
-Tiles: BLOCK_M = 16 rows (tl.dot's minimum; decode rows are fewer and masked); BLOCK_K set by K; the
-output features per program (BLOCK_N) and the pipeline depth timed per shape on the GPU.
+These are GEMVs for a few rows of small models, where each launch costs more than its arithmetic: one
+program computes BLOCK_N outputs for every row, holding the input row whole (K <= MAX_K) and a
+[BLOCK_N, K] weight tile in registers, so each row is one load of input and weights, one product and
+one reduction. (A first version fed 16-row tiles to tensor-core dots: 1.6x slower than the norm kernel
+plus cuBLAS for SmolLM2's q/k/v on an H200, 19x for its down projection; benchmarks/bench_fused_linear.py.)
 """
 
 from __future__ import annotations
@@ -27,103 +29,83 @@ import triton.language as tl
 from eyas.kernels.rounding import rounded
 
 MAX_ROWS = 16  # rows (tokens) up to which the fused path runs; more rows are a GEMM's job (cuBLAS)
-_BLOCK_M = 16
+MAX_K = 2048   # input features up to which it runs: wider rows are bandwidth-bound matmuls, where cuBLAS wins
 
 
 @triton.jit
-def _h_tile(x_ptr, d_ptr, rows, cols, mask, K, HAS_DELTA: tl.constexpr):
-    """fp32 values of h = x (+ delta, summed in fp32 and rounded to x's dtype) for a [rows, cols] tile."""
-    offs = rows[:, None] * K + cols[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+def _h_chunk(x_ptr, d_ptr, cols, mask, HAS_DELTA: tl.constexpr):
+    """fp32 values of h = x (+ delta, summed in fp32 and rounded to x's dtype) over one row's `cols`."""
+    x = tl.load(x_ptr + cols, mask=mask, other=0.0)
     h = x.to(tl.float32)
     if HAS_DELTA:
-        d = tl.load(d_ptr + offs, mask=mask, other=0.0)
-        h = rounded(h + d.to(tl.float32), x.dtype)
+        h = rounded(h + tl.load(d_ptr + cols, mask=mask, other=0.0).to(tl.float32), x.dtype)
     return h
 
 
 @triton.jit
-def _accumulate(acc, a, w, IEEE: tl.constexpr, NATIVE: tl.constexpr):
-    """acc + a @ w^T, with a's fp32 values (already rounded to the input dtype) and w's [N, K] tile, products
-    exact and summed in fp32 either way: fp32 runs IEEE (never TF32); bf16 and fp16 run on their own tensor
-    cores (NATIVE, on a GPU) or as fp32 values, exact in TF32 (Triton's CPU interpreter computes no bf16 dot)."""
-    if IEEE:
-        return acc + tl.dot(a, tl.trans(w), input_precision="ieee")
-    if NATIVE:
-        return acc + tl.dot(a.to(w.dtype), tl.trans(w))
-    return acc + tl.dot(a, tl.trans(w.to(tl.float32)), input_precision="tf32")
-
-
-@triton.jit
 def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, K, eps,
-                        HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, NATIVE: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     n_idx = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # n * K can pass 2^31 in large models
-    row_ok, n_ok = rows < M, n_idx < N
+    n_ok = n_idx < N
     dtype = x_ptr.dtype.element_ty
-
-    sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        h = _h_tile(x_ptr, d_ptr, rows, cols, row_ok[:, None] & (cols < K)[None, :], K, HAS_DELTA)
-        sum_sq += tl.sum(h * h, axis=1)
-    inv_rms = tl.rsqrt(sum_sq / K + eps)
-
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        col_ok = cols < K
-        mask = row_ok[:, None] & col_ok[None, :]
-        h = _h_tile(x_ptr, d_ptr, rows, cols, mask, K, HAS_DELTA)
-        if HAS_DELTA:
-            if pid_n == 0:
-                tl.store(h_ptr + rows[:, None] * K + cols[None, :], h.to(dtype), mask=mask)
-        normed = rounded(h * inv_rms[:, None], dtype)
-        nw = tl.load(nw_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-        xn = rounded(nw[None, :] * normed, dtype)
-        w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
-        acc = _accumulate(acc, xn, w, IEEE, NATIVE)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + n_idx, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rows[:, None] * N + n_idx[None, :], acc.to(dtype), mask=row_ok[:, None] & n_ok[None, :])
+    for m in range(M):
+        x_row, d_row = x_ptr + m * K, d_ptr + m * K
+        sum_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            h = _h_chunk(x_row, d_row, cols, cols < K, HAS_DELTA)
+            sum_sq += h * h
+        inv_rms = tl.rsqrt(tl.sum(sum_sq, axis=0) / K + eps)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            col_ok = cols < K
+            h = _h_chunk(x_row, d_row, cols, col_ok, HAS_DELTA)
+            if HAS_DELTA:
+                if pid_n == 0:
+                    tl.store(h_ptr + m * K + cols, h.to(dtype), mask=col_ok)
+            nw = tl.load(nw_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+            xn = rounded(nw * rounded(h * inv_rms, dtype), dtype)
+            w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
+            acc += w.to(tl.float32) * xn[None, :]
+        y = tl.sum(acc, axis=1)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + n_idx, mask=n_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + m * N + n_idx, y.to(dtype), mask=n_ok)
 
 
 @triton.jit
-def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, IEEE: tl.constexpr, NATIVE: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     n_idx = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    row_ok, n_ok = rows < M, n_idx < N
+    n_ok = n_idx < N
     dtype = gu_ptr.dtype.element_ty
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, I, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        col_ok = cols < I
-        mask = row_ok[:, None] & col_ok[None, :]
-        offs = rows[:, None] * (2 * I) + cols[None, :]
-        g = tl.load(gu_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        up = tl.load(gu_ptr + offs + I, mask=mask, other=0.0).to(tl.float32)
-        silu = rounded(tl.div_rn(g, 1.0 + tl.exp(-g)), dtype)  # as eyas.kernels.activation
-        act = rounded(silu * up, dtype)
-        w = tl.load(w_ptr + n_idx[:, None] * I + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
-        acc = _accumulate(acc, act, w, IEEE, NATIVE)
-    tl.store(y_ptr + rows[:, None] * N + n_idx[None, :], acc.to(dtype), mask=row_ok[:, None] & n_ok[None, :])
+    for m in range(M):
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            col_ok = cols < I
+            g = tl.load(gu_ptr + m * 2 * I + cols, mask=col_ok, other=0.0).to(tl.float32)
+            up = tl.load(gu_ptr + m * 2 * I + I + cols, mask=col_ok, other=0.0).to(tl.float32)
+            silu = rounded(tl.div_rn(g, 1.0 + tl.exp(-g)), dtype)  # as eyas.kernels.activation
+            act = rounded(silu * up, dtype)
+            w = tl.load(w_ptr + n_idx[:, None] * I + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
+            acc += w.to(tl.float32) * act[None, :]
+        tl.store(y_ptr + m * N + n_idx, tl.sum(acc, axis=1).to(dtype), mask=n_ok)
 
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _block_k(k: int) -> int:
-    """K per loop step. Fixed by K alone (not tuned): it sets the order in which products are summed, so
-    every process and every tile choice computes the same bits."""
-    return 128 if k >= 2048 else 64
+    """K per loop step: the whole row for the inputs the fused path takes (K <= MAX_K), in one load."""
+    return triton.next_power_of_2(min(k, MAX_K))
 
 
-# On a GPU the output tile and pipeline depth are timed at first use of each (N, K), which the engine's
-# warm-up runs before any CUDA graph is captured; the interpreter (CPU tests) takes the first config.
-_CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=4, num_stages=s) for n in (16, 32, 64, 128) for s in (2, 4)]
+# On a GPU the output tile and warps are timed at first use of each (N, K), which the engine's warm-up
+# runs before any CUDA graph is captured.
+_CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w) for n in (4, 8, 16) for w in (4, 8)]
 _tuned = {
     _norm_linear_kernel: triton.autotune(_CONFIGS, key=["N", "K"])(_norm_linear_kernel),
     _silu_mul_linear_kernel: triton.autotune(_CONFIGS, key=["N", "I"])(_silu_mul_linear_kernel),
@@ -142,16 +124,15 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return rows if rows.is_contiguous() else rows.contiguous()
 
 
-def _launch(kernel, m: int, n: int, k: int, *args, **meta):
-    rows = triton.cdiv(m, _BLOCK_M)
-    meta.update(IEEE=args[0].dtype == torch.float32, NATIVE=args[0].is_cuda)
+def _launch(kernel, n: int, k: int, *args, **meta):
     if args[0].is_cuda:
-        _tuned[kernel][lambda c: (triton.cdiv(n, c["BLOCK_N"]), rows)](*args, BLOCK_M=_BLOCK_M,
-                                                                       BLOCK_K=_block_k(k), **meta)
-    else:
-        block_n = _CONFIGS[0].kwargs["BLOCK_N"]
-        kernel[(triton.cdiv(n, block_n), rows)](*args, BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_K=_block_k(k),
-                                                 num_warps=4, **meta)
+        _tuned[kernel][lambda c: (triton.cdiv(n, c["BLOCK_N"]),)](*args, BLOCK_K=_block_k(k), **meta)
+    else:  # Triton's CPU interpreter (tests) steps through every program: the fewer, the faster
+        kernel[(triton.cdiv(n, _INTERPRETER_BLOCK_N),)](*args, BLOCK_N=_INTERPRETER_BLOCK_N, BLOCK_K=_block_k(k),
+                                                        **meta)
+
+
+_INTERPRETER_BLOCK_N = 64
 
 
 def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -171,7 +152,7 @@ def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.
     h = torch.empty_like(xr) if delta is not None else xr
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     b = bias if bias is not None else weight
-    _launch(_norm_linear_kernel, m, n, k, xr, dr, norm_weight.contiguous(), weight.contiguous(), b, h, y, m, n, k,
+    _launch(_norm_linear_kernel, n, k, xr, dr, norm_weight.contiguous(), weight.contiguous(), b, h, y, m, n, k,
             eps, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None)
     return h.view(x.shape), y.view(*x.shape[:-1], n)
 
@@ -185,5 +166,5 @@ def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     rows = _rows(gate_up)
     m, n = rows.shape[0], weight.shape[0]
     y = torch.empty((m, n), dtype=gate_up.dtype, device=gate_up.device)
-    _launch(_silu_mul_linear_kernel, m, n, inter, rows, weight.contiguous(), y, m, n, inter)
+    _launch(_silu_mul_linear_kernel, n, inter, rows, weight.contiguous(), y, m, n, inter)
     return y.view(*gate_up.shape[:-1], n)
