@@ -7,17 +7,17 @@ previous kernel into the projection's input load:
 - `norm_linear`: h = x + delta (the residual add), y = RMSNorm(h) @ W^T (+ bias). The norm is the one of
   eyas.kernels.norm, recomputed by every program from the whole rows (they are a few KB and in cache).
   Programs of the first column block also store h, the residual stream the next layer adds to.
-- `silu_mul_linear`: y = (silu(gate) * up) @ W^T, the activation recomputed tile by tile as it is loaded.
+- `silu_mul_linear`: y = (silu(gate) * up) @ W^T, the activation computed as the rows are loaded.
 
 Rounding follows torch's unfused ops (each intermediate rounded to the tensor dtype), so the projection's
 input holds exactly the values the unfused kernels would write. The products are accumulated in fp32, in
 another order than cuBLAS's, so outputs agree with `F.linear` to accumulation rounding, not bit for bit.
 
 These are GEMVs for a few rows of small models, where each launch costs more than its arithmetic: one
-program computes BLOCK_N outputs for every row, holding the input row whole (K <= MAX_K) and a
-[BLOCK_N, K] weight tile in registers, so each row is one load of input and weights, one product and
-one reduction. (A first version fed 16-row tiles to tensor-core dots: 1.6x slower than the norm kernel
-plus cuBLAS for SmolLM2's q/k/v on an H200, 19x for its down projection; benchmarks/bench_fused_linear.py.)
+program computes BLOCK_N outputs of every row, holding the rows whole ([M, K], K <= MAX_K) and a
+[BLOCK_N, K] weight tile in registers: one load of each, one product, one reduction. Measured on an H200
+(benchmarks/bench_fused_linear.py, docs/BENCHMARKS.md): a first version fed 16-row tiles to tensor-core
+dots and was 1.6x-19x slower than the unfused pair; a second looped over rows and lost from 4 rows on.
 """
 
 from __future__ import annotations
@@ -28,87 +28,65 @@ import triton.language as tl
 
 from eyas.kernels.rounding import rounded
 
-MAX_ROWS = 16  # rows (tokens) up to which the fused path runs; more rows are a GEMM's job (cuBLAS)
+MAX_ROWS = 4   # rows (tokens) up to which the fused path runs: decode of up to 4 sequences, a chain's verify
 MAX_K = 2048   # input features up to which it runs: wider rows are bandwidth-bound matmuls, where cuBLAS wins
 
 
 @triton.jit
-def _h_chunk(x_ptr, d_ptr, cols, mask, HAS_DELTA: tl.constexpr):
-    """fp32 values of h = x (+ delta, summed in fp32 and rounded to x's dtype) over one row's `cols`."""
-    x = tl.load(x_ptr + cols, mask=mask, other=0.0)
+def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, K, eps,
+                        HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    n_idx = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rows, cols = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
+    n_ok, col_ok = n_idx < N, cols < K
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    offs = rows[:, None] * K + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    dtype = x.dtype
     h = x.to(tl.float32)
     if HAS_DELTA:
-        h = rounded(h + tl.load(d_ptr + cols, mask=mask, other=0.0).to(tl.float32), x.dtype)
-    return h
+        h = rounded(h + tl.load(d_ptr + offs, mask=mask, other=0.0).to(tl.float32), dtype)
+        if pid_n == 0:
+            tl.store(h_ptr + offs, h.to(dtype), mask=mask)
+    inv_rms = tl.rsqrt(tl.sum(h * h, axis=1) / K + eps)
+    nw = tl.load(nw_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    xn = rounded(nw[None, :] * rounded(h * inv_rms[:, None], dtype), dtype)
+    w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
+    y = tl.sum(xn[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + n_idx, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows[:, None] * N + n_idx[None, :], y.to(dtype), mask=(rows < M)[:, None] & n_ok[None, :])
 
 
 @triton.jit
-def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, K, eps,
-                        HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
-    pid_n = tl.program_id(0)
-    n_idx = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)  # n * K can pass 2^31 in large models
-    n_ok = n_idx < N
-    dtype = x_ptr.dtype.element_ty
-    for m in range(M):
-        x_row, d_row = x_ptr + m * K, d_ptr + m * K
-        sum_sq = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            cols = k0 + tl.arange(0, BLOCK_K)
-            h = _h_chunk(x_row, d_row, cols, cols < K, HAS_DELTA)
-            sum_sq += h * h
-        inv_rms = tl.rsqrt(tl.sum(sum_sq, axis=0) / K + eps)
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            cols = k0 + tl.arange(0, BLOCK_K)
-            col_ok = cols < K
-            h = _h_chunk(x_row, d_row, cols, col_ok, HAS_DELTA)
-            if HAS_DELTA:
-                if pid_n == 0:
-                    tl.store(h_ptr + m * K + cols, h.to(dtype), mask=col_ok)
-            nw = tl.load(nw_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-            xn = rounded(nw * rounded(h * inv_rms, dtype), dtype)
-            w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
-            acc += w.to(tl.float32) * xn[None, :]
-        y = tl.sum(acc, axis=1)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + n_idx, mask=n_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + m * N + n_idx, y.to(dtype), mask=n_ok)
-
-
-@triton.jit
-def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr):
     n_idx = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    n_ok = n_idx < N
-    dtype = gu_ptr.dtype.element_ty
-    for m in range(M):
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, I, BLOCK_K):
-            cols = k0 + tl.arange(0, BLOCK_K)
-            col_ok = cols < I
-            g = tl.load(gu_ptr + m * 2 * I + cols, mask=col_ok, other=0.0).to(tl.float32)
-            up = tl.load(gu_ptr + m * 2 * I + I + cols, mask=col_ok, other=0.0).to(tl.float32)
-            silu = rounded(tl.div_rn(g, 1.0 + tl.exp(-g)), dtype)  # as eyas.kernels.activation
-            act = rounded(silu * up, dtype)
-            w = tl.load(w_ptr + n_idx[:, None] * I + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
-            acc += w.to(tl.float32) * act[None, :]
-        tl.store(y_ptr + m * N + n_idx, tl.sum(acc, axis=1).to(dtype), mask=n_ok)
+    rows, cols = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
+    n_ok, col_ok = n_idx < N, cols < I
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    offs = rows[:, None] * (2 * I) + cols[None, :]
+    gate = tl.load(gu_ptr + offs, mask=mask, other=0.0)
+    dtype = gate.dtype
+    g = gate.to(tl.float32)
+    up = tl.load(gu_ptr + offs + I, mask=mask, other=0.0).to(tl.float32)
+    silu = rounded(tl.div_rn(g, 1.0 + tl.exp(-g)), dtype)  # as eyas.kernels.activation
+    act = rounded(silu * up, dtype)
+    w = tl.load(w_ptr + n_idx[:, None] * I + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
+    y = tl.sum(act[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    tl.store(y_ptr + rows[:, None] * N + n_idx[None, :], y.to(dtype), mask=(rows < M)[:, None] & n_ok[None, :])
 
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _block_k(k: int) -> int:
-    """K per loop step: the whole row for the inputs the fused path takes (K <= MAX_K), in one load."""
-    return triton.next_power_of_2(min(k, MAX_K))
-
-
-# On a GPU the output tile and warps are timed at first use of each (N, K), which the engine's warm-up
-# runs before any CUDA graph is captured.
-_CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w) for n in (4, 8, 16) for w in (4, 8)]
+# On a GPU the output tile and warps are timed at first use of each (rows, N, K), which the engine's
+# warm-up runs before any CUDA graph is captured.
+_CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w) for n in (2, 4, 8, 16) for w in (4, 8)]
 _tuned = {
-    _norm_linear_kernel: triton.autotune(_CONFIGS, key=["N", "K"])(_norm_linear_kernel),
-    _silu_mul_linear_kernel: triton.autotune(_CONFIGS, key=["N", "I"])(_silu_mul_linear_kernel),
+    _norm_linear_kernel: triton.autotune(_CONFIGS, key=["M", "N", "K"])(_norm_linear_kernel),
+    _silu_mul_linear_kernel: triton.autotune(_CONFIGS, key=["M", "N", "I"])(_silu_mul_linear_kernel),
 }
 
 
@@ -117,6 +95,9 @@ def _check(what: str, x: torch.Tensor, weight: torch.Tensor, k: int):
         raise TypeError(f"{what}: input {x.dtype} and weight {weight.dtype} must be one of {_DTYPES}, equal")
     if weight.dim() != 2 or weight.shape[1] != k:
         raise ValueError(f"{what}: weight {tuple(weight.shape)} does not take inputs of {k} features")
+    rows = x.numel() // max(x.shape[-1], 1)
+    if k > MAX_K or rows > MAX_ROWS:
+        raise ValueError(f"{what}: {rows} rows of {k} features exceed the {MAX_ROWS} x {MAX_K} it holds in registers")
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -124,12 +105,12 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return rows if rows.is_contiguous() else rows.contiguous()
 
 
-def _launch(kernel, n: int, k: int, *args, **meta):
+def _launch(kernel, m: int, n: int, k: int, *args, **meta):
+    meta.update(BLOCK_M=triton.next_power_of_2(m), BLOCK_K=triton.next_power_of_2(k))
     if args[0].is_cuda:
-        _tuned[kernel][lambda c: (triton.cdiv(n, c["BLOCK_N"]),)](*args, BLOCK_K=_block_k(k), **meta)
+        _tuned[kernel][lambda c: (triton.cdiv(n, c["BLOCK_N"]),)](*args, **meta)
     else:  # Triton's CPU interpreter (tests) steps through every program: the fewer, the faster
-        kernel[(triton.cdiv(n, _INTERPRETER_BLOCK_N),)](*args, BLOCK_N=_INTERPRETER_BLOCK_N, BLOCK_K=_block_k(k),
-                                                        **meta)
+        kernel[(triton.cdiv(n, _INTERPRETER_BLOCK_N),)](*args, BLOCK_N=_INTERPRETER_BLOCK_N, **meta)
 
 
 _INTERPRETER_BLOCK_N = 64
@@ -152,7 +133,7 @@ def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.
     h = torch.empty_like(xr) if delta is not None else xr
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     b = bias if bias is not None else weight
-    _launch(_norm_linear_kernel, n, k, xr, dr, norm_weight.contiguous(), weight.contiguous(), b, h, y, m, n, k,
+    _launch(_norm_linear_kernel, m, n, k, xr, dr, norm_weight.contiguous(), weight.contiguous(), b, h, y, m, n, k,
             eps, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None)
     return h.view(x.shape), y.view(*x.shape[:-1], n)
 
@@ -166,5 +147,5 @@ def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     rows = _rows(gate_up)
     m, n = rows.shape[0], weight.shape[0]
     y = torch.empty((m, n), dtype=gate_up.dtype, device=gate_up.device)
-    _launch(_silu_mul_linear_kernel, n, inter, rows, weight.contiguous(), y, m, n, inter)
+    _launch(_silu_mul_linear_kernel, m, n, inter, rows, weight.contiguous(), y, m, n, inter)
     return y.view(*gate_up.shape[:-1], n)
