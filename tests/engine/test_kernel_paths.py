@@ -100,7 +100,7 @@ def test_residual_adds_and_cache_writes_have_no_launches_of_their_own(wide_targe
     monkeypatch.setenv("EYAS_KERNELS", "force")
     monkeypatch.setenv("EYAS_FUSED_LINEAR", fused_linear)
     engine = Engine(wide_target_dir, dtype="fp32", device="cpu", max_batch=1, max_len=32)
-    engine.generate([[1, 2, 3]], SamplingParams(max_tokens=3, ignore_eos=True))  # a prefill and 2 decode steps
+    engine.generate([[1, 2]], SamplingParams(max_tokens=3, ignore_eos=True))  # a prefill and 2 decode steps
     forwards, layers = 3, 3
     common = {"apply_rotary": 0, "rotate_and_store": forwards * layers, "store_kv": 0}
     if fused_linear == "1":

@@ -6,7 +6,7 @@ its products in fp32, so y is compared with the product of that input computed i
 once: fp32 to 1e-5 of the output's scale (an accumulation-order difference is ~1e-7 of it; TF32, which
 the kernel must not use for fp32, errs by ~1e-3), bf16 to one ulp of each element plus 1% of an ulp of
 the largest (a last-bit difference of the norm's sum may flip a rare rounding of one input element).
-Shapes are chosen so that K, N and the rows are not powers of two (the tiles' sizes).
+Shapes are chosen so that K and N are not powers of two (the tiles' sizes).
 """
 
 import pytest
@@ -46,7 +46,7 @@ def _torch_references(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [(1, 1), (2, 2), (1, 3)])
+@pytest.mark.parametrize("rows", [(1, 1), (2, 1), (1, 2)])
 @pytest.mark.parametrize("with_delta,with_bias", [(True, False), (False, True)])
 def test_norm_linear_matches_add_norm_then_linear(device, dtype, rows, with_delta, with_bias):
     x = rand((*rows, K), dtype, device, 0)
@@ -62,7 +62,7 @@ def test_norm_linear_matches_add_norm_then_linear(device, dtype, rows, with_delt
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [(1, 1), (1, 3), (2, 2)])
+@pytest.mark.parametrize("rows", [(1, 1), (1, 2)])
 def test_silu_mul_linear_matches_silu_mul_then_linear(device, dtype, rows):
     gate_up = rand((*rows, 2 * INTER), dtype, device, 0, 4.0)
     w = rand((N, INTER), dtype, device, 1, INTER ** -0.5)
@@ -81,7 +81,7 @@ def test_bad_shapes_and_dtypes_are_refused():
     with pytest.raises(ValueError, match="must be even"):
         silu_mul_linear(torch.zeros(1, 2 * INTER + 1), torch.zeros(N, INTER))
     with pytest.raises(ValueError, match="exceed"):
-        norm_linear(torch.zeros(5, K), None, torch.ones(K), EPS, torch.zeros(N, K))
+        norm_linear(torch.zeros(3, K), None, torch.ones(K), EPS, torch.zeros(N, K))
     with pytest.raises(ValueError, match="exceed"):
         silu_mul_linear(torch.zeros(1, 2 * 4096), torch.zeros(N, 4096))
 
@@ -95,7 +95,7 @@ def _layers(device):
     return norm, col, row
 
 
-@pytest.mark.parametrize("tokens,max_k,fused_expected", [(4, 2048, True), (5, 2048, False), (2, 64, False)])
+@pytest.mark.parametrize("tokens,max_k,fused_expected", [(2, 2048, True), (3, 2048, False), (2, 64, False)])
 def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, max_k, fused_expected):
     """The layer functions run the kernels for at most MAX_ROWS tokens of at most MAX_K features, and give the
     unfused result either way (the row-parallel bias is added after the kernel)."""

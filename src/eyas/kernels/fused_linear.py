@@ -17,7 +17,8 @@ These are GEMVs for a few rows of small models, where each launch costs more tha
 program computes BLOCK_N outputs of every row, holding the rows whole ([M, K], K <= MAX_K) and a
 [BLOCK_N, K] weight tile in registers: one load of each, one product, one reduction. Measured on an H200
 (benchmarks/bench_fused_linear.py, docs/BENCHMARKS.md): a first version fed 16-row tiles to tensor-core
-dots and was 1.6x-19x slower than the unfused pair; a second looped over rows and lost from 4 rows on.
+dots and was 1.6x-19x slower than the unfused pair; a second looped over rows and lost from 4 rows on;
+this one wins 1.3-2.1x at 1 row, 1.2-1.8x at 2, and at 4 (a chain's verify) loses 16% on gate/up and down.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import triton.language as tl
 
 from eyas.kernels.rounding import rounded
 
-MAX_ROWS = 4   # rows (tokens) up to which the fused path runs: decode of up to 4 sequences, a chain's verify
+MAX_ROWS = 2   # rows (tokens) up to which the fused path runs: decode of one or two sequences
 MAX_K = 2048   # input features up to which it runs: wider rows are bandwidth-bound matmuls, where cuBLAS wins
 
 
