@@ -25,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="cuda, cpu, cuda:1 ... (default: the recipe's, auto = cuda if available)")
     parser.add_argument("--out", metavar="DIR", help="output directory (default: the recipe's out_dir)")
     parser.add_argument("--num-samples", type=int, metavar="N",
-                        help="regenerate and train on at most N conversations (and synthesize no more prompts "
-                             "than that needs)")
+                        help="regenerate and train on at most N prompts' conversations (plus their "
+                             "[regen] sampled_copies), and synthesize no more prompts than that needs")
     parser.add_argument("--steps", type=int, metavar="N", help="optimizer steps")
     parser.add_argument("--mode", choices=("online", "offline"), help="online: target per batch; offline: features on disk")
     parser.add_argument("--sharegpt", action="append", default=[], metavar="FILE",
