@@ -121,3 +121,32 @@ def test_bad_copy_settings_are_one_line_errors(tmp_path, capsys, line, match):
     assert main(["train", "regen", "--config", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert match in err and "\n" not in err
+
+
+def test_training_leaves_out_replies_of_prompts_a_new_split_holds_out(tiny_target, sharegpt, with_copies, tmp_path):
+    """A pool that changes between runs (here: another shuffle seed) moves prompts into the held-out set; their
+    replies and copies, written before, must not reach training."""
+    import dataclasses
+    import shutil
+
+    from eyas.train.regen import prompt_id, read_regenerated
+
+    recipe, _ = with_copies
+    moved = dataclasses.replace(recipe, out_dir=str(tmp_path / "moved"),
+                                data=dataclasses.replace(recipe.data, seed=recipe.data.seed + 1))
+    (moved.out / "data").mkdir(parents=True)
+    for f in regen_files(recipe):
+        shutil.copy(f, moved.out / "data" / f.name)
+    before = {c.id for c in read_regenerated(moved)}  # no heldout.jsonl in the new directory yet: all of them
+    heldout = {c.id for c in build_pool(moved, write=True).heldout}
+    after = {c.id for c in read_regenerated(moved)}
+    assert after == {i for i in before if prompt_id(i) not in heldout}
+    assert before - after, "the new shuffle should move at least one regenerated prompt into the held-out set"
+
+
+@pytest.mark.parametrize("conv_id,prompt", [("sharegpt-3", "sharegpt-3"), ("sharegpt-3~s2", "sharegpt-3"),
+                                            ("a~s", "a~s"), ("a~sb", "a~sb"), ("x~s1~s12", "x~s1")])
+def test_prompt_id_inverts_copy_id(conv_id, prompt):
+    from eyas.train.regen import prompt_id
+
+    assert prompt_id(conv_id) == prompt

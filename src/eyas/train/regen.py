@@ -43,14 +43,32 @@ def done_ids(recipe) -> set[str]:
 
 
 def read_regenerated(recipe) -> list[Conversation]:
-    """All regenerated conversations, in id order (independent of which rank wrote which)."""
-    convs = [parse_record(row, where, "") for where, row in _rows(recipe) if "dropped" not in row]
+    """All regenerated conversations for training prompts, in id order (independent of which rank wrote
+    which). Conversations of prompts now held out are left out: when the prompt pool grows between runs
+    its shuffle changes, and replies written earlier may belong to prompts the new split holds out."""
+    heldout = _heldout_ids(recipe)
+    convs = [parse_record(row, where, "") for where, row in _rows(recipe)
+             if "dropped" not in row and prompt_id(row["id"]) not in heldout]
     return sorted(convs, key=lambda c: c.id)
+
+
+def _heldout_ids(recipe) -> set[str]:
+    path = data_dir(recipe) / "heldout.jsonl"
+    if not path.exists() or not path.stat().st_size:
+        return set()
+    with open(path, encoding="utf-8") as fh:
+        return {json.loads(line)["id"] for line in fh if line.strip()}
 
 
 def copy_id(conv_id: str, copy: int) -> str:
     """Copy 0 is the prompt's own reply, under the prompt's id; copies 1..N are sampled."""
     return f"{conv_id}~s{copy}" if copy else conv_id
+
+
+def prompt_id(conv_id: str) -> str:
+    """The id of the prompt a conversation answers (copy_id's inverse)."""
+    base, sep, copy = conv_id.rpartition("~s")
+    return base if sep and copy.isdigit() else conv_id
 
 
 def engine_margin(engine) -> int:
