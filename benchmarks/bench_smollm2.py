@@ -5,7 +5,8 @@ Usage: python benchmarks/bench_smollm2.py --draft DIR|random --out results.json 
 Sections, all in one process so the numbers are side by side:
   speed      batch-1 greedy decode of 256 new tokens on MT-bench prompts: eyas plain, eyas + draft (chain 3/1/4
              and tree 5/4/8), HF `generate` with a static cache, HF prompt-lookup decoding (bf16; HF runs in
-             a child process, each prompt once untimed first so that its compilation is not timed)
+             a child process, each prompt once untimed first so that its compilation is not timed); eyas
+             plain and chain again with EYAS_FUSED_LINEAR=0, built after the first two
   phases     one target decode step vs a verify pass of 4 and 8 tokens vs one draft step (CUDA events)
   lossless   fp32 (TF32 off): speculative greedy == plain greedy on the MT-bench first turns, chain and tree
   bf16       share of identical outputs in bf16; every divergence's top-2 logit gap in the plain run

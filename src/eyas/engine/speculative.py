@@ -63,7 +63,7 @@ class SpeculativeDecoder:
         heads, head_dim, shared = self.draft.config.kv_cache_layout()  # an MLA draft caches one latent per token
         self.kv = KVCache(1, engine.runner.kv.num_slots, positions, heads, head_dim, dtype, engine.device, shared)
         self._last_mode = None  # speculated or not, the last step
-        self.accept_on_device = True  # greedy batches; False keeps them on the host path (benchmarks compare both)
+        self.accept_on_device = True  # greedy batches; False keeps them on the host path (tests compare both)
         self.draft_fn = self._chain_fn if k == 1 else self._tree_fn
         if k == 1:  # a chain's tree never changes: the root, then one node per step, each the last one's child
             n = self.spec.draft_tokens
