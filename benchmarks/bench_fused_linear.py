@@ -8,7 +8,7 @@ included, as in a decode step):
 and prints µs per call, the weight bytes per µs, the largest difference between the two outputs, and the tile
 the fused kernel's timing picked.
 
-    python3 benchmarks/bench_fused_linear.py --shape smollm2 --rows 1,2,4 --out fused_linear.json
+    python3 benchmarks/bench_fused_linear.py --shape smollm2 --rows 1,2 --out fused_linear.json
 
 Projections wider than the kernels take (K > MAX_K, e.g. every one of the 8B shape) are listed as skipped.
 """
@@ -24,33 +24,18 @@ import torch.nn.functional as F
 
 from bench_join import SMOLLM2
 from bench_tp import LLAMA_8B
+from eyas.engine.graphs import capture
 from eyas.kernels.fused_linear import MAX_K, MAX_ROWS
+from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 SHAPES = {"smollm2": SMOLLM2, "llama-8b": LLAMA_8B}
 CALLS_PER_GRAPH = 20
 
 
 def graphed_us(fn, reps: int = 20) -> float:
-    """Median µs per call of `fn`, replayed CALLS_PER_GRAPH times in one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS_PER_GRAPH):
-            fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS_PER_GRAPH)
-    return sorted(times)[len(times) // 2]
+    """Median µs per call of `fn`, replayed CALLS_PER_GRAPH times in one CUDA graph (captured as the engine's are)."""
+    graph, _ = capture(lambda: [fn() for _ in range(CALLS_PER_GRAPH)], pool=None)
+    return median_ms(graph.replay, reps=reps, cuda=True) * 1e3 / CALLS_PER_GRAPH
 
 
 def cases(shape: dict):
@@ -87,8 +72,9 @@ def measure(name: str, kind: str, k: int, n: int, rows: int) -> dict:
         def fused_fn():
             return fused.silu_mul_linear(gate_up, w)
         kernel = fused._silu_mul_linear_kernel
-    diff = (unfused().float() - fused_fn().float()).abs().max().item()
-    scale = unfused().float().abs().max().item()
+    reference = unfused().float()
+    diff = (reference - fused_fn().float()).abs().max().item()
+    scale = reference.abs().max().item()
     t_unfused, t_fused = graphed_us(unfused), graphed_us(fused_fn)
     best = fused._tuned[kernel].best_config
     mb = w.numel() * w.element_size() / 1e6
@@ -101,7 +87,7 @@ def measure(name: str, kind: str, k: int, n: int, rows: int) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="smollm2", help=f"comma-separated, of {sorted(SHAPES)}")
-    ap.add_argument("--rows", default="1,2,4", help="tokens per call (decode 1, a chain's verify 4), at most MAX_ROWS")
+    ap.add_argument("--rows", default="1,2", help="tokens per call (decode steps of one or two sequences), at most MAX_ROWS")
     ap.add_argument("--out", default="bench_fused_linear.json")
     args = ap.parse_args()
     shapes = args.shape.split(",")
