@@ -155,7 +155,11 @@ class Eagle3Draft(nn.Module):
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary (fp32)."""
-        return self.lm_head(self.norm(out)).float()
+        return self.head_output(out).float()
+
+    def head_output(self, out: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary in the head's dtype (autocast's, in training)."""
+        return self.lm_head(self.norm(out))
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eyas.models.eagle3 import Eagle3Draft
+from eyas.train.soft_ce import soft_cross_entropy
 
 
 @dataclass
@@ -45,7 +46,7 @@ def teacher_from_logits(logits: torch.Tensor, loss_mask: torch.Tensor, used: tor
     ids = torch.where(in_vocab, draft_index[top], torch.zeros_like(top))
     # z_p predicts x_{p+1}: the position is trained when the token it predicts was written by the assistant.
     next_is_assistant = F.pad(loss_mask[:, 1:], (0, 1), value=False)
-    probs = torch.softmax(logits.index_select(-1, used).float(), dim=-1)
+    probs = torch.softmax(logits.index_select(-1, used), dim=-1, dtype=torch.float32)
     weight = None if token_weight is None else F.pad(token_weight[:, 1:], (0, 1), value=1.0)
     return Teacher(probs, ids, in_vocab & next_is_assistant, weight)
 
@@ -61,13 +62,18 @@ def ttt_attention(q: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]
     def group(x):  # [B, T, Hkv, D] -> [B, Hkv, 1, T, D]
         return x.transpose(1, 2)[:, :, None]
 
-    q = q.view(B, T, G, rep, D).permute(0, 2, 3, 1, 4)                  # [B, Hkv, rep, T, D]
+    # The scale goes on q (B*T*H*D values), not on the scores (B*H*T*T).
+    q = (q * scale).view(B, T, G, rep, D).permute(0, 2, 3, 1, 4)        # [B, Hkv, rep, T, D]
     k0, v0 = cache[0][0].transpose(1, 2), cache[0][1].transpose(1, 2)   # [B, Hkv, T, D]
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     first = (q.reshape(B, G, rep * T, D) @ k0.transpose(-1, -2)).view(B, G, rep, T, T)
-    scores = [(first * scale).masked_fill(~causal, float("-inf"))]
-    scores += [(q * group(k)).sum(-1, keepdim=True) * scale for k, _ in cache[1:]]
-    p = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(v0.dtype)
+    scores = [first.masked_fill(~causal, float("-inf"))]
+    scores += [(q * group(k)).sum(-1, keepdim=True) for k, _ in cache[1:]]
+    scores = scores[0] if len(scores) == 1 else torch.cat(scores, dim=-1)
+    # Softmax in the scores' dtype: torch accumulates in fp32 and rounds once, as the cast that used to follow
+    # an fp32 softmax did, without writing and re-reading an fp32 copy (autocast would upcast it).
+    with torch.autocast(q.device.type, enabled=False):
+        p = torch.softmax(scores, dim=-1).to(v0.dtype)
     out = (p[..., :T].reshape(B, G, rep * T, T) @ v0).view(B, G, rep, T, D)
     for j, (_, v) in enumerate(cache[1:]):
         out = out + p[..., T + j: T + j + 1] * group(v)
@@ -124,18 +130,17 @@ class TTTModel(nn.Module):
                 accs.append(zero)
                 counts.append(zero.long())
                 continue
-            logits = self.draft.logits(out[:, :n])
+            logits = self.draft.head_output(out[:, :n])  # soft_cross_entropy reads it in float32 itself
             valid = teacher.valid[:, 1 + k:]
             count = valid.sum()
             denom = count.clamp(min=1).float()
-            logp = torch.log_softmax(logits, dim=-1)
-            ce = (teacher.probs[:, 1 + k:] * logp).sum(-1)
+            ce, top = soft_cross_entropy(logits, teacher.probs[:, 1 + k:])
             if teacher.weight is None:
                 loss = -(ce * valid).sum() / denom
             else:  # a weighted mean over the valid positions
                 w = teacher.weight[:, 1 + k:] * valid
                 loss = -(ce * w).sum() / w.sum().clamp(min=1e-6)
-            acc = ((logits.argmax(-1) == teacher.ids[:, 1 + k:]) & valid).sum() / denom
+            acc = ((top == teacher.ids[:, 1 + k:]) & valid).sum() / denom
             total = total + self.decay ** k * loss
             losses.append(loss.detach())
             accs.append(acc.detach())
