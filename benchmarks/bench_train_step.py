@@ -1,10 +1,11 @@
 """Speed of one EAGLE-3 training step (online: target forward + TTT unroll + backward + AdamW), by phase.
 
-Usage: python3 benchmarks/bench_train_step.py [--device cuda] [--steps 30] [--batch-tokens 32768,65536]
-           [--profile] [--out result.json]
+Usage: python3 benchmarks/bench_train_step.py [--device cuda] [--shape smollm2|tiny] [--steps 20]
+           [--batch-tokens 32768,65536] [--profile] [--out result.json]
 
-The target is SmolLM2-135M-shaped with random weights and the draft is the recipe's (`intermediate_size`
-2816, 8,192-token vocabulary), so nothing is loaded from disk: speed does not depend on the weights. The
+The target is SmolLM2-135M-shaped (or `tiny`, for tests) with random weights and the draft is the recipe's
+(`intermediate_size` 2816, 8,192-token vocabulary, both capped by the target's), so nothing is loaded from
+disk: speed does not depend on the weights. The
 batches are length-bucketed rows drawn like the recipe's data (prompt + reply of 60-520 tokens), through the
 same BatchStream and OnlineSource that `eyas train` uses, so each step has its own padded shape; the timed
 steps replay the warm-up's batches, as a long run meets each shape many times.
@@ -20,6 +21,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,11 +31,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "benchmarks")]
 
-from bench_join import SMOLLM2  # noqa: E402
 from bench_moe_mla import random_init  # noqa: E402
+from bench_prefill import SHAPES  # noqa: E402
+
+from eyas.errors import EyasError  # noqa: E402
 
 
-def build(device: str, batch_tokens: int, seed: int = 0):
+def build(device: str, shape: str, batch_tokens: int, seed: int = 0):
     from eyas.config import ModelConfig
     from eyas.models.llama import CausalLM
     from eyas.train.conversation import Sample
@@ -44,15 +48,18 @@ def build(device: str, batch_tokens: int, seed: int = 0):
     from eyas.train.trainer import Trainer
 
     torch.manual_seed(seed)
-    cfg = ModelConfig.from_hf(SMOLLM2)
+    cfg = ModelConfig.from_hf(SHAPES[shape])
     with torch.device("meta"):
         target = CausalLM(cfg, max_positions=1100)
-    target = random_init(target, torch.bfloat16, device)
-    section = SimpleNamespace(aux_layer_ids=[], draft_vocab_size=8192, intermediate_size=2816, rope_theta=10000.0)
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    target = random_init(target, dtype, device)
+    vocab = min(8192, cfg.vocab_size)
+    section = SimpleNamespace(aux_layer_ids=[], draft_vocab_size=vocab, intermediate_size=min(2816, 2 * cfg.intermediate_size),
+                              rope_theta=10000.0)
     dcfg = draft_config_for(cfg, section)
     target.capture_layers = dcfg.capture_layers(cfg.num_layers)
     draft = Eagle3Draft(dcfg)
-    used = torch.randperm(cfg.vocab_size)[:8192].sort().values
+    used = torch.randperm(cfg.vocab_size)[:vocab].sort().values
     t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
     t2d[used] = True
     gen = torch.Generator().manual_seed(seed)
@@ -64,15 +71,13 @@ def build(device: str, batch_tokens: int, seed: int = 0):
         samples.append(Sample(ids, torch.arange(prompt + reply) >= prompt))
     source = OnlineSource(target, samples, batch_tokens, seed, used, t2d, device)
     tcfg = TrainConfig(steps=100_000, batch_tokens=batch_tokens, lr=3e-4, warmup_steps=10)
-    return Trainer(tcfg, draft, source, Path("/tmp/eyas-bench-train-step"), device, progress=False)
+    return Trainer(tcfg, draft, source, Path(tempfile.gettempdir()) / "eyas-bench-train-step", device, progress=False)
 
 
 def timed_steps(trainer, steps: int, warmup: int) -> dict:
-    """Each step timed as a whole (host clock after a sync) and by phase (CUDA events), as Trainer.train_step
-    runs it."""
+    """Each step timed as a whole (host clock after a sync) and by phase (CUDA events): OnlineSource.prepare's
+    two halves, then Trainer.train_step's rest."""
     from contextlib import nullcontext
-
-    from eyas.train.target import run_target
 
     cuda = trainer.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -92,13 +97,11 @@ def timed_steps(trainer, steps: int, warmup: int) -> dict:
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(names) + 1)] if cuda else []
         mark = (lambda j: ev[j].record()) if cuda else (lambda j: None)
         mark(0)
-        with torch.no_grad():
-            b = batch.to(source.device)
-            out = run_target(source.target, b.input_ids)
-            embeds = source.target.embed(b.input_ids)
-            mark(1)
-            teacher = source._teacher(source.target.lm_head(out.hidden), b.loss_mask, b.input_ids)
-            mark(2)
+        b = batch.to(source.device)
+        embeds, out = source.target_pass(b)
+        mark(1)
+        teacher = source.teacher(b, out)
+        mark(2)
         amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
         with amp:
             loss, _ = trainer.ddp(embeds, out.features, teacher)
@@ -134,41 +137,53 @@ def kernel_profile(trainer, steps: int = 5) -> list[dict]:
              "ms_per_step": round(e.self_device_time_total / 1e3 / steps, 3)} for e in kernels[:20]]
 
 
-def main():
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--steps", type=int, default=30, help="timed steps per batch size (default 30)")
-    ap.add_argument("--warmup", type=int, default=30, help="untimed steps first, the same batches (default 30)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--shape", default="smollm2", help=", ".join(SHAPES))
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per batch size (default 20)")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed steps first, the same batches (default 20)")
     ap.add_argument("--batch-tokens", default="32768", help="comma-separated padded tokens per step (default 32768)")
     ap.add_argument("--profile", action="store_true", help="also list the top CUDA kernels at the first batch size")
     ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     try:
-        sizes = [int(x) for x in args.batch_tokens.split(",")]
-    except ValueError:
-        sys.exit(f"error: --batch-tokens must be comma-separated integers, got {args.batch_tokens!r}")
-    if min(sizes) < 1024:
-        sys.exit("error: --batch-tokens must be at least 1024 (the longest sample has 520 tokens)")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        sys.exit("error: --device cuda but no GPU is visible")
-    result = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-              "torch": torch.__version__, "runs": {}}
-    for n, size in enumerate(sizes):
-        trainer = build(args.device, size)
-        row = timed_steps(trainer, args.steps, args.warmup)
-        if args.device.startswith("cuda"):
-            row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
-            torch.cuda.reset_peak_memory_stats()
-        if args.profile and n == 0:
-            row["top_kernels"] = kernel_profile(trainer)
-        result["runs"][str(size)] = row
-        print(json.dumps({size: row}, indent=1), flush=True)
-        del trainer
-        if args.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
+        if args.shape not in SHAPES:
+            raise EyasError(f"unknown --shape {args.shape!r}: choose one of {', '.join(SHAPES)}")
+        try:
+            sizes = [int(x) for x in args.batch_tokens.split(",")]
+        except ValueError:
+            raise EyasError(f"--batch-tokens takes a comma list of integers, got {args.batch_tokens!r}") from None
+        if min(sizes) < 1024:
+            raise EyasError("--batch-tokens must be at least 1024 (the longest sample has 520 tokens)")
+        if args.steps < 1 or args.warmup < 0:
+            raise EyasError("--steps must be at least 1 and --warmup at least 0")
+        cuda = torch.device(args.device).type == "cuda"
+        if cuda and not torch.cuda.is_available():
+            raise EyasError("--device cuda but no GPU is visible")
+        result = {"argv": sys.argv, "device": torch.cuda.get_device_name() if cuda else "cpu",
+                  "torch": torch.__version__, "shape": args.shape, "runs": {}}
+        for n, size in enumerate(sizes):
+            trainer = build(args.device, args.shape, size)
+            row = timed_steps(trainer, args.steps, args.warmup)
+            if cuda:
+                row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+                torch.cuda.reset_peak_memory_stats()
+            if args.profile and n == 0:
+                row["top_kernels"] = kernel_profile(trainer)
+            result["runs"][str(size)] = row
+            print(json.dumps({size: row}, indent=1), flush=True)
+            del trainer
+            if cuda:
+                torch.cuda.empty_cache()
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=1))
+    except EyasError as e:
+        print(f"bench_train_step: error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -49,9 +49,17 @@ class OnlineSource(_Source):
     @torch.no_grad()
     def prepare(self, batch: Batch):
         b = batch.to(self.device)
-        out = run_target(self.target, b.input_ids)
-        return (self.target.embed(b.input_ids), out.features,
-                self._teacher(self.target.lm_head(out.hidden), b.loss_mask, b.input_ids))
+        embeds, out = self.target_pass(b)
+        return embeds, out.features, self.teacher(b, out)
+
+    @torch.no_grad()
+    def target_pass(self, b: Batch):
+        """The target's embeddings of a batch on the device, and its forward (features, final hidden states)."""
+        return self.target.embed(b.input_ids), run_target(self.target, b.input_ids)
+
+    @torch.no_grad()
+    def teacher(self, b: Batch, out) -> Teacher:
+        return self._teacher(self.target.lm_head(out.hidden), b.loss_mask, b.input_ids)
 
 
 class OfflineSource(_Source):
