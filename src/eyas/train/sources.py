@@ -74,4 +74,4 @@ class OfflineSource(_Source):
         b = batch.to(self.device)
         dtype = self.heads.embed_weight.dtype
         return (self.heads.embed(b.input_ids), b.features.to(dtype),
-                self._teacher(self.heads.head_logits(b.hidden.to(dtype)), b.loss_mask, b.input_ids))
+                self._teacher(self.heads.logits(b.hidden.to(dtype)), b.loss_mask, b.input_ids))

@@ -88,9 +88,6 @@ class TargetHeads(torch.nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_weight)
 
-    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head's output in the weights' dtype."""
-        return F.linear(hidden, self.lm_head_weight)
-
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head_logits(hidden).float()
+        """The LM head's output, in the weights' dtype (the teacher casts only the draft vocabulary's columns)."""
+        return F.linear(hidden, self.lm_head_weight)
