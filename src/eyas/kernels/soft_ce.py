@@ -4,11 +4,11 @@ Per row of logits z (any float dtype) and teacher probabilities p (float32, summ
     ce = sum_v p_v * log_softmax(z)_v = p.z - logsumexp(z),   d ce / d z = p - softmax(z),
 and the row's argmax (first occurrence on ties, as torch.argmax), which the accuracy needs.
 
-Why a kernel: in torch each TTT step casts the [tokens, draft_vocab] logits to float32 and runs a product,
-a sum, a logsumexp and an argmax over them, and the backward as many again: about 15 GB of memory traffic
-per step at 32k tokens x 8,192 (measured: elementwise multiplies and copies were the largest costs of a
-training step). Here the forward reads z and p once and writes three numbers per row; the backward reads
-them once and writes the gradient in z's dtype.
+Why a kernel: in torch each TTT step casts the [tokens, draft_vocab] logits to float32 and runs a
+log-softmax, a product, a sum and an argmax over them, and the backward as many again: about 15 GB of
+memory traffic per training step at 32k tokens x 8,192 (a profile showed elementwise products and copies as
+the step's largest costs). Here the forward reads z and p once and writes three numbers per row; the
+backward reads them once and writes the gradient in z's dtype.
 
 One program per row; the row is read in BLOCK-wide chunks with a running max and sum per lane (online
 logsumexp), so any vocabulary size works. Rows are addressed as [outer, inner] through two strides, so the
