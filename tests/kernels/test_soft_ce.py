@@ -6,6 +6,10 @@ import torch
 
 from eyas.train import soft_ce as dispatch
 
+# Lanes past the vocabulary's end compute -inf - -inf (and 0 * -inf) in branches tl.where then discards;
+# the interpreter's numpy says so with a RuntimeWarning, the compiled kernel silently.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
 
 def reference(z, p):
     z32 = z.float()
