@@ -5,10 +5,10 @@ Usage: python3 benchmarks/bench_train_step.py [--device cuda] [--shape smollm2|t
 
 The target is SmolLM2-135M-shaped (or `tiny`, for tests) with random weights and the draft is the recipe's
 (`intermediate_size` 2816, 8,192-token vocabulary, both capped by the target's), so nothing is loaded from
-disk: speed does not depend on the weights. The
-batches are length-bucketed rows drawn like the recipe's data (prompt + reply of 60-520 tokens), through the
-same BatchStream and OnlineSource that `eyas train` uses, so each step has its own padded shape; the timed
-steps replay the warm-up's batches, as a long run meets each shape many times.
+disk: speed does not depend on the weights. The batches are length-bucketed rows drawn like the recipe's
+data (prompt + reply of 60-517 tokens), through the same BatchStream and OnlineSource that `eyas train`
+uses, so each step has its own padded shape; the timed steps replay the warm-up's batches, as a long run
+meets each shape many times.
 
 Per batch size: the median step time, the phases (the target's forward; the teacher distributions; the
 TTT forward; its backward; clip + AdamW) as CUDA-event medians, tokens/s and peak memory. `--profile` adds
