@@ -36,7 +36,7 @@ def norm_linear(norm: RMSNorm, linear, h: torch.Tensor, delta: torch.Tensor | No
         from eyas.kernels.fused_linear import norm_linear as fused
 
         return fused(h, delta, norm.weight, norm.eps, linear.weight, linear.bias)
-    h, x = norm.residual(h, delta) if delta is not None else (h, norm(h))
+    h, x = norm.residual(h, delta)
     return h, linear(x)
 
 

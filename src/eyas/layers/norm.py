@@ -26,8 +26,10 @@ class RMSNorm(nn.Module):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
 
-    def residual(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x + delta, norm(x + delta)): a residual add and the norm after it."""
+    def residual(self, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, norm(x + delta)): a residual add and the norm after it; with delta None, (x, norm(x))."""
+        if delta is None:
+            return x, self(x)
         if enabled(x, delta, self.weight):
             from eyas.kernels.norm import add_rms_norm
 

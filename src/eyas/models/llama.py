@@ -101,7 +101,7 @@ class DecoderLayer(nn.Module):
             h, qkv = norm_linear(self.input_layernorm, attn.qkv_proj, h, delta)
             out = attn.attend(qkv, positions, batch, rotary)
         else:
-            h, x = self.input_layernorm.residual(h, delta) if delta is not None else (h, self.input_layernorm(h))
+            h, x = self.input_layernorm.residual(h, delta)
             out = attn(x, positions, batch, rotary)
         if isinstance(mlp, MLP):
             mid, gate_up = norm_linear(self.post_attention_layernorm, mlp.gate_up_proj, h, out)
