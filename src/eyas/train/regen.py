@@ -21,7 +21,7 @@ from tqdm import tqdm
 from eyas.layers.sampling import SamplingParams
 from eyas.models.tokenizer import encode_messages
 from eyas.train.conversation import end_of_turn_ids
-from eyas.train.prompts import Conversation, data_dir, drop_torn_tail, parse_record, write_jsonl
+from eyas.train.prompts import Conversation, data_dir, drop_torn_tail, parse_record, read_conversations, write_jsonl
 
 
 def regen_files(recipe):
@@ -56,8 +56,7 @@ def _heldout_ids(recipe) -> set[str]:
     path = data_dir(recipe) / "heldout.jsonl"
     if not path.exists() or not path.stat().st_size:
         return set()
-    with open(path, encoding="utf-8") as fh:
-        return {json.loads(line)["id"] for line in fh if line.strip()}
+    return {c.id for c in read_conversations(path)}
 
 
 def copy_id(conv_id: str, copy: int) -> str:

@@ -32,6 +32,11 @@ def keep_question(text: str, finish_reason: str | None, cfg) -> bool:
             and ascii_ratio(text) >= cfg.min_ascii_ratio)
 
 
+def question_prefixes(tokenizer, cfg) -> list[list[int]]:
+    """The user-turn prefixes rows are written under: one per [synth] system prompt, or the template's own."""
+    return [user_turn_prefix(tokenizer, system) for system in cfg.system_prompts or [""]]
+
+
 def synthesize(recipe, engine, tokenizer, rank: int = 0, world: int = 1, progress: bool = True) -> dict:
     cfg = recipe.synth
     path = data_dir(recipe) / f"synth-r{rank}.jsonl"
@@ -40,7 +45,7 @@ def synthesize(recipe, engine, tokenizer, rank: int = 0, world: int = 1, progres
     seen = {normalize(c.first_user()) for c in existing}
     want = cfg.num // world + (1 if rank < cfg.num % world else 0)
     have = len(existing)
-    prefixes = [user_turn_prefix(tokenizer, system) for system in cfg.system_prompts] or [user_turn_prefix(tokenizer)]
+    prefixes = question_prefixes(tokenizer, cfg)
     stops = end_of_turn_ids(tokenizer, engine.config.eos_token_ids)
     stats = {"generated": 0, "generated_tokens": 0, "kept": 0, "dropped_filter": 0, "dropped_duplicate": 0}
     bar = tqdm(total=want, initial=min(have, want), desc="synth", unit="prompt", disable=not progress)
