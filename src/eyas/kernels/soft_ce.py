@@ -25,11 +25,17 @@ BLOCK = 1024
 
 
 @triton.jit
+def _row_ptrs(z_ptr, p_ptr, inner, z_outer, z_inner, p_outer, p_inner):
+    """This program's row (grid axis 0), and where it starts in z and in p."""
+    row = tl.program_id(0).to(tl.int64)
+    outer, rest = row // inner, row % inner
+    return row, z_ptr + outer * z_outer + rest * z_inner, p_ptr + outer * p_outer + rest * p_inner
+
+
+@triton.jit
 def _soft_ce_fwd_kernel(z_ptr, p_ptr, ce_ptr, lse_ptr, top_ptr, inner, z_outer, z_inner, p_outer, p_inner, V,
                         BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    z_row = z_ptr + (row // inner) * z_outer + (row % inner) * z_inner
-    p_row = p_ptr + (row // inner) * p_outer + (row % inner) * p_inner
+    row, z_row, p_row = _row_ptrs(z_ptr, p_ptr, inner, z_outer, z_inner, p_outer, p_inner)
     lanes = tl.arange(0, BLOCK)
     m = tl.full([BLOCK], float("-inf"), tl.float32)   # running max per lane
     s = tl.zeros([BLOCK], tl.float32)                  # running sum of exp(z - m) per lane
@@ -61,9 +67,7 @@ def _soft_ce_fwd_kernel(z_ptr, p_ptr, ce_ptr, lse_ptr, top_ptr, inner, z_outer, 
 @triton.jit
 def _soft_ce_bwd_kernel(z_ptr, p_ptr, lse_ptr, g_ptr, dz_ptr, inner, z_outer, z_inner, p_outer, p_inner, V,
                         BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    z_row = z_ptr + (row // inner) * z_outer + (row % inner) * z_inner
-    p_row = p_ptr + (row // inner) * p_outer + (row % inner) * p_inner
+    row, z_row, p_row = _row_ptrs(z_ptr, p_ptr, inner, z_outer, z_inner, p_outer, p_inner)
     lse = tl.load(lse_ptr + row)
     g = tl.load(g_ptr + row)
     lanes = tl.arange(0, BLOCK)
