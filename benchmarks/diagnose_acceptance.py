@@ -14,6 +14,7 @@ From that one pass:
   - `simulated_accept_length`: the chain cycles replayed on the guesses (train/simulate.py), which equals
     the Engine's `accept_length`, verify pass for verify pass, when the replay's forward matches the
     Engine's numerics (fp32);
+  - `per_text_accept_length`: the replay's acceptance of each text, in order (MT-bench: 10 per category);
   - a chain started at every reply position: 1 + the mean accepted run ("predicted acceptance"), split by
     whether the token repeats (the 8 tokens ending with it already occurred in the sequence: greedy loops,
     copied spans), by position in the reply, and with the share of tokens outside the draft vocabulary
@@ -141,13 +142,14 @@ def diagnose(args) -> dict:
         texts, starts, engine_side, engine = texts_from_prompts(args, tokenizer, stop_ids)
         target, draft = engine.target, engine.spec.draft
     K = max(args.steps, args.accuracy_steps)
-    right, total, rows = [0] * K, [0] * K, []
+    right, total, rows, per_text = [0] * K, [0] * K, [], []
     generated = passes = 0
     for ids, start in zip(texts, starts):
         x = torch.tensor(ids, device=args.device)
         preds = draft_predictions(target, draft, x, K)
         g, p = simulate_chain(preds, x, start, args.steps)
         generated, passes = generated + g, passes + p
+        per_text.append(round(g / max(1, p), 3))
         r, t = teacher_forced_accuracy(preds, x, start)
         right, total = [a + b for a, b in zip(right, r)], [a + b for a, b in zip(total, t)]
         rows += chain_starts(guess_hits(preds[: args.steps], x), ids, start, args.steps, draft.t2d.cpu())
@@ -155,7 +157,8 @@ def diagnose(args) -> dict:
             "texts": len(texts), "reply_tokens": total[0],
             "accuracy_k": [round(a / max(1, b), 4) for a, b in zip(right, total)],
             "simulated_accept_length": generated / max(1, passes), "engine": engine_side,
-            "seconds": round(time.perf_counter() - t0, 1), **summarize(rows)}
+            "seconds": round(time.perf_counter() - t0, 1), **summarize(rows),
+            "per_text_accept_length": per_text}
 
 
 def main(argv=None) -> int:

@@ -55,17 +55,17 @@ def _token_rows(cos_ptr, sin_ptr, pos_ptr, seq_len, pos_sb, pos_st, table_stride
 @triton.jit
 def _rotary_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, pos_ptr, seq_len, q_heads, k_heads,
                    q_sb, q_st, q_sh, q_sd, k_sb, k_st, k_sh, k_sd, pos_sb, pos_st, table_stride, half,
-                   HALF_BLOCK: tl.constexpr):
+                   HALF_BLOCK: tl.constexpr, QH_BLOCK: tl.constexpr, KH_BLOCK: tl.constexpr):
+    """One token per program, all of its q and k heads as [heads, half] tiles: at prefill and training
+    shapes one program per (token, head) meant hundreds of thousands of one-warp programs."""
     token, b, t, cos_row, sin_row, offs, mask = _token_rows(cos_ptr, sin_ptr, pos_ptr, seq_len, pos_sb, pos_st,
                                                             table_stride, half, HALF_BLOCK)
-    head = tl.program_id(1).to(tl.int64)  # q heads first, then k heads
-    if head < q_heads:
-        _rotate_head(q_ptr + b * q_sb + t * q_st + head * q_sh, q_sd,
-                     q_out_ptr + (token * q_heads + head) * 2 * half, cos_row, sin_row, offs, mask, half)
-    else:
-        kv_head = head - q_heads
-        _rotate_head(k_ptr + b * k_sb + t * k_st + kv_head * k_sh, k_sd,
-                     k_out_ptr + (token * k_heads + kv_head) * 2 * half, cos_row, sin_row, offs, mask, half)
+    qh = tl.arange(0, QH_BLOCK)[:, None].to(tl.int64)
+    _rotate_head(q_ptr + b * q_sb + t * q_st + qh * q_sh, q_sd, q_out_ptr + (token * q_heads + qh) * 2 * half,
+                 cos_row, sin_row, offs[None, :], (qh < q_heads) & mask[None, :], half)
+    kh = tl.arange(0, KH_BLOCK)[:, None].to(tl.int64)
+    _rotate_head(k_ptr + b * k_sb + t * k_st + kh * k_sh, k_sd, k_out_ptr + (token * k_heads + kh) * 2 * half,
+                 cos_row, sin_row, offs[None, :], (kh < k_heads) & mask[None, :], half)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor):
@@ -90,9 +90,12 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     cos, sin = cos.contiguous(), sin.contiguous()
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    _rotary_kernel[(B * T, q_heads + k_heads)](
+    if B * T == 0:
+        return q_out, k_out
+    _rotary_kernel[(B * T,)](
         q, k, q_out, k_out, cos, sin, positions, T, q_heads, k_heads, *q.stride(), *k.stride(),
-        *positions.stride(), D, D // 2, HALF_BLOCK=triton.next_power_of_2(D // 2), num_warps=1,
+        *positions.stride(), D, D // 2, HALF_BLOCK=triton.next_power_of_2(D // 2),
+        QH_BLOCK=triton.next_power_of_2(q_heads), KH_BLOCK=triton.next_power_of_2(k_heads), num_warps=4,
         enable_fp_fusion=False)
     return q_out, k_out
 

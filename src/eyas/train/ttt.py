@@ -16,12 +16,14 @@ tests/train/test_ttt.py checks the result against the inference KV-cache path st
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eyas.kernels import HAVE_TRITON
 from eyas.models.eagle3 import Eagle3Draft
 from eyas.train.soft_ce import soft_cross_entropy
 
@@ -51,10 +53,53 @@ def teacher_from_logits(logits: torch.Tensor, loss_mask: torch.Tensor, used: tor
     return Teacher(probs, ids, in_vocab & next_is_assistant, weight)
 
 
+class _TTTAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k0, v0, kd, vd, scale):
+        from eyas.kernels.ttt_attention import ttt_attention_forward
+
+        out, lse = ttt_attention_forward(q, k0, v0, kd, vd, scale)
+        ctx.save_for_backward(q, k0, v0, kd, vd, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        from eyas.kernels.ttt_attention import ttt_attention_backward
+
+        return (*ttt_attention_backward(*ctx.saved_tensors, grad_out, ctx.scale), None)
+
+
+def _kernel_fits(q: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """The Triton path (eyas.kernels.ttt_attention): on CUDA unless EYAS_KERNELS is "0" ("force": any device,
+    for the tests), for power-of-two head dims shared by q, k and v (the Llama draft; the latent-attention
+    draft's wide shared head keeps the torch path)."""
+    mode = os.environ.get("EYAS_KERNELS", "1")
+    k, v = cache[0]
+    D = q.shape[-1]
+    return (HAVE_TRITON and mode != "0" and (q.is_cuda or mode == "force") and 16 <= D <= 128
+            and not D & (D - 1) and k.shape[-1] == v.shape[-1] == D and q.dtype == k.dtype == v.dtype)
+
+
 def ttt_attention(q: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]], scale: float) -> torch.Tensor:
     """q: [B, T, H, D]; cache: per step (k, v) [B, T, Hkv, D]. Causal over step 0, diagonal over steps 1..k.
-    The query heads sharing a key/value head are stacked along the rows instead of copying keys per head: a
-    latent-attention draft shares one (kv_lora_rank + rope)-wide head among all of its heads."""
+    Returns [B, T, H * D]."""
+    if _kernel_fits(q, cache):
+        B, T, H, D = q.shape
+        k0, v0 = cache[0]
+        if len(cache) > 1:
+            kd = torch.stack([k for k, _ in cache[1:]])
+            vd = torch.stack([v for _, v in cache[1:]])
+        else:
+            kd = vd = k0.new_empty((0, *k0.shape))
+        return _TTTAttention.apply(q, k0, v0, kd, vd, scale).view(B, T, H * D)
+    return ttt_attention_torch(q, cache, scale)
+
+
+def ttt_attention_torch(q: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]], scale: float) -> torch.Tensor:
+    """`ttt_attention` in torch. The query heads sharing a key/value head are stacked along the rows instead
+    of copying keys per head: a latent-attention draft shares one (kv_lora_rank + rope)-wide head among all
+    of its heads."""
     B, T, H, D = q.shape
     G = cache[0][0].shape[2]
     rep = H // G
