@@ -26,7 +26,8 @@ from eyas.kernels.rounding import rounded
 
 @triton.jit
 def _rotate_head(src, src_stride, dst, cos_row, sin_row, offs, mask, half):
-    """One head: out[:half] = x1*c1 - x2*s1, out[half:] = x2*c2 + x1*s2, each op rounded to x's dtype."""
+    """One head, or a [heads, half] tile of them (src, dst: a column of head pointers; offs: a row):
+    out[:half] = x1*c1 - x2*s1, out[half:] = x2*c2 + x1*s2, each op rounded to x's dtype."""
     x1 = tl.load(src + offs * src_stride, mask=mask, other=0.0)
     x2 = tl.load(src + (offs + half) * src_stride, mask=mask, other=0.0)
     dtype = x1.dtype

@@ -1,7 +1,7 @@
 """Training-time-test attention, forward and backward, without the [B, H, T, T] score tensors.
 
 At TTT step j the query at index t attends to the step-0 keys of indices 0..t (causal) and, of steps
-1..j, only to its own index's key (a diagonal each). The torch path (eyas.train.ttt.ttt_attention) builds
+1..j, only to its own index's key (a diagonal each). The torch path (eyas.train.ttt.ttt_attention_torch) builds
 the scores, masks them, concatenates the diagonal columns, takes a softmax and multiplies back, then keeps
 the probabilities for the backward: at 32k tokens and 9 heads that is ~0.3 GB per tensor per step, and a
 profile of the training step showed the copies, products and misaligned batched matmuls around it as its
