@@ -14,7 +14,9 @@ From that one pass:
   - `simulated_accept_length`: the chain cycles replayed on the guesses (train/simulate.py), which equals
     the Engine's `accept_length`, verify pass for verify pass, when the replay's forward matches the
     Engine's numerics (fp32);
-  - `per_text_accept_length`: the replay's acceptance of each text, in order (MT-bench: 10 per category);
+  - `per_text_accept_length`: the replay's acceptance of each text, in order (MT-bench: 10 per category),
+    and `per_text_outside_vocabulary_share`, the share of its reply tokens outside the draft vocabulary;
+  - `outside_vocabulary_top`: the reply tokens outside the draft vocabulary that occur most often;
   - a chain started at every reply position: 1 + the mean accepted run ("predicted acceptance"), split by
     whether the token repeats (the 8 tokens ending with it already occurred in the sequence: greedy loops,
     copied spans), by position in the reply, and with the share of tokens outside the draft vocabulary
@@ -27,6 +29,7 @@ text it trained on, against held-out text.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import sys
 import time
@@ -142,9 +145,14 @@ def diagnose(args) -> dict:
         texts, starts, engine_side, engine = texts_from_prompts(args, tokenizer, stop_ids)
         target, draft = engine.target, engine.spec.draft
     K = max(args.steps, args.accuracy_steps)
-    right, total, rows, per_text = [0] * K, [0] * K, [], []
+    right, total, rows, per_text, per_text_oov = [0] * K, [0] * K, [], [], []
+    outside = collections.Counter()
+    t2d = draft.t2d.cpu()
     generated = passes = 0
     for ids, start in zip(texts, starts):
+        missing = [t for t in ids[start:] if not t2d[t]]
+        outside.update(missing)
+        per_text_oov.append(round(len(missing) / max(1, len(ids) - start), 4))
         x = torch.tensor(ids, device=args.device)
         preds = draft_predictions(target, draft, x, K)
         g, p = simulate_chain(preds, x, start, args.steps)
@@ -152,13 +160,14 @@ def diagnose(args) -> dict:
         per_text.append(round(g / max(1, p), 3))
         r, t = teacher_forced_accuracy(preds, x, start)
         right, total = [a + b for a, b in zip(right, r)], [a + b for a, b in zip(total, t)]
-        rows += chain_starts(guess_hits(preds[: args.steps], x), ids, start, args.steps, draft.t2d.cpu())
+        rows += chain_starts(guess_hits(preds[: args.steps], x), ids, start, args.steps, t2d)
     return {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "texts": len(texts), "reply_tokens": total[0],
             "accuracy_k": [round(a / max(1, b), 4) for a, b in zip(right, total)],
             "simulated_accept_length": generated / max(1, passes), "engine": engine_side,
             "seconds": round(time.perf_counter() - t0, 1), **summarize(rows),
-            "per_text_accept_length": per_text}
+            "per_text_accept_length": per_text, "per_text_outside_vocabulary_share": per_text_oov,
+            "outside_vocabulary_top": [[tokenizer.decode([t]), n] for t, n in outside.most_common(40)]}
 
 
 def main(argv=None) -> int:

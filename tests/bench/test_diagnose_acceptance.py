@@ -37,6 +37,12 @@ def test_simulated_acceptance_equals_the_engines_on_mt_bench(pair, tmp_path):
     chains = lambda part: 0 if r[part] is None else r[part]["chains"]  # noqa: E731
     assert chains("repeat") + chains("fresh") == r["all"]["chains"]
     assert sum(v["chains"] for v in r["by_reply_position"].values() if v) == r["all"]["chains"]
+    assert len(r["per_text_accept_length"]) == 3 and all(a >= 1.0 for a in r["per_text_accept_length"])
+    shares = r["per_text_outside_vocabulary_share"]
+    assert len(shares) == 3 and all(0.0 <= x <= 1.0 for x in shares)
+    counts = [n for _, n in r["outside_vocabulary_top"]]
+    assert counts == sorted(counts, reverse=True) and sum(counts) <= r["reply_tokens"] + 3
+    assert (sum(counts) == 0) == (max(shares) == 0.0)
 
 
 def test_conversations_are_scored_as_written(pair, tmp_path):
