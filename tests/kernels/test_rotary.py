@@ -39,6 +39,7 @@ def separate_qk(B, T, H, Hk, D, dtype, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("B, T, H, Hk, D", [(2, 3, 4, 2, 64),   # prefill-shaped, grouped-query
+                                            (2, 5, 9, 3, 64),   # SmolLM2's heads: the head tiles are masked
                                             (3, 1, 2, 1, 80)])  # decode; half of 80 is no power of two
 @pytest.mark.parametrize("layout", [fused_qk, separate_qk])
 def test_apply_rotary_matches_reference(device, dtype, B, T, H, Hk, D, layout):
