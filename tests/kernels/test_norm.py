@@ -115,3 +115,32 @@ def test_add_rms_norm_reads_strided_rows(device):
     h, y = add_rms_norm(x, delta, norm.weight, EPS)
     assert torch.equal(h, x + delta)
     assert_normed_close(y, norm(x + delta), torch.bfloat16)
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])  # bf16 x with fp32 weights: autocast training
+@pytest.mark.parametrize("shape", [(3, 5, 40), (70, 96)])             # partial rows of a block; several programs
+def test_training_norm_matches_torch_forward_and_backward(monkeypatch, device, x_dtype, shape):
+    from eyas.layers.norm import RMSNorm
+
+    g = torch.Generator().manual_seed(shape[-1])
+    norm = RMSNorm(shape[-1], 1e-5).to(device)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(shape[-1], generator=g).to(device))
+    x = (torch.randn(shape, generator=g) * 3).to(device, x_dtype)
+    dy = torch.randn(shape, generator=g).to(device)
+
+    def run(mode):
+        monkeypatch.setenv("EYAS_KERNELS", mode)
+        norm.weight.grad = None
+        xa = x.clone().requires_grad_(True)
+        y = norm(xa)
+        y.backward(dy)
+        return y, xa.grad, norm.weight.grad
+
+    want = run("0")
+    got = run("force")
+    assert got[0].dtype == want[0].dtype == torch.float32 and got[1].dtype == x_dtype
+    torch.testing.assert_close(got[0], want[0], atol=1e-5, rtol=1e-5)
+    tol = dict(atol=1e-5, rtol=1e-4) if x_dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(got[1], want[1], **tol)
+    torch.testing.assert_close(got[2], want[2], atol=1e-4, rtol=1e-4)

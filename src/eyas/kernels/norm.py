@@ -24,23 +24,54 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 @triton.jit
 def _normalise(x32, dtype: tl.constexpr, w_ptr, y_ptr, cols, mask, n_cols, eps):
-    """RMSNorm.forward of one row (fp32 values of a `dtype` row), stored at y_ptr in y's dtype."""
+    """RMSNorm.forward of one row (fp32 values of a `dtype` row), stored at y_ptr in y's dtype. Returns the
+    row's 1 / rms."""
     inv_rms = tl.rsqrt(tl.sum(x32 * x32, axis=0) / n_cols + eps)
     normed = rounded(x32 * inv_rms, dtype)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     out_dtype = y_ptr.dtype.element_ty
     tl.store(y_ptr + cols, rounded(w * normed, out_dtype).to(out_dtype), mask=mask)
+    return inv_rms
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, inner_rows, x_outer_stride, x_inner_stride, n_cols, eps,
-                     BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, inner_rows, x_outer_stride, x_inner_stride, n_cols, eps,
+                     BLOCK: tl.constexpr, SAVE_RSTD: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + (row // inner_rows) * x_outer_stride + (row % inner_rows) * x_inner_stride
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_row + cols, mask=mask, other=0.0)
-    _normalise(x.to(tl.float32), x.dtype, w_ptr, y_ptr + row * n_cols, cols, mask, n_cols, eps)
+    inv_rms = _normalise(x.to(tl.float32), x.dtype, w_ptr, y_ptr + row * n_cols, cols, mask, n_cols, eps)
+    if SAVE_RSTD:
+        tl.store(rstd_ptr + row, inv_rms)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(x_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dw_ptr, n_rows, n_cols,
+                         BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """The backward of RMSNorm.forward's torch ops for ROWS contiguous rows: dx per row, and this program's
+    partial sum of dw (summed over programs by the caller). With n = x * r and g = dy * w rounded to x's
+    dtype (the gradient of the rounded `normed`): dx = r * (g - n * mean(g * n)), dw = sum dy * round(n)."""
+    pid = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK], tl.float32)
+    for i in range(ROWS):
+        row = pid * ROWS + i
+        if row < n_rows:
+            x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+            dtype = x.dtype
+            r = tl.load(rstd_ptr + row)
+            n = x.to(tl.float32) * r
+            dy = tl.load(dy_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+            g = rounded(dy * w, dtype).to(tl.float32)
+            dot = tl.sum(g * n, axis=0) / n_cols
+            dx = r * (g - n * dot)
+            tl.store(dx_ptr + row * n_cols + cols, rounded(dx, dtype).to(dtype), mask=mask)
+            dw += dy * rounded(n, dtype).to(tl.float32)
+    tl.store(dw_ptr + pid * n_cols + cols, dw, mask=mask)
 
 
 @triton.jit
@@ -103,9 +134,38 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     (x,), inner_rows, [(x_outer, x_inner)] = _row_layout(x)
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     rows = x.numel() // n_cols
-    _rms_norm_kernel[(rows,)](x, weight.contiguous(), y, inner_rows, x_outer, x_inner, n_cols, eps,
-                              **_launch_options(n_cols))
+    _rms_norm_kernel[(rows,)](x, weight.contiguous(), y, y, inner_rows, x_outer, x_inner, n_cols, eps,
+                              SAVE_RSTD=False, **_launch_options(n_cols))
     return y
+
+
+BWD_ROWS = 32  # rows per backward program: each keeps one partial dw row
+
+
+def rms_norm_train(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """rms_norm for contiguous x, also returning each row's 1 / rms (float32 [rows]) for the backward."""
+    out_dtype = _check(x, weight)
+    n_cols = x.shape[-1]
+    rows = x.numel() // n_cols
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+    _rms_norm_kernel[(rows,)](x, weight.contiguous(), y, rstd, 1, n_cols, n_cols, n_cols, eps,
+                              SAVE_RSTD=True, **_launch_options(n_cols))
+    return y, rstd
+
+
+def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+                      dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx in x's dtype, dw in the weight's dtype) for rms_norm_train's output gradient dy; x and dy
+    contiguous."""
+    n_cols = x.shape[-1]
+    rows = x.numel() // n_cols
+    programs = triton.cdiv(rows, BWD_ROWS)
+    dx = torch.empty_like(x)
+    partial = torch.empty((programs, n_cols), dtype=torch.float32, device=x.device)
+    _rms_norm_bwd_kernel[(programs,)](x, weight.contiguous(), rstd, dy, dx, partial, rows, n_cols,
+                                      ROWS=BWD_ROWS, **_launch_options(n_cols))
+    return dx, partial.sum(0).to(weight.dtype)
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,

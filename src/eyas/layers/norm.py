@@ -4,10 +4,44 @@ On CUDA at inference the same math runs as one fused Triton kernel (eyas.kernels
 `residual` fuses the residual add that precedes a norm into it.
 """
 
+import os
+
 import torch
 from torch import nn
 
-from eyas.kernels import enabled
+from eyas.kernels import HAVE_TRITON, enabled
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """RMSNorm.forward with a gradient, as two Triton kernels (eyas.kernels.norm): training runs each of the
+    draft's norms on every TTT step, and torch's version is about eight elementwise kernels forward and
+    more backward over [tokens, hidden] float32 tensors."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        from eyas.kernels.norm import rms_norm_train
+
+        x = x.contiguous()
+        y, rstd = rms_norm_train(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        from eyas.kernels.norm import rms_norm_backward
+
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = rms_norm_backward(x, weight, rstd, dy.contiguous())
+        return dx, dw, None
+
+
+def _training_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The kernel pair with a backward: when a gradient is wanted, on CUDA unless EYAS_KERNELS is "0"
+    ("force": any device, for the tests)."""
+    mode = os.environ.get("EYAS_KERNELS", "1")
+    return (HAVE_TRITON and mode != "0" and (x.is_cuda or mode == "force") and torch.is_grad_enabled()
+            and (x.requires_grad or weight.requires_grad) and x.shape[-1] <= 65536
+            and x.dtype in (torch.float32, torch.bfloat16, torch.float16) and weight.dtype == torch.float32)
 
 
 class RMSNorm(nn.Module):
@@ -21,6 +55,8 @@ class RMSNorm(nn.Module):
             from eyas.kernels.norm import rms_norm
 
             return rms_norm(x, self.weight, self.eps)
+        if _training_kernel(x, self.weight):
+            return _RMSNormFunction.apply(x, self.weight, self.eps)
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
