@@ -2,9 +2,10 @@
 
 Every kernel has a torch reference in eyas.layers that defines its meaning; the layers call a kernel
 only when `enabled(*tensors)`: the tensors are on a CUDA device, none needs a gradient (these kernels have
-no backward: training keeps the torch paths), Triton imports, and EYAS_KERNELS is not "0". The exceptions
-are training's loss (soft_ce, dispatched by eyas.train.soft_ce) and its attention over the unrolled TTT
-steps (ttt_attention, dispatched by eyas.train.ttt), which have their own backward. The kernel
+no backward: training keeps the torch paths), Triton imports, and EYAS_KERNELS is not "0". The exceptions,
+which have their own backward, are training's loss (soft_ce, dispatched by eyas.train.soft_ce), its
+attention over the unrolled TTT steps (ttt_attention, dispatched by eyas.train.ttt) and RMSNorm's
+rms_norm_train / rms_norm_backward (dispatched by eyas.layers.norm when a norm needs a gradient). The kernel
 functions themselves launch on any tensor, so the tests run them on the CPU through Triton's interpreter
 (TRITON_INTERPRET=1, set in tests/conftest.py before any kernel module is imported).
 """

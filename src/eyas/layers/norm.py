@@ -1,7 +1,7 @@
 """RMSNorm, computed in fp32 and cast back exactly as the reference implementation does.
 
 On CUDA at inference the same math runs as one fused Triton kernel (eyas.kernels.norm), and
-`residual` fuses the residual add that precedes a norm into it.
+`residual` fuses the residual add that precedes a norm into it; in training, a kernel pair with a backward.
 """
 
 import os
