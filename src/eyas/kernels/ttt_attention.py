@@ -26,12 +26,21 @@ BLOCK = 64  # query rows and key columns per tile
 
 
 @triton.jit
+def _tile(T, BLOCK: tl.constexpr):
+    """(row block, b * heads + head) of this program. One grid axis, row blocks fastest (the programs of one
+    head run together and share its keys in L2): CUDA caps the second and third axes at 65,535 programs,
+    which B * H passes at large batches of short rows."""
+    blocks = tl.cdiv(T, BLOCK)
+    pid = tl.program_id(0)
+    return pid % blocks, pid // blocks
+
+
+@triton.jit
 def _fwd_kernel(Q, K0, V0, KD, VD, O, LSE, T, J, sm2,
                 sqb, sqt, sqh, sqd, skb, skt, skh, skd, svb, svt, svh, svd,
                 sdj, sdb, sdt, sdh, sdd, sej, seb, se_t, seh, sed, sob, sot, soh, sod, slb, slh, slt,
                 H: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, F32: tl.constexpr):
-    mblk = tl.program_id(0)
-    bh = tl.program_id(1)
+    mblk, bh = _tile(T, BLOCK)
     b = (bh // H).to(tl.int64)
     h = bh % H
     g = h // REP
@@ -85,8 +94,7 @@ def _bwd_kv_kernel(Q, K0, V0, DO, LSE, DELTA, DK, DV, T, sm2, scale,
                    slb, slh, slt, sgb, sgt, sgh, sgd,
                    H: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, F32: tl.constexpr):
     """dk0, dv0 of one block of step-0 keys and one kv head, summed over its query heads and the later rows."""
-    nblk = tl.program_id(0)
-    bg = tl.program_id(1)
+    nblk, bg = _tile(T, BLOCK)
     G: tl.constexpr = H // REP
     b = (bg // G).to(tl.int64)
     g = bg % G
@@ -131,8 +139,7 @@ def _bwd_q_kernel(Q, K0, V0, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, T, J, sm2, sc
                   H: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, F32: tl.constexpr):
     """dq of one block of rows for every query head of one kv head, and the diagonal keys' dk, dv of those
     rows (each summed over the kv head's query heads, so one program owns them)."""
-    mblk = tl.program_id(0)
-    bg = tl.program_id(1)
+    mblk, bg = _tile(T, BLOCK)
     G: tl.constexpr = H // REP
     b = (bg // G).to(tl.int64)
     g = bg % G
@@ -224,7 +231,7 @@ def ttt_attention_forward(q, k0, v0, kd, vd, scale: float) -> tuple[torch.Tensor
     out = torch.empty((B, T, H, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, T), dtype=torch.float32, device=q.device)
     # Triton's interpreter (CPU tensors) multiplies the raw bits of bf16 dot operands: F32 casts them first.
-    _fwd_kernel[(triton.cdiv(T, BLOCK), B * H)](
+    _fwd_kernel[(triton.cdiv(T, BLOCK) * B * H,)](
         q, k0, v0, kd, vd, out, lse, T, kd.shape[0], scale * LOG2E,
         *q.stride(), *k0.stride(), *v0.stride(), *kd.stride(), *vd.stride(), *out.stride(), *lse.stride(),
         num_warps=4, num_stages=2, **meta)
@@ -240,7 +247,7 @@ def ttt_attention_backward(q, k0, v0, kd, vd, out, lse, grad_out, scale: float):
     dv0 = torch.empty_like(dk0)
     dkd = torch.empty(kd.shape, dtype=kd.dtype, device=q.device)
     dvd = torch.empty_like(dkd)
-    grid = (triton.cdiv(T, BLOCK), B * G)
+    grid = (triton.cdiv(T, BLOCK) * B * G,)
     _bwd_kv_kernel[grid](
         q, k0, v0, grad_out, lse, delta, dk0, dv0, T, scale * LOG2E, scale,
         *q.stride(), *k0.stride(), *v0.stride(), *grad_out.stride(), *lse.stride(), *dk0.stride(),
