@@ -27,9 +27,10 @@ BLOCK = 64  # query rows and key columns per tile
 
 @triton.jit
 def _tile(T, BLOCK: tl.constexpr):
-    """(row block, b * heads + head) of this program. One grid axis, row blocks fastest (the programs of one
-    head run together and share its keys in L2): CUDA caps the second and third axes at 65,535 programs,
-    which B * H passes at large batches of short rows."""
+    """(row block, batch row x head) of this program, the head being a query head (forward) or a kv head
+    (backward). One grid axis, row blocks fastest, so the programs of one head run together and share its
+    keys in L2: CUDA caps the second and third axes at 65,535 programs, which B x heads passes at large
+    batches of short rows."""
     blocks = tl.cdiv(T, BLOCK)
     pid = tl.program_id(0)
     return pid % blocks, pid // blocks
