@@ -24,9 +24,13 @@ except ImportError:  # CPU-only installs without Triton: the torch reference pat
     HAVE_TRITON = False
 
 
-def enabled(*tensors: torch.Tensor) -> bool:
-    """EYAS_KERNELS: "1" (default) on CUDA, "0" never, "force" on any device (CPU tests via the interpreter)."""
+def switched_on(x: torch.Tensor) -> bool:
+    """Whether kernels may run on x's device. EYAS_KERNELS: "1" (default) on CUDA, "0" never, "force" on any
+    device (CPU tests via the interpreter)."""
     mode = os.environ.get("EYAS_KERNELS", "1")
-    if not HAVE_TRITON or mode == "0" or not (tensors[0].is_cuda or mode == "force"):
-        return False
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    return HAVE_TRITON and mode != "0" and (x.is_cuda or mode == "force")
+
+
+def enabled(*tensors: torch.Tensor) -> bool:
+    """switched_on for the kernels without a backward: also, no tensor needs a gradient."""
+    return switched_on(tensors[0]) and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))

@@ -4,12 +4,10 @@ On CUDA at inference the same math runs as one fused Triton kernel (eyas.kernels
 `residual` fuses the residual add that precedes a norm into it; in training, a kernel pair with a backward.
 """
 
-import os
-
 import torch
 from torch import nn
 
-from eyas.kernels import HAVE_TRITON, enabled
+from eyas.kernels import enabled, switched_on
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -38,10 +36,9 @@ class _RMSNormFunction(torch.autograd.Function):
 def _training_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The kernel pair with a backward: when a gradient is wanted, on CUDA unless EYAS_KERNELS is "0"
     ("force": any device, for the tests)."""
-    mode = os.environ.get("EYAS_KERNELS", "1")
-    return (HAVE_TRITON and mode != "0" and (x.is_cuda or mode == "force") and torch.is_grad_enabled()
-            and (x.requires_grad or weight.requires_grad) and x.shape[-1] <= 65536
-            and x.dtype in (torch.float32, torch.bfloat16, torch.float16) and weight.dtype == torch.float32)
+    return (switched_on(x) and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+            and x.shape[-1] <= 65536 and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and weight.dtype == torch.float32)
 
 
 class RMSNorm(nn.Module):

@@ -10,11 +10,9 @@ to 1).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from eyas.kernels import HAVE_TRITON
+from eyas.kernels import switched_on
 
 
 class _SoftCrossEntropy(torch.autograd.Function):
@@ -35,15 +33,10 @@ class _SoftCrossEntropy(torch.autograd.Function):
         return soft_ce_backward(logits, probs, lse, grad_ce), None
 
 
-def kernel_enabled(logits: torch.Tensor) -> bool:
-    mode = os.environ.get("EYAS_KERNELS", "1")
-    return HAVE_TRITON and mode != "0" and (logits.is_cuda or mode == "force")
-
-
 def soft_cross_entropy(logits: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits: [B, T, V] (any float dtype); probs: [B, T, V] float32 teacher distributions. The teacher gets
     no gradient."""
-    if kernel_enabled(logits):
+    if switched_on(logits):
         return _SoftCrossEntropy.apply(logits, probs.detach())
     z = logits.float()
     return (probs * torch.log_softmax(z, dim=-1)).sum(-1), z.argmax(-1)

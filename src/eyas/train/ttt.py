@@ -16,14 +16,13 @@ tests/train/test_ttt.py checks the result against the inference KV-cache path st
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eyas.kernels import HAVE_TRITON
+from eyas.kernels import switched_on
 from eyas.models.eagle3 import Eagle3Draft
 from eyas.train.soft_ce import soft_cross_entropy
 
@@ -74,11 +73,10 @@ def _kernel_fits(q: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]
     """The Triton path (eyas.kernels.ttt_attention): on CUDA unless EYAS_KERNELS is "0" ("force": any device,
     for the tests), for power-of-two head dims shared by q, k and v (the Llama draft; the latent-attention
     draft's wide shared head keeps the torch path)."""
-    mode = os.environ.get("EYAS_KERNELS", "1")
     k, v = cache[0]
     D = q.shape[-1]
-    return (HAVE_TRITON and mode != "0" and (q.is_cuda or mode == "force") and 16 <= D <= 128
-            and not D & (D - 1) and k.shape[-1] == v.shape[-1] == D and q.dtype == k.dtype == v.dtype)
+    return (switched_on(q) and 16 <= D <= 128 and not D & (D - 1) and k.shape[-1] == v.shape[-1] == D
+            and q.dtype == k.dtype == v.dtype)
 
 
 def ttt_attention(q: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]], scale: float) -> torch.Tensor:
