@@ -1,5 +1,5 @@
-"""The soft cross-entropy kernel (eyas.kernels.soft_ce) against its torch meaning, forward and backward,
-and TTT's loss and gradients with and without it."""
+"""The soft cross-entropy kernel (eyas.kernels.soft_ce) against its torch meaning, forward and backward.
+TTT's loss and gradients with and without the kernels: tests/kernels/test_ttt_attention.py."""
 
 import pytest
 import torch
@@ -65,33 +65,3 @@ def test_bad_shapes_raise(monkeypatch):
         soft_ce_forward(torch.zeros(1, 2, 8), torch.zeros(1, 3, 8))
     with pytest.raises(ValueError, match="contiguous last dimension"):
         soft_ce_forward(torch.zeros(1, 8, 2).transpose(1, 2), torch.zeros(1, 2, 8))
-
-
-def test_ttt_loss_and_gradients_are_the_same_with_the_kernel(monkeypatch, device):
-    from eyas.config import DraftConfig
-    from eyas.models.eagle3 import Eagle3Draft
-    from eyas.train.ttt import Teacher, TTTModel
-
-    cfg = DraftConfig(hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=8, vocab_size=300,
-                      draft_vocab_size=120, target_hidden_size=32, rms_norm_eps=1e-5, rope_theta=10000.0,
-                      max_position_embeddings=256)
-    torch.manual_seed(0)
-    draft = Eagle3Draft(cfg).to(device)
-    B, T = 2, 12
-    embeds, features = torch.randn(B, T, 32, device=device), torch.randn(B, T, 96, device=device)
-    probs = torch.softmax(torch.randn(B, T, 120, device=device), -1)
-    teacher = Teacher(probs, probs.argmax(-1), torch.rand(B, T, device=device) > 0.3)
-
-    def run(mode):
-        monkeypatch.setenv("EYAS_KERNELS", mode)
-        draft.zero_grad()
-        loss, stats = TTTModel(draft, steps=3)(embeds, features, teacher)
-        loss.backward()
-        return loss, stats, [p.grad.clone() for p in draft.parameters()]
-
-    loss0, stats0, grads0 = run("0")
-    loss1, stats1, grads1 = run("force")
-    torch.testing.assert_close(loss1, loss0, atol=1e-5, rtol=1e-5)
-    assert torch.equal(stats1["acc"], stats0["acc"])
-    for a, b in zip(grads1, grads0):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
