@@ -16,8 +16,8 @@ def inputs(device, dtype, B, T, H, G, D, steps, seed):
     # q is a strided view out of a wider projection, as the draft's fused q/k/v output is.
     wide = torch.randn(B, T, H + 1, D, generator=g)
     q = wide[:, :, 1:].to(device, dtype)
-    cache = [(torch.randn(B, T, G, D, generator=g).to(device, dtype), torch.randn(B, T, G, D, generator=g).to(device, dtype))
-             for _ in range(steps)]
+    kv = lambda: torch.randn(B, T, G, D, generator=g).to(device, dtype)  # noqa: E731
+    cache = [(kv(), kv()) for _ in range(steps)]
     return q, cache
 
 
@@ -62,7 +62,8 @@ def test_bad_shapes_raise():
 
     q, k = torch.zeros(1, 4, 4, 16), torch.zeros(1, 4, 2, 16)
     with pytest.raises(ValueError, match="do not fit"):
-        ttt_attention_forward(q, k, torch.zeros(1, 5, 2, 16), k.new_empty(0, 1, 4, 2, 16), k.new_empty(0, 1, 4, 2, 16), 1.0)
+        none = k.new_empty(0, 1, 4, 2, 16)
+        ttt_attention_forward(q, k, torch.zeros(1, 5, 2, 16), none, none, 1.0)
     with pytest.raises(ValueError, match="not a multiple"):
         ttt_attention_forward(q, torch.zeros(1, 4, 3, 16), torch.zeros(1, 4, 3, 16), k.new_empty(0, 1, 4, 3, 16),
                               k.new_empty(0, 1, 4, 3, 16), 1.0)
