@@ -37,6 +37,25 @@ def _tile(T, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _rows(P, rows, st, d, sd, ok):
+    """The [rows, D] tile at P (a head's base pointer) + rows * st + d * sd; zeros where not ok."""
+    return tl.load(P + rows[:, None] * st + d[None, :] * sd, mask=ok[:, None], other=0.)
+
+
+@triton.jit
+def _lse_delta(LSE, DELTA, base, rows, slt, ok):
+    """A head's log-sum-exp and sum(dO * O) at these rows (both [B, H, T], one layout)."""
+    return tl.load(LSE + base + rows * slt, mask=ok, other=0.), tl.load(DELTA + base + rows * slt, mask=ok, other=0.)
+
+
+@triton.jit
+def _diagonal_grad(qf, dof, kj, vj, lse, delta, sm2, ok):
+    """(p, dS) of each row's own key of one diagonal step, all float32 [rows, D] tiles in."""
+    p = tl.where(ok, tl.exp2(tl.sum(qf * kj, 1) * sm2 - lse), 0.)
+    return p, p * (tl.sum(dof * vj, 1) - delta)
+
+
+@triton.jit
 def _fwd_kernel(Q, K0, V0, KD, VD, O, LSE, T, J, sm2,
                 sqb, sqt, sqh, sqd, skb, skt, skh, skd, svb, svt, svh, svd,
                 sdj, sdb, sdt, sdh, sdd, sej, seb, se_t, seh, sed, sob, sot, soh, sod, slb, slh, slt,
@@ -49,7 +68,7 @@ def _fwd_kernel(Q, K0, V0, KD, VD, O, LSE, T, J, sm2,
     r_ok = rows < T
     d = tl.arange(0, D)
 
-    q = tl.load(Q + b * sqb + rows[:, None] * sqt + h * sqh + d[None, :] * sqd, mask=r_ok[:, None], other=0.)
+    q = _rows(Q + b * sqb + h * sqh, rows, sqt, d, sqd, r_ok)
     if F32:
         q = q.to(tl.float32)
     m_i = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -72,10 +91,8 @@ def _fwd_kernel(Q, K0, V0, KD, VD, O, LSE, T, J, sm2,
         m_i = m_new
     qf = q.to(tl.float32)
     for j in range(J):
-        kj = tl.load(KD + j * sdj + b * sdb + rows[:, None] * sdt + g * sdh + d[None, :] * sdd, mask=r_ok[:, None],
-                     other=0.).to(tl.float32)
-        vj = tl.load(VD + j * sej + b * seb + rows[:, None] * se_t + g * seh + d[None, :] * sed, mask=r_ok[:, None],
-                     other=0.).to(tl.float32)
+        kj = _rows(KD + j * sdj + b * sdb + g * sdh, rows, sdt, d, sdd, r_ok).to(tl.float32)
+        vj = _rows(VD + j * sej + b * seb + g * seh, rows, se_t, d, sed, r_ok).to(tl.float32)
         s = tl.sum(qf * kj, 1) * sm2
         m_new = tl.maximum(m_i, s)
         alpha = tl.exp2(m_i - m_new)
@@ -114,9 +131,8 @@ def _bwd_kv_kernel(Q, K0, V0, DO, LSE, DELTA, DK, DV, T, sm2, scale,
             rows = m0 + tl.arange(0, BLOCK)
             r_ok = rows < T
             qt = tl.load(Q + b * sqb + rows[None, :] * sqt + h * sqh + d[:, None] * sqd, mask=r_ok[None, :], other=0.)
-            do = tl.load(DO + b * sob + rows[:, None] * sot + h * soh + d[None, :] * sod, mask=r_ok[:, None], other=0.)
-            lse = tl.load(LSE + b * slb + h * slh + rows * slt, mask=r_ok, other=0.)
-            delta = tl.load(DELTA + b * slb + h * slh + rows * slt, mask=r_ok, other=0.)
+            do = _rows(DO + b * sob + h * soh, rows, sot, d, sod, r_ok)
+            lse, delta = _lse_delta(LSE, DELTA, b * slb + h * slh, rows, slt, r_ok)
             if F32:
                 qt, do = qt.to(tl.float32), do.to(tl.float32)
             st = tl.dot(k, qt, input_precision="ieee") * sm2  # [keys, rows]
@@ -149,10 +165,9 @@ def _bwd_q_kernel(Q, K0, V0, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, T, J, sm2, sc
     d = tl.arange(0, D)
     for r in range(REP):
         h = g * REP + r
-        q = tl.load(Q + b * sqb + rows[:, None] * sqt + h * sqh + d[None, :] * sqd, mask=r_ok[:, None], other=0.)
-        do = tl.load(DO + b * sob + rows[:, None] * sot + h * soh + d[None, :] * sod, mask=r_ok[:, None], other=0.)
-        lse = tl.load(LSE + b * slb + h * slh + rows * slt, mask=r_ok, other=0.)
-        delta = tl.load(DELTA + b * slb + h * slh + rows * slt, mask=r_ok, other=0.)
+        q = _rows(Q + b * sqb + h * sqh, rows, sqt, d, sqd, r_ok)
+        do = _rows(DO + b * sob + h * soh, rows, sot, d, sod, r_ok)
+        lse, delta = _lse_delta(LSE, DELTA, b * slb + h * slh, rows, slt, r_ok)
         if F32:
             q, do = q.to(tl.float32), do.to(tl.float32)
         dq = tl.zeros([BLOCK, D], tl.float32)
@@ -171,32 +186,23 @@ def _bwd_q_kernel(Q, K0, V0, KD, VD, DO, LSE, DELTA, DQ, DKD, DVD, T, J, sm2, sc
             dq += tl.dot(ds.to(kt.dtype), tl.trans(kt), input_precision="ieee")
         qf, dof = q.to(tl.float32), do.to(tl.float32)
         for j in range(J):
-            kj = tl.load(KD + j * sdj + b * sdb + rows[:, None] * sdt + g * sdh + d[None, :] * sdd,
-                         mask=r_ok[:, None], other=0.).to(tl.float32)
-            vj = tl.load(VD + j * sej + b * seb + rows[:, None] * se_t + g * seh + d[None, :] * sed,
-                         mask=r_ok[:, None], other=0.).to(tl.float32)
-            p = tl.where(r_ok, tl.exp2(tl.sum(qf * kj, 1) * sm2 - lse), 0.)
-            ds = p * (tl.sum(dof * vj, 1) - delta)
+            kj = _rows(KD + j * sdj + b * sdb + g * sdh, rows, sdt, d, sdd, r_ok).to(tl.float32)
+            vj = _rows(VD + j * sej + b * seb + g * seh, rows, se_t, d, sed, r_ok).to(tl.float32)
+            _, ds = _diagonal_grad(qf, dof, kj, vj, lse, delta, sm2, r_ok)
             dq += ds[:, None] * kj
         tl.store(DQ + b * sxb + rows[:, None] * sxt + h * sxh + d[None, :] * sxd, (dq * scale).to(DQ.dtype.element_ty),
                  mask=r_ok[:, None])
     for j in range(J):
-        kj = tl.load(KD + j * sdj + b * sdb + rows[:, None] * sdt + g * sdh + d[None, :] * sdd,
-                     mask=r_ok[:, None], other=0.).to(tl.float32)
-        vj = tl.load(VD + j * sej + b * seb + rows[:, None] * se_t + g * seh + d[None, :] * sed,
-                     mask=r_ok[:, None], other=0.).to(tl.float32)
+        kj = _rows(KD + j * sdj + b * sdb + g * sdh, rows, sdt, d, sdd, r_ok).to(tl.float32)
+        vj = _rows(VD + j * sej + b * seb + g * seh, rows, se_t, d, sed, r_ok).to(tl.float32)
         dk = tl.zeros([BLOCK, D], tl.float32)
         dv = tl.zeros([BLOCK, D], tl.float32)
         for r in range(REP):
             h = g * REP + r
-            q = tl.load(Q + b * sqb + rows[:, None] * sqt + h * sqh + d[None, :] * sqd, mask=r_ok[:, None],
-                        other=0.).to(tl.float32)
-            do = tl.load(DO + b * sob + rows[:, None] * sot + h * soh + d[None, :] * sod, mask=r_ok[:, None],
-                         other=0.).to(tl.float32)
-            lse = tl.load(LSE + b * slb + h * slh + rows * slt, mask=r_ok, other=0.)
-            delta = tl.load(DELTA + b * slb + h * slh + rows * slt, mask=r_ok, other=0.)
-            p = tl.where(r_ok, tl.exp2(tl.sum(q * kj, 1) * sm2 - lse), 0.)
-            ds = p * (tl.sum(do * vj, 1) - delta)
+            q = _rows(Q + b * sqb + h * sqh, rows, sqt, d, sqd, r_ok).to(tl.float32)
+            do = _rows(DO + b * sob + h * soh, rows, sot, d, sod, r_ok).to(tl.float32)
+            lse, delta = _lse_delta(LSE, DELTA, b * slb + h * slh, rows, slt, r_ok)
+            p, ds = _diagonal_grad(q, do, kj, vj, lse, delta, sm2, r_ok)
             dv += p[:, None] * do
             dk += ds[:, None] * q
         tl.store(DKD + j * syj + b * syb + rows[:, None] * syt + g * syh + d[None, :] * syd,
