@@ -129,29 +129,27 @@ def _launch_options(n_cols: int) -> dict:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm(x) with `weight` over the last dim; returns a new contiguous tensor of x's shape in the dtype
     torch gives `weight * x` (x.dtype when the weight matches it)."""
+    return _rms_norm(x, weight, eps, save_rstd=False)[0]
+
+
+def rms_norm_train(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """rms_norm, also returning each row's 1 / rms (float32 [rows]) for the backward."""
+    return _rms_norm(x, weight, eps, save_rstd=True)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, save_rstd: bool):
     out_dtype = _check(x, weight)
     n_cols = x.shape[-1]
     (x,), inner_rows, [(x_outer, x_inner)] = _row_layout(x)
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     rows = x.numel() // n_cols
-    _rms_norm_kernel[(rows,)](x, weight.contiguous(), y, y, inner_rows, x_outer, x_inner, n_cols, eps,
-                              SAVE_RSTD=False, **_launch_options(n_cols))
-    return y
+    rstd = torch.empty(rows, dtype=torch.float32, device=x.device) if save_rstd else None
+    _rms_norm_kernel[(rows,)](x, weight.contiguous(), y, y if rstd is None else rstd, inner_rows, x_outer, x_inner,
+                              n_cols, eps, SAVE_RSTD=save_rstd, **_launch_options(n_cols))
+    return y, rstd
 
 
 BWD_ROWS = 32  # rows per backward program: each keeps one partial dw row
-
-
-def rms_norm_train(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """rms_norm for contiguous x, also returning each row's 1 / rms (float32 [rows]) for the backward."""
-    out_dtype = _check(x, weight)
-    n_cols = x.shape[-1]
-    rows = x.numel() // n_cols
-    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
-    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-    _rms_norm_kernel[(rows,)](x, weight.contiguous(), y, rstd, 1, n_cols, n_cols, n_cols, eps,
-                              SAVE_RSTD=True, **_launch_options(n_cols))
-    return y, rstd
 
 
 def rms_norm_backward(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
