@@ -29,8 +29,10 @@ def test_speculative_tp2_server_equals_plain_greedy(pair, tokenizer):
     target, draft = pair
     prompts = [f"Draft {i}: the parser and the {'abc'[i % 3]}" for i in range(6)]
     want = plain_texts(target, tokenizer, prompts)
+    # Every step speculates: under the adaptive policy (the default) a loaded CI machine can measure plain steps
+    # as faster and take some, and the per-request acceptance asserted below then depends on timing.
     args = ["--draft", str(draft), "--spec-steps", "3", "--spec-topk", "2", "--spec-draft-tokens", "5",
-            "--tp", "2", "--max-running", "3", "--profile"]
+            "--tp", "2", "--max-running", "3", "--profile", "--no-spec-adaptive"]
     with Server(target, *args) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=180)
 
