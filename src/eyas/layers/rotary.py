@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 from torch import nn
 
-from eyas.kernels import HAVE_TRITON, enabled
+from eyas.kernels import enabled, switched_on
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -90,9 +89,7 @@ class _RotaryFunction(torch.autograd.Function):
 def _training_kernel(q: torch.Tensor, k: torch.Tensor) -> bool:
     """The kernel with a backward: when a gradient is wanted, on CUDA unless EYAS_KERNELS is "0" ("force": any
     device, for the tests), for q and k of one dtype."""
-    mode = os.environ.get("EYAS_KERNELS", "1")
-    return (HAVE_TRITON and mode != "0" and (q.is_cuda or mode == "force") and torch.is_grad_enabled()
-            and (q.requires_grad or k.requires_grad) and q.dtype == k.dtype
+    return (switched_on(q) and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad) and q.dtype == k.dtype
             and q.dtype in (torch.float32, torch.bfloat16, torch.float16))
 
 
