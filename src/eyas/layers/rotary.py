@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from eyas.kernels import enabled
+from eyas.kernels import enabled, switched_on
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -66,6 +66,33 @@ def attention_factor(scaling: dict | None) -> float:
     return yarn_mscale(factor)
 
 
+class _RotaryFunction(torch.autograd.Function):
+    """RotaryEmbedding.forward with a gradient, in the rotary kernel both ways: the rotation is linear, and its
+    transpose is the rotation by the opposite angle, so the backward is the same kernel with -sin."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, positions):
+        from eyas.kernels.rotary import apply_rotary
+
+        ctx.save_for_backward(cos, sin, positions)
+        return apply_rotary(q, k, cos, sin, positions)
+
+    @staticmethod
+    def backward(ctx, dq, dk):
+        from eyas.kernels.rotary import apply_rotary
+
+        cos, sin, positions = ctx.saved_tensors
+        dq, dk = apply_rotary(dq, dk, cos, -sin, positions)
+        return dq, dk, None, None, None
+
+
+def _training_kernel(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """The kernel with a backward: when a gradient is wanted, on CUDA unless EYAS_KERNELS is "0" ("force": any
+    device, for the tests), for q and k of one dtype."""
+    return (switched_on(q) and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad) and q.dtype == k.dtype
+            and q.dtype in (torch.float32, torch.bfloat16, torch.float16))
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -93,11 +120,13 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", emb.sin() * scale, persistent=False)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
-        """q, k: [B, T, heads, D]; positions: [B, T]. One fused kernel on CUDA at inference."""
+        """q, k: [B, T, heads, D]; positions: [B, T]. One fused kernel on CUDA, with a backward in training."""
         if enabled(q, k):
             from eyas.kernels.rotary import apply_rotary
 
             return apply_rotary(q, k, self.cos, self.sin, positions)
+        if _training_kernel(q, k):
+            return _RotaryFunction.apply(q, k, self.cos, self.sin, positions)
         cos = self.cos[positions].to(q.dtype).unsqueeze(2)
         sin = self.sin[positions].to(q.dtype).unsqueeze(2)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
