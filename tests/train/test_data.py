@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from eyas.errors import EyasError
-from eyas.train.conversation import encode_conversation, end_of_turn_ids, user_turn_prefix
-from eyas.train.prompts import ascii_ratio, contaminated, dedup, read_conversations
+from eyas.train.conversation import encode_all, encode_conversation, end_of_turn_ids, user_turn_prefix
+from eyas.train.prompts import Conversation, ascii_ratio, contaminated, dedup, read_conversations
 from eyas.train.synth import keep_question
 from eyas.train.recipe import SynthConfig
 from eyas.train.vocab import build_mapping, coverage_by_size, mapping_from_counts
@@ -39,6 +39,24 @@ def test_loss_mask_truncates_with_the_sample(tokenizer):
     assert len(cut) == 50
     assert torch.equal(cut.input_ids, full.input_ids[:50]) and torch.equal(cut.loss_mask, full.loss_mask[:50])
 
+
+def test_batched_encoding_equals_one_conversation_at_a_time(tokenizer):
+    """encode_all tokenizes chunks of conversations in one call; every sample must be the one a call of its
+    own gives, across chunk boundaries, and samples cut before any reply must be dropped and counted."""
+    msgs = [[{"role": "system", "content": "Be kind."}, *CONVERSATIONS[1]], *CONVERSATIONS,
+            [{"role": "user", "content": "Say nothing."}, {"role": "assistant", "content": ""}]]
+    convs = [Conversation(str(i), m) for i, m in enumerate(msgs * 2)]
+    dropped = {}
+    for max_len in (512, 45):
+        samples, stats = encode_all(tokenizer, convs, max_len, progress=False, chunk=3)
+        one = [encode_conversation(tokenizer, c.messages, max_len) for c in convs]
+        kept = [s for s in one if int(s.loss_mask[2:].sum()) > 0]
+        assert stats["dropped_no_assistant_tokens"] == len(one) - len(kept)
+        dropped[max_len] = len(one) - len(kept)
+        assert len(samples) == len(kept) == stats["samples"]
+        for a, b in zip(samples, kept):
+            assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)
+    assert dropped[512] == 0 and dropped[45] > 0
 
 def test_magpie_prefix_and_end_of_turn(tokenizer):
     prefix = tokenizer.decode(user_turn_prefix(tokenizer))

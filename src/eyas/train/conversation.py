@@ -51,23 +51,38 @@ def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[in
 def encode_conversation(tokenizer, messages: list[dict], max_len: int) -> Sample:
     text, spans = assistant_spans(tokenizer, messages)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    mask = [any(a <= s and e <= b for a, b in spans) and e > s for s, e in offsets]
-    ids, mask = ids[:max_len], mask[:max_len]
-    return Sample(torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool))
+    return _sample(enc["input_ids"], enc["offset_mapping"], spans, max_len)
 
 
-def encode_all(tokenizer, convs, max_len: int, progress: bool = True) -> tuple[list[Sample], dict]:
-    """Samples with at least one trainable token (two: the draft predicts one token ahead of the target)."""
+def _sample(ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int]], max_len: int) -> Sample:
+    """A token is the assistant's when its characters (at least one) lie inside one assistant span."""
+    ids = torch.tensor(ids[:max_len], dtype=torch.long)
+    off = torch.tensor(offsets[:max_len], dtype=torch.long).reshape(-1, 2)
+    mask = torch.zeros(len(off), dtype=torch.bool)
+    for a, b in spans:
+        mask |= (off[:, 0] >= a) & (off[:, 1] <= b)
+    return Sample(ids, mask & (off[:, 1] > off[:, 0]))
+
+
+def encode_all(tokenizer, convs, max_len: int, progress: bool = True, chunk: int = 1024) -> tuple[list[Sample], dict]:
+    """Samples with at least one trainable token (two: the draft predicts one token ahead of the target).
+
+    Each chunk of conversations is tokenized in one batched call, which the fast tokenizers spread over
+    the machine's cores (one call per conversation ran on one core: ~88 s for 72k conversations)."""
     from tqdm import tqdm
 
     samples, dropped = [], 0
-    for conv in tqdm(convs, desc="tokenize", unit="conv", disable=not progress, leave=False):
-        s = encode_conversation(tokenizer, conv.messages, max_len)
-        if int(s.loss_mask[2:].sum()) == 0:
-            dropped += 1
-            continue
-        samples.append(s)
+    with tqdm(total=len(convs), desc="tokenize", unit="conv", disable=not progress, leave=False) as bar:
+        for start in range(0, len(convs), chunk):
+            rendered = [assistant_spans(tokenizer, c.messages) for c in convs[start:start + chunk]]
+            enc = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
+            for ids, offsets, (_, spans) in zip(enc["input_ids"], enc["offset_mapping"], rendered):
+                s = _sample(ids, offsets, spans, max_len)
+                if int(s.loss_mask[2:].sum()) == 0:
+                    dropped += 1
+                    continue
+                samples.append(s)
+            bar.update(len(rendered))
     if not samples:
         raise EyasError(f"none of the {len(convs)} conversations has assistant tokens within max_len {max_len}")
     return samples, {"samples": len(samples), "dropped_no_assistant_tokens": dropped,
