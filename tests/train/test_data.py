@@ -58,6 +58,7 @@ def test_batched_encoding_equals_one_conversation_at_a_time(tokenizer):
             assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)
     assert dropped[512] == 0 and dropped[45] > 0
 
+
 def test_magpie_prefix_and_end_of_turn(tokenizer):
     prefix = tokenizer.decode(user_turn_prefix(tokenizer))
     assert prefix.endswith("<|im_start|>user\n") and "You are a test." in prefix
