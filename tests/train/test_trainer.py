@@ -130,3 +130,25 @@ def test_offline_equals_online_at_step_one(tiny_target, samples, tmp_path, repea
         plain = make_trainer(tiny_target, samples, tmp_path / "plain")
         c = plain.train_step(plain.source.stream.next())
         assert not torch.allclose(a["loss"], c["loss"]) and torch.equal(a["count"], c["count"])
+
+
+def test_weight_decay_spares_norm_gains_and_biases(tiny_target, samples, tmp_path):
+    """With weight decay, 1-D parameters (the norms' gains) sit in a group without it, and a step with a zero
+    gradient leaves them as they were while the matrices shrink; without it, one group as before."""
+    tr = make_trainer(tiny_target, samples, tmp_path / "a", weight_decay=0.5)
+    groups = tr.opt.param_groups
+    assert len(groups) == 2 and groups[0]["weight_decay"] == 0.5 and groups[1]["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in groups[0]["params"]) and all(p.dim() < 2 for p in groups[1]["params"])
+    named = dict(tr.draft.named_parameters())
+    gains = [n for n, p in named.items() if p.dim() == 1]
+    assert gains and sum(len(g["params"]) for g in groups) == len(named)
+    before = {n: p.detach().clone() for n, p in named.items()}
+    for p in named.values():
+        p.grad = torch.zeros_like(p)
+    tr.opt.step()
+    for n, p in named.items():
+        if p.dim() == 1:
+            assert torch.equal(p, before[n]), n
+        else:
+            assert p.abs().sum() < before[n].abs().sum(), n
+    assert len(make_trainer(tiny_target, samples, tmp_path / "b").opt.param_groups) == 1
