@@ -20,7 +20,7 @@ import time
 from eyas.errors import EyasError
 from eyas.models.demo import demo_model_path
 from eyas.models.tokenizer import load_tokenizer
-from eyas.train.conversation import encode_all, encode_conversation
+from eyas.train.conversation import encode_all, encode_conversation, trainable
 from eyas.train.prompts import Conversation, eval_texts
 
 
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         batched, stats = encode_all(tok, convs, args.max_len, progress=False, chunk=args.chunk)
         t_batched = time.perf_counter() - t0
-        kept = [s for s in one if int(s.loss_mask[2:].sum()) > 0]
+        kept = [s for s in one if trainable(s)]
         same = len(kept) == len(batched) and all(
             a.input_ids.equal(b.input_ids) and a.loss_mask.equal(b.loss_mask) for a, b in zip(kept, batched))
         if not same:

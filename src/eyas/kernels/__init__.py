@@ -31,6 +31,15 @@ def switched_on(x: torch.Tensor) -> bool:
     return HAVE_TRITON and mode != "0" and (x.is_cuda or mode == "force")
 
 
+def _wants_grad(tensors) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def enabled(*tensors: torch.Tensor) -> bool:
     """switched_on for the kernels without a backward: also, no tensor needs a gradient."""
-    return switched_on(tensors[0]) and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    return switched_on(tensors[0]) and not _wants_grad(tensors)
+
+
+def enabled_with_grad(*tensors: torch.Tensor) -> bool:
+    """switched_on for a kernel pair with a backward (training's norms and rotary), when a gradient is wanted."""
+    return switched_on(tensors[0]) and _wants_grad(tensors)

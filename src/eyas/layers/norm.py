@@ -7,7 +7,7 @@ On CUDA at inference the same math runs as one fused Triton kernel (eyas.kernels
 import torch
 from torch import nn
 
-from eyas.kernels import enabled, switched_on
+from eyas.kernels import enabled, enabled_with_grad
 
 
 class _RMSNormFunction(torch.autograd.Function):
@@ -36,9 +36,8 @@ class _RMSNormFunction(torch.autograd.Function):
 def _training_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The kernel pair with a backward: when a gradient is wanted, on CUDA unless EYAS_KERNELS is "0"
     ("force": any device, for the tests)."""
-    return (switched_on(x) and torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-            and x.shape[-1] <= 65536 and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and weight.dtype == torch.float32)
+    return (enabled_with_grad(x, weight) and x.shape[-1] <= 65536
+            and x.dtype in (torch.float32, torch.bfloat16, torch.float16) and weight.dtype == torch.float32)
 
 
 class RMSNorm(nn.Module):

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from eyas.kernels import enabled, switched_on
+from eyas.kernels import enabled, enabled_with_grad
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -89,8 +89,7 @@ class _RotaryFunction(torch.autograd.Function):
 def _training_kernel(q: torch.Tensor, k: torch.Tensor) -> bool:
     """The kernel with a backward: when a gradient is wanted, on CUDA unless EYAS_KERNELS is "0" ("force": any
     device, for the tests), for q and k of one dtype."""
-    return (switched_on(q) and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad) and q.dtype == k.dtype
-            and q.dtype in (torch.float32, torch.bfloat16, torch.float16))
+    return enabled_with_grad(q, k) and q.dtype == k.dtype and q.dtype in (torch.float32, torch.bfloat16, torch.float16)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -64,8 +64,14 @@ def _sample(ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[in
     return Sample(ids, mask & (off[:, 1] > off[:, 0]))
 
 
+def trainable(sample: Sample) -> bool:
+    """Whether a sample has a token to train on: an assistant token from index 2 on (the draft predicts one
+    token ahead of the target)."""
+    return int(sample.loss_mask[2:].sum()) > 0
+
+
 def encode_all(tokenizer, convs, max_len: int, progress: bool = True, chunk: int = 1024) -> tuple[list[Sample], dict]:
-    """Samples with at least one trainable token (two: the draft predicts one token ahead of the target).
+    """The `trainable` samples of the conversations, and counts.
 
     Each chunk of conversations is tokenized in one batched call, which the fast tokenizers spread over
     the machine's cores (one call per conversation ran on one core: ~88 s for 72k conversations)."""
@@ -78,7 +84,7 @@ def encode_all(tokenizer, convs, max_len: int, progress: bool = True, chunk: int
             enc = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
             for ids, offsets, (_, spans) in zip(enc["input_ids"], enc["offset_mapping"], rendered):
                 s = _sample(ids, offsets, spans, max_len)
-                if int(s.loss_mask[2:].sum()) == 0:
+                if not trainable(s):
                     dropped += 1
                     continue
                 samples.append(s)
