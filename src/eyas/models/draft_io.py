@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from eyas.config import MLA_DRAFT_ARCHITECTURES, DraftConfig, read_config_json
 from eyas.errors import EyasError
 from eyas.models.eagle3 import Eagle3Draft
+from eyas.models.tensor_file import save_tensors
 
 LAYOUTS = ("sglang", "eagle", "speculators")
 SKIPPED = ("embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight")
@@ -149,7 +151,11 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, layout: str = "sglang", 
         v = v.detach().cpu()
         tensors[_from_ours(k, layout)] = v if k in ("d2t", "t2d") else v.to(dtype).contiguous()
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    save_file(tensors, str(tmp / "model.safetensors"))
+    try:
+        save_tensors(tensors, tmp / "model.safetensors")
+    except EyasError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     (tmp / "config.json").write_text(json.dumps(draft_config_json(draft.config, layout, verifier), indent=2))
     # mkdtemp makes the directory 0700 and safetensors writes 0600; a saved draft is meant to be shared.
     os.chmod(tmp, 0o755)

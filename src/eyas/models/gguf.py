@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
-from safetensors.torch import save_file
 
 from eyas.errors import EyasError
+from eyas.models.tensor_file import save_tensors
 
 # Accepted spellings on the command line -> torch dtype.
 DTYPES = {
@@ -68,11 +68,15 @@ def convert_gguf(src: Path, out_dir: Path, dtype: str = "bfloat16") -> Path:
     tokenizer = _tokenizer(src, meta)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    need, free = sum(t.numel() * t.element_size() for t in tensors.values()), shutil.disk_usage(out_dir.parent).free
+    if free < need + (16 << 20):  # the weights, plus room for the tokenizer and config files
+        raise EyasError(f"not enough disk space for {out_dir}: the weights need {need / 2**20:.0f} MiB, "
+                        f"{out_dir.parent} has {free / 2**20:.0f} MiB free")
     # mkdir (not mkdtemp) so the result gets the user's umask instead of 0700.
     staging = out_dir.parent / f".{out_dir.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial"
     try:
         staging.mkdir()
-        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        save_tensors(tensors, staging / "model.safetensors", metadata={"format": "pt"})
         _write_json(staging / "config.json", config)
         # safetensors (0.8) creates its file 0600 whatever the umask; give the weights the mode our other files got.
         os.chmod(staging / "model.safetensors", (staging / "config.json").stat().st_mode & 0o777)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from eyas.errors import EyasError
+from eyas.models.tensor_file import save_tensors
 
 
 @dataclass
@@ -73,7 +74,7 @@ def build_mapping(samples, vocab_size: int, draft_vocab_size: int) -> VocabMappi
 def save_mapping(mapping: VocabMapping, path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file({"d2t": mapping.d2t, "t2d": mapping.t2d}, str(tmp), metadata={"coverage": repr(mapping.coverage)})
+    save_tensors({"d2t": mapping.d2t, "t2d": mapping.t2d}, tmp, metadata={"coverage": repr(mapping.coverage)})
     os.replace(tmp, path)
 
 
