@@ -91,6 +91,7 @@ def test_draft_that_does_not_fit_the_target(tiny_target, samples, tmp_path):
     ({"target": "demo", "synth": {"system_prompts": "Ask about code."}}, "must be a list"),
     ({"target": "demo", "train": {"repeat_weight": -0.5}}, "repeat_weight must be >= 0"),
     ({"target": "demo", "train": {"repeat_ngram": 0}}, "repeat_ngram must be positive"),
+    ({"target": "demo", "train": {"teacher_temperature": 0}}, "teacher_temperature must be > 0"),
 ])
 def test_recipe_mistakes(data, match):
     with pytest.raises(EyasError, match=match):

@@ -27,7 +27,8 @@ def make_trainer(target_dir, samples, out, mode="online", dist_info=None, **trai
     target.capture_layers = draft.config.capture_layers(target.config.num_layers)
     info = dist_info or DistInfo()
     args = (cfg.batch_tokens, cfg.seed, mapping.used, mapping.t2d, "cpu", info.rank, info.world)
-    weights = dict(repeat_weight=cfg.repeat_weight, repeat_ngram=cfg.repeat_ngram)
+    weights = dict(repeat_weight=cfg.repeat_weight, repeat_ngram=cfg.repeat_ngram,
+                   teacher_temperature=cfg.teacher_temperature)
     if mode == "online":
         source = OnlineSource(target, samples, *args, **weights)
     else:
@@ -113,9 +114,10 @@ def test_resume_refuses_another_recipe(tiny_target, samples, tmp_path):
         other.fit()
 
 
-@pytest.mark.parametrize("repeat_weight", [1.0, 0.25], ids=["eagle3-loss", "repeats-weighted"])
-def test_offline_equals_online_at_step_one(tiny_target, samples, tmp_path, repeat_weight):
-    weights = dict(repeat_weight=repeat_weight, repeat_ngram=2)
+@pytest.mark.parametrize("repeat_weight,temperature", [(1.0, 1.0), (0.25, 1.0), (1.0, 0.5)],
+                         ids=["eagle3-loss", "repeats-weighted", "sharpened-teacher"])
+def test_offline_equals_online_at_step_one(tiny_target, samples, tmp_path, repeat_weight, temperature):
+    weights = dict(repeat_weight=repeat_weight, repeat_ngram=2, teacher_temperature=temperature)
     online = make_trainer(tiny_target, samples, tmp_path / "on", **weights)
     offline = make_trainer(tiny_target, samples, tmp_path / "off", mode="offline", **weights)
     assert len(list((tmp_path / "off" / "features").glob("shard-*.safetensors"))) > 1  # several shards
@@ -126,7 +128,7 @@ def test_offline_equals_online_at_step_one(tiny_target, samples, tmp_path, repea
     torch.testing.assert_close(a["acc"], b["acc"])
     for k, v in online.draft.state_dict().items():
         torch.testing.assert_close(v, offline.draft.state_dict()[k], rtol=1e-4, atol=1e-6)
-    if repeat_weight != 1.0:  # the weights reached the loss: the same batch's loss differs from EAGLE-3's
+    if (repeat_weight, temperature) != (1.0, 1.0):  # the setting reached the loss: it differs from EAGLE-3's
         plain = make_trainer(tiny_target, samples, tmp_path / "plain")
         c = plain.train_step(plain.source.stream.next())
         assert not torch.allclose(a["loss"], c["loss"]) and torch.equal(a["count"], c["count"])

@@ -69,11 +69,13 @@ def test_ttt_attention_ignores_other_positions_of_later_steps():
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "token-weights"])
-def test_loss_pairs_step_k_with_target_position_t_plus_1_plus_k(weighted):
+@pytest.mark.parametrize("weighted,temperature", [(False, 1.0), (True, 1.0), (False, 0.4)],
+                         ids=["unweighted", "token-weights", "sharpened-teacher"])
+def test_loss_pairs_step_k_with_target_position_t_plus_1_plus_k(weighted, temperature):
     """The loss equals a direct per-position sum: step k, index t uses z_{t+1+k}, masked by
     loss_mask[t+2+k] (the predicted token is the assistant's) and t2d[argmax z_{t+1+k}]; with token
-    weights (train/repeats.py), a mean weighted by the weight of that predicted token x_{t+2+k}."""
+    weights (train/repeats.py), a mean weighted by the weight of that predicted token x_{t+2+k}; with a
+    teacher temperature T, the teacher is softmax(z / T) and the mask the same."""
     draft = random_draft(H, V, draft_vocab=VD, seed=3)
     g = torch.Generator().manual_seed(2)
     B, T, K, decay = 2, 10, 3, 0.8
@@ -83,7 +85,7 @@ def test_loss_pairs_step_k_with_target_position_t_plus_1_plus_k(weighted):
     loss_mask = torch.rand(B, T, generator=g) > 0.3
     used = draft.d2t + torch.arange(VD)
     token_weight = torch.rand(B, T, generator=g) if weighted else None
-    teacher = teacher_from_logits(logits, loss_mask, used, draft.t2d, token_weight)
+    teacher = teacher_from_logits(logits, loss_mask, used, draft.t2d, token_weight, temperature)
     total, stats = TTTModel(draft, K, decay)(embeds, feats, teacher)
 
     outs = unroll(draft, embeds, feats, K)
@@ -97,7 +99,7 @@ def test_loss_pairs_step_k_with_target_position_t_plus_1_plus_k(weighted):
                 if not (bool(loss_mask[b, p + 1]) and bool(draft.t2d[top])):
                     continue
                 w = float(token_weight[b, p + 1]) if weighted else 1.0
-                q = torch.softmax(logits[b, p, used], -1)
+                q = torch.softmax(logits[b, p, used] / temperature, -1)
                 lp = torch.log_softmax(draft.logits(outs[k][b, t]), -1)
                 num += w * float(-(q * lp).sum())
                 den += 1

@@ -192,7 +192,8 @@ class Pipeline:
         mapping = load_mapping(self.out / "vocab.safetensors")
         draft = new_draft(self.target_config, r.draft, mapping, cfg.seed)
         args = (cfg.batch_tokens, cfg.seed, mapping.used, mapping.t2d, self.device, self.dist.rank, self.dist.world)
-        weights = dict(repeat_weight=cfg.repeat_weight, repeat_ngram=cfg.repeat_ngram)
+        weights = dict(repeat_weight=cfg.repeat_weight, repeat_ngram=cfg.repeat_ngram,
+                       teacher_temperature=cfg.teacher_temperature)
         if cfg.mode == "online":
             from eyas.models.loader import load_model
             from eyas.train.sources import OnlineSource

@@ -123,6 +123,7 @@ class TrainConfig:
     step_decay: float = 0.8       # loss weight of TTT step k is step_decay ** k
     repeat_weight: float = 1.0    # loss weight of tokens that repeat earlier text (train/repeats.py); 1 = EAGLE-3's
     repeat_ngram: int = 8         # a token repeats when the repeat_ngram tokens ending with it occurred before
+    teacher_temperature: float = 1.0  # the teacher is softmax(z / T) over the draft vocabulary; 1 = EAGLE-3's
     seed: int = 0
     log_every: int = 10
     checkpoint_every: int = 200
@@ -138,6 +139,8 @@ class TrainConfig:
                   repeat_ngram=self.repeat_ngram)
         if self.repeat_weight < 0:
             raise EyasError(f"[train] repeat_weight must be >= 0, got {self.repeat_weight}")
+        if not self.teacher_temperature > 0:
+            raise EyasError(f"[train] teacher_temperature must be > 0, got {self.teacher_temperature}")
         if self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
             raise EyasError("[train] warmup_steps, grad_clip and weight_decay must be >= 0")
         if not 0 <= self.min_lr_ratio <= 1 or not 0 < self.step_decay <= 1:

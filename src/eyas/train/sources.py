@@ -24,10 +24,11 @@ class _Source:
     stream: BatchStream
 
     def __init__(self, used: torch.Tensor, t2d: torch.Tensor, device, repeat_weight: float = 1.0,
-                 repeat_ngram: int = 8):
+                 repeat_ngram: int = 8, teacher_temperature: float = 1.0):
         self.device = torch.device(device)
         self.used, self.t2d = used.to(self.device), t2d.to(self.device)
         self.repeat_weight, self.repeat_ngram = repeat_weight, repeat_ngram
+        self.teacher_temperature = teacher_temperature
 
     def _teacher(self, logits: torch.Tensor, loss_mask: torch.Tensor, input_ids: torch.Tensor) -> Teacher:
         """logits: the LM head's output in the target's dtype. A float32 copy over the full vocabulary (6 GB at
@@ -36,7 +37,7 @@ class _Source:
         weight = None
         if self.repeat_weight != 1.0:
             weight = token_weights(input_ids, self.repeat_ngram, self.repeat_weight)
-        return teacher_from_logits(logits, loss_mask, self.used, self.t2d, weight)
+        return teacher_from_logits(logits, loss_mask, self.used, self.t2d, weight, self.teacher_temperature)
 
 
 class OnlineSource(_Source):

@@ -38,16 +38,22 @@ class Teacher:
 
 
 def teacher_from_logits(logits: torch.Tensor, loss_mask: torch.Tensor, used: torch.Tensor,
-                        t2d: torch.Tensor, token_weight: torch.Tensor | None = None) -> Teacher:
+                        t2d: torch.Tensor, token_weight: torch.Tensor | None = None,
+                        temperature: float = 1.0) -> Teacher:
     """logits [B, T, V] of the target; loss_mask [B, T] marks assistant tokens (padding is False);
-    token_weight [B, T] optional loss weights of the tokens (train/repeats.py)."""
+    token_weight [B, T] optional loss weights of the tokens (train/repeats.py). A temperature below 1
+    sharpens the teacher toward its argmax, the token a greedy verify accepts; the argmax, and so ids and
+    valid, do not depend on it."""
     top = logits.argmax(-1)
     in_vocab = t2d[top]
     draft_index = torch.cumsum(t2d.long(), 0) - 1
     ids = torch.where(in_vocab, draft_index[top], torch.zeros_like(top))
     # z_p predicts x_{p+1}: the position is trained when the token it predicts was written by the assistant.
     next_is_assistant = F.pad(loss_mask[:, 1:], (0, 1), value=False)
-    probs = torch.softmax(logits.index_select(-1, used), dim=-1, dtype=torch.float32)
+    z = logits.index_select(-1, used)
+    if temperature != 1.0:
+        z = z.float() / temperature
+    probs = torch.softmax(z, dim=-1, dtype=torch.float32)
     weight = None if token_weight is None else F.pad(token_weight[:, 1:], (0, 1), value=1.0)
     return Teacher(probs, ids, in_vocab & next_is_assistant, weight)
 
