@@ -63,17 +63,21 @@ def draft_arg(args, model_path):
 
 
 @contextlib.contextmanager
-def fused_linears_off():
-    """EYAS_FUSED_LINEAR=0 while engines are built and run (CUDA graphs keep what they captured under it)."""
-    before = os.environ.get("EYAS_FUSED_LINEAR")
-    os.environ["EYAS_FUSED_LINEAR"] = "0"
+def env_set(name: str, value: str):
+    """os.environ[name] = value while engines are built and run (CUDA graphs keep what they captured under it)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if before is None:
-            del os.environ["EYAS_FUSED_LINEAR"]
+            del os.environ[name]
         else:
-            os.environ["EYAS_FUSED_LINEAR"] = before
+            os.environ[name] = before
+
+
+def fused_linears_off():
+    return env_set("EYAS_FUSED_LINEAR", "0")
 
 
 def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=None):
@@ -302,6 +306,7 @@ def main():
     ap.add_argument("--accept-sets", type=int, default=2, help="1 = MT-bench only, 2 = MT-bench and HumanEval")
     ap.add_argument("--batches", default="1,8,32,64", help="batch sizes of the scaling section")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--pdl", action="store_true", help="speed: also each eyas engine with EYAS_PDL=1, beside it")
     ap.add_argument("--out", default="bench_smollm2.json")
     args = ap.parse_args()
     global DEVICE, NEW_TOKENS
@@ -318,11 +323,20 @@ def main():
     if "speed" in sections:
         sp = {}
         sp["eyas_plain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16")
+        if args.pdl:  # each engine beside its twin with programmatic dependent launch (eyas.kernels.pdl)
+            with env_set("EYAS_PDL", "1"):
+                sp["eyas_plain_pdl"], _ = eyas_speed(path, prompts[:args.prompts], "bf16")
         sp["eyas_chain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
+        if args.pdl:
+            with env_set("EYAS_PDL", "1"):
+                sp["eyas_chain_pdl"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
         with fused_linears_off():  # the same two engines without the fused norm/activation + projection kernels
             sp["eyas_plain_unfused"], _ = eyas_speed(path, prompts[:args.prompts], "bf16")
             sp["eyas_chain_unfused"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
         sp["eyas_tree"], eng = eyas_speed(path, prompts[:args.prompts], "bf16", draft, TREE)
+        if args.pdl:
+            with env_set("EYAS_PDL", "1"):
+                sp["eyas_tree_pdl"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, TREE)
         if args.hf_prompts > 0:
             sp["hf_static"] = hf_speed_isolated(path, prompts[:args.hf_prompts])
             sp["hf_prompt_lookup"] = hf_speed_isolated(path, prompts[:args.hf_prompts], lookup=True)

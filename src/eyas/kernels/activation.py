@@ -14,13 +14,16 @@ import torch
 import triton
 import triton.language as tl
 
+from eyas.kernels.pdl import launch_options, pdl_on, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
 
 _BLOCK = 1024
 
 
 @triton.jit
-def _silu_mul_kernel(gate_up_ptr, out_ptr, row_stride, inter, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gate_up_ptr, out_ptr, row_stride, inter, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    signal_dependents(USE_PDL)
+    wait_for_previous(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -44,6 +47,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     out = torch.empty((*gate_up.shape[:-1], inter), dtype=gate_up.dtype, device=gate_up.device)
+    pdl = pdl_on(rows)
     _silu_mul_kernel[(rows.shape[0], triton.cdiv(inter, _BLOCK))](
-        rows, out, rows.stride(0), inter, BLOCK=_BLOCK, num_warps=4)
+        rows, out, rows.stride(0), inter, BLOCK=_BLOCK, num_warps=4, USE_PDL=pdl, **launch_options(pdl))
     return out

@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from eyas.kernels.pdl import launch_options, pdl_on, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
 
 MAX_ROWS = 2   # rows (tokens) up to which the fused path runs: decode of one or two sequences
@@ -36,11 +37,16 @@ MAX_K = 2048   # input features up to which it runs: wider rows are bandwidth-bo
 @triton.jit
 def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, K, eps,
                         HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+    signal_dependents(USE_PDL)
     pid_n = tl.program_id(0)
     n_idx = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     rows, cols = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
     n_ok, col_ok = n_idx < N, cols < K
+    # The weights first: no kernel writes them, so with PDL their load overlaps the previous kernel.
+    w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
+    nw = tl.load(nw_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    wait_for_previous(USE_PDL)
     mask = (rows < M)[:, None] & col_ok[None, :]
     offs = rows[:, None] * K + cols[None, :]
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
@@ -51,9 +57,7 @@ def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, 
         if pid_n == 0:
             tl.store(h_ptr + offs, h.to(dtype), mask=mask)
     inv_rms = tl.rsqrt(tl.sum(h * h, axis=1) / K + eps)
-    nw = tl.load(nw_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     xn = rounded(nw[None, :] * rounded(h * inv_rms[:, None], dtype), dtype)
-    w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
     y = tl.sum(xn[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
     if HAS_BIAS:
         y += tl.load(b_ptr + n_idx, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -62,10 +66,13 @@ def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, 
 
 @triton.jit
 def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr):
+                            BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+    signal_dependents(USE_PDL)
     n_idx = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     rows, cols = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
     n_ok, col_ok = n_idx < N, cols < I
+    w = tl.load(w_ptr + n_idx[:, None] * I + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
+    wait_for_previous(USE_PDL)
     mask = (rows < M)[:, None] & col_ok[None, :]
     offs = rows[:, None] * (2 * I) + cols[None, :]
     gate = tl.load(gu_ptr + offs, mask=mask, other=0.0)
@@ -74,7 +81,6 @@ def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_M: tl.constexpr
     up = tl.load(gu_ptr + offs + I, mask=mask, other=0.0).to(tl.float32)
     silu = rounded(tl.div_rn(g, 1.0 + tl.exp(-g)), dtype)  # as eyas.kernels.activation
     act = rounded(silu * up, dtype)
-    w = tl.load(w_ptr + n_idx[:, None] * I + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
     y = tl.sum(act[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
     tl.store(y_ptr + rows[:, None] * N + n_idx[None, :], y.to(dtype), mask=(rows < M)[:, None] & n_ok[None, :])
 
@@ -107,7 +113,9 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def _launch(kernel, m: int, n: int, k: int, *args, **meta):
-    meta.update(BLOCK_M=triton.next_power_of_2(m), BLOCK_K=triton.next_power_of_2(k))
+    pdl = pdl_on(args[0])
+    meta.update(BLOCK_M=triton.next_power_of_2(m), BLOCK_K=triton.next_power_of_2(k), USE_PDL=pdl,
+                **launch_options(pdl))
     if args[0].is_cuda:
         _tuned[kernel][lambda c: (triton.cdiv(n, c["BLOCK_N"]),)](*args, **meta)
     else:  # Triton's CPU interpreter (tests) steps through every program: the fewer, the faster

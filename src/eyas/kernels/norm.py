@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from eyas.kernels.pdl import launch_options, pdl_on, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -36,7 +37,9 @@ def _normalise(x32, dtype: tl.constexpr, w_ptr, y_ptr, cols, mask, n_cols, eps):
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, inner_rows, x_outer_stride, x_inner_stride, n_cols, eps,
-                     BLOCK: tl.constexpr, SAVE_RSTD: tl.constexpr):
+                     BLOCK: tl.constexpr, SAVE_RSTD: tl.constexpr, USE_PDL: tl.constexpr):
+    signal_dependents(USE_PDL)
+    wait_for_previous(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + (row // inner_rows) * x_outer_stride + (row % inner_rows) * x_inner_stride
     cols = tl.arange(0, BLOCK)
@@ -76,7 +79,9 @@ def _rms_norm_bwd_kernel(x_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dw_ptr, n_rows,
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, inner_rows, x_outer_stride, x_inner_stride,
-                         d_outer_stride, d_inner_stride, n_cols, eps, BLOCK: tl.constexpr):
+                         d_outer_stride, d_inner_stride, n_cols, eps, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    signal_dependents(USE_PDL)
+    wait_for_previous(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     outer, inner = row // inner_rows, row % inner_rows
     cols = tl.arange(0, BLOCK)
@@ -144,8 +149,10 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, save_rstd: bool
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     rows = x.numel() // n_cols
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device) if save_rstd else None
+    pdl = pdl_on(x)
     _rms_norm_kernel[(rows,)](x, weight.contiguous(), y, y if rstd is None else rstd, inner_rows, x_outer, x_inner,
-                              n_cols, eps, SAVE_RSTD=save_rstd, **_launch_options(n_cols))
+                              n_cols, eps, SAVE_RSTD=save_rstd, USE_PDL=pdl, **_launch_options(n_cols),
+                              **launch_options(pdl))
     return y, rstd
 
 
@@ -178,6 +185,8 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     h = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     rows = x.numel() // n_cols
+    pdl = pdl_on(x)
     _add_rms_norm_kernel[(rows,)](x, delta, weight.contiguous(), h, y, inner_rows, x_outer, x_inner,
-                                  d_outer, d_inner, n_cols, eps, **_launch_options(n_cols))
+                                  d_outer, d_inner, n_cols, eps, USE_PDL=pdl, **_launch_options(n_cols),
+                                  **launch_options(pdl))
     return h, y

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from eyas.kernels.pdl import launch_options, pdl_on, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
 
 
@@ -56,9 +57,12 @@ def _token_rows(cos_ptr, sin_ptr, pos_ptr, seq_len, pos_sb, pos_st, table_stride
 @triton.jit
 def _rotary_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, pos_ptr, seq_len, q_heads, k_heads,
                    q_sb, q_st, q_sh, q_sd, k_sb, k_st, k_sh, k_sd, pos_sb, pos_st, table_stride, half,
-                   HALF_BLOCK: tl.constexpr, QH_BLOCK: tl.constexpr, KH_BLOCK: tl.constexpr):
+                   HALF_BLOCK: tl.constexpr, QH_BLOCK: tl.constexpr, KH_BLOCK: tl.constexpr,
+                   USE_PDL: tl.constexpr):
     """One token per program, all of its q and k heads as [heads, half] tiles: at prefill and training
     shapes one program per (token, head) meant hundreds of thousands of one-warp programs."""
+    signal_dependents(USE_PDL)
+    wait_for_previous(USE_PDL)
     token, b, t, cos_row, sin_row, offs, mask = _token_rows(cos_ptr, sin_ptr, pos_ptr, seq_len, pos_sb, pos_st,
                                                             table_stride, half, HALF_BLOCK)
     qh = tl.arange(0, QH_BLOCK)[:, None].to(tl.int64)
@@ -93,11 +97,12 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if B * T == 0:
         return q_out, k_out
+    pdl = pdl_on(q)
     _rotary_kernel[(B * T,)](
         q, k, q_out, k_out, cos, sin, positions, T, q_heads, k_heads, *q.stride(), *k.stride(),
         *positions.stride(), D, D // 2, HALF_BLOCK=triton.next_power_of_2(D // 2),
         QH_BLOCK=triton.next_power_of_2(q_heads), KH_BLOCK=triton.next_power_of_2(k_heads), num_warps=4,
-        enable_fp_fusion=False)
+        enable_fp_fusion=False, USE_PDL=pdl, **launch_options(pdl))
     return q_out, k_out
 
 
@@ -105,7 +110,9 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
 def _rotary_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache, v_cache, slots, write_pos, cos_ptr, sin_ptr,
                          pos_ptr, seq_len, q_heads, q_sb, q_st, q_sh, q_sd, k_sb, k_st, k_sh, k_sd,
                          v_sb, v_st, v_sh, v_sd, kc_s, kc_h, kc_c, vc_s, vc_h, vc_c, wp_sb, wp_st,
-                         pos_sb, pos_st, table_stride, half, HALF_BLOCK: tl.constexpr):
+                         pos_sb, pos_st, table_stride, half, HALF_BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    signal_dependents(USE_PDL)
+    wait_for_previous(USE_PDL)
     token, b, t, cos_row, sin_row, offs, mask = _token_rows(cos_ptr, sin_ptr, pos_ptr, seq_len, pos_sb, pos_st,
                                                             table_stride, half, HALF_BLOCK)
     head = tl.program_id(1).to(tl.int64)  # q heads first, then kv heads
@@ -145,9 +152,11 @@ def rotate_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if B * T == 0:
         return q_out
+    pdl = pdl_on(q)
     _rotary_store_kernel[(B * T, q_heads + k_heads)](
         q, k, v, q_out, k_cache, v_cache, slots, write_pos, cos, sin, positions, T, q_heads,
         *q.stride(), *k.stride(), *v.stride(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), *write_pos.stride(), *positions.stride(),
-        D, D // 2, HALF_BLOCK=triton.next_power_of_2(D // 2), num_warps=1, enable_fp_fusion=False)
+        D, D // 2, HALF_BLOCK=triton.next_power_of_2(D // 2), num_warps=1, enable_fp_fusion=False, USE_PDL=pdl,
+        **launch_options(pdl))
     return q_out

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from eyas.kernels.pdl import launch_options, pdl_on, signal_dependents, wait_for_previous
+
 LOG2E = 1.4426950408889634
 MAX_BLOCK_M = 64  # query rows (token x head of one kv head) per program; more rows take more programs
 
@@ -28,7 +30,9 @@ MAX_BLOCK_M = 64  # query rows (token x head of one kv head) per program; more r
 def _store_kv_kernel(k_cache, v_cache, slots, write_pos, k, v, T, KV_HEADS,
                      s_kcs, s_kch, s_kcc, s_kcd, s_vcs, s_vch, s_vcc, s_vcd,
                      s_wb, s_wt, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
-                     D, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                     D, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
+    signal_dependents(USE_PDL)
+    wait_for_previous(USE_PDL)
     bt = tl.program_id(0)
     b = bt // T
     t = bt % T
@@ -54,10 +58,12 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, 
     B, T, kv_heads, D = k.shape
     if B * T == 0:
         return
+    pdl = pdl_on(k)
     _store_kv_kernel[(B * T,)](
         k_cache, v_cache, slots, write_pos, k, v, T, kv_heads,
         *k_cache.stride(), *v_cache.stride(), *write_pos.stride(), *k.stride(), *v.stride(),
-        D, BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(D))
+        D, BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(D), USE_PDL=pdl,
+        **launch_options(pdl))
 
 
 @triton.jit
@@ -66,7 +72,9 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
                            s_mb, s_mt, s_mw, T, W, cap, qk_scale, SPLITS, M_PAD,
                            KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, TREE: tl.constexpr, PARTIAL: tl.constexpr,
-                           DOT_F32: tl.constexpr):
+                           DOT_F32: tl.constexpr, USE_PDL: tl.constexpr):
+    signal_dependents(USE_PDL)
+    wait_for_previous(USE_PDL)
     b = tl.program_id(0)
     hk = tl.program_id(1)
     mblk = tl.program_id(2) // SPLITS
@@ -144,7 +152,10 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
 
 @triton.jit
 def _combine_splits_kernel(out, part_m, part_l, part_acc, T, SPLITS, M_PAD,
-                           KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr):
+                           KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                           USE_PDL: tl.constexpr):
+    signal_dependents(USE_PDL)
+    wait_for_previous(USE_PDL)
     b = tl.program_id(0)
     hk = tl.program_id(1)
     mblk = tl.program_id(2)
@@ -221,15 +232,16 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     else:
         part_m = part_l = part_acc = out
     num_warps = 8 if D >= 256 else 4
+    pdl = pdl_on(q)
     _slot_attention_kernel[(B, kv_heads, m_blocks * splits)](
         q, k_cache, v_cache, slots, starts, vis, mask, out, part_m, part_l, part_acc,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides,
         T, W, cap, scale * LOG2E, splits, m_pad,
         KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, TREE=tree, PARTIAL=splits > 1,
         DOT_F32=not q.is_cuda,  # Triton's interpreter (CPU tensors) multiplies the raw bits of bf16 dot operands
-        num_warps=num_warps, num_stages=2)
+        num_warps=num_warps, num_stages=2, USE_PDL=pdl, **launch_options(pdl))
     if splits > 1:
         _combine_splits_kernel[(B, kv_heads, m_blocks)](
             out, part_m, part_l, part_acc, T, splits, m_pad,
-            KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, num_warps=num_warps)
+            KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, num_warps=num_warps, USE_PDL=pdl, **launch_options(pdl))
     return out

@@ -1,0 +1,59 @@
+"""Programmatic dependent launch (PDL): a decode kernel may start while the kernel before it finishes.
+
+Usage: pdl = pdl_on(x)
+       kernel[grid](..., USE_PDL=pdl, **launch_options(pdl))
+       # in the kernel: signal_dependents(USE_PDL); <loads of weights>; wait_for_previous(USE_PDL); <the rest>
+
+At batch 1 a decode step is a row of ~220 small kernels, and much of each one's time is its launch and
+ramp. On Hopper (compute capability 9.0) and later, a kernel launched with `launch_pdl` may start once every
+program of the kernel before it has executed `gdc_launch_dependents` (or ended). It must call `gdc_wait`,
+which returns when that kernel has ended and its writes are visible, before it reads what any earlier kernel
+wrote and before it writes anything at all (the caching allocator may hand it a buffer that an earlier
+kernel still reads). Before the wait it may only read what no kernel writes: weights and norm gains. Our
+kernels signal as they start; the fused projections load their weight tile before they wait, so that load
+overlaps the previous kernel. Launches captured in a CUDA graph keep these programmatic edges. A kernel
+that follows a cuBLAS or torch kernel (which never signal) starts when that kernel ends, as before.
+
+EYAS_PDL=1 switches it on, on CUDA devices of compute capability 9.0 and up. It is off by default: it has
+not yet been measured on a GPU (docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+@functools.lru_cache(maxsize=None)
+def _capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def pdl_on(x: torch.Tensor) -> bool:
+    """Whether kernels on x's device launch with PDL: EYAS_PDL=1 and a CUDA device of sm_90 or later."""
+    if os.environ.get("EYAS_PDL") != "1" or not x.is_cuda:
+        return False
+    return _capable(x.device.index if x.device.index is not None else torch.cuda.current_device())
+
+
+def launch_options(pdl: bool) -> dict:
+    """The launch keyword that asks for PDL (nothing when off: Triton's interpreter takes no such option)."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+@triton.jit
+def signal_dependents(USE_PDL: tl.constexpr):
+    """Let the next kernel launch now; it still waits for this one's end before it touches its data."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def wait_for_previous(USE_PDL: tl.constexpr):
+    """Block until the previous kernel has ended and its writes are visible."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()

@@ -1,0 +1,80 @@
+"""Compile the decode path's kernels for sm_90 with PDL on or off, without a GPU; print what the PTX holds.
+
+Usage: TRITON_INTERPRET=0 python tests/kernels/pdl_ptx.py on|off   -> one JSON object per line
+
+Run in a subprocess by test_pdl.py: the tests' own process runs Triton's interpreter, whose kernels do not
+compile. For each kernel: the number of griddepcontrol.launch_dependents and griddepcontrol.wait
+instructions, and the number of global loads before the wait.
+"""
+
+import json
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from eyas.kernels import activation, fused_linear, norm, rotary, slot_attention
+
+BF16, I32, F32, U8 = "*bf16", "i32", "fp32", "*u8"
+
+# kernel -> (pointer types by name; every other runtime argument is an i32 but those named in FLOATS)
+KERNELS = {
+    "norm_linear": (fused_linear._norm_linear_kernel, {}, dict(HAS_DELTA=True, HAS_BIAS=False, BLOCK_M=2,
+                                                               BLOCK_N=8, BLOCK_K=1024)),
+    "silu_mul_linear": (fused_linear._silu_mul_linear_kernel, {}, dict(BLOCK_M=2, BLOCK_N=8, BLOCK_K=2048)),
+    "silu_mul": (activation._silu_mul_kernel, {}, dict(BLOCK=1024)),
+    "rms_norm": (norm._rms_norm_kernel, {"rstd_ptr": "*fp32"}, dict(BLOCK=1024, SAVE_RSTD=False)),
+    "add_rms_norm": (norm._add_rms_norm_kernel, {}, dict(BLOCK=1024)),
+    "rotary": (rotary._rotary_kernel, {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"},
+               dict(HALF_BLOCK=32, QH_BLOCK=16, KH_BLOCK=4)),
+    "rotary_store": (rotary._rotary_store_kernel, {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+                                                   "slots": "*i64", "write_pos": "*i64"}, dict(HALF_BLOCK=32)),
+    "store_kv": (slot_attention._store_kv_kernel, {"slots": "*i64", "write_pos": "*i64"},
+                 dict(BLOCK_H=4, BLOCK_D=64)),
+    "slot_attention": (slot_attention._slot_attention_kernel,
+                       {"slots": "*i64", "starts": "*i64", "visible": "*i64", "new_mask": U8, "part_m": "*fp32",
+                        "part_l": "*fp32", "part_acc": "*fp32"},
+                       dict(KV_HEADS=3, G=3, D=64, BLOCK_M=16, BLOCK_N=64, TREE=True, PARTIAL=True,
+                            DOT_F32=False)),
+    "combine_splits": (slot_attention._combine_splits_kernel,
+                       {"part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32"},
+                       dict(KV_HEADS=3, G=3, D=64, BLOCK_M=16)),
+}
+FLOATS = {"eps", "qk_scale"}
+POINTER_NAMES = {"k_cache", "v_cache", "slots", "write_pos", "k", "v", "q", "starts", "visible", "new_mask", "out",
+                 "part_m", "part_l", "part_acc"}
+
+
+def signature(kernel, pointers: dict, constexprs: dict) -> dict:
+    sig = {}
+    for p in kernel.params:
+        if p.is_constexpr:
+            sig[p.name] = "constexpr"
+        elif p.name in pointers:
+            sig[p.name] = pointers[p.name]
+        elif p.name.endswith("_ptr") or p.name in POINTER_NAMES:
+            sig[p.name] = BF16
+        else:
+            sig[p.name] = F32 if p.name in FLOATS else I32
+    return sig
+
+
+def inspect(name: str, pdl: bool) -> dict:
+    kernel, pointers, constexprs = KERNELS[name]
+    constexprs = dict(constexprs, USE_PDL=pdl)
+    src = ASTSource(kernel, signature(kernel, pointers, constexprs), constexprs=constexprs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl}).asm["ptx"]
+    lines = [line.strip() for line in ptx.splitlines()]
+    wait = next((i for i, line in enumerate(lines) if "griddepcontrol.wait" in line), len(lines))
+    return {"kernel": name, "pdl": pdl,
+            "launch_dependents": sum("griddepcontrol.launch_dependents" in line for line in lines),
+            "wait": sum("griddepcontrol.wait" in line for line in lines),
+            "loads_before_wait": sum("ld.global" in line for line in lines[:wait]),
+            "loads": sum("ld.global" in line for line in lines)}
+
+
+if __name__ == "__main__":
+    pdl = sys.argv[1] == "on"
+    for kernel_name in sys.argv[2:] or KERNELS:
+        print(json.dumps(inspect(kernel_name, pdl)), flush=True)

@@ -1,0 +1,80 @@
+"""Programmatic dependent launch (eyas.kernels.pdl).
+
+On the CPU: the decode kernels compile for sm_90 (in a subprocess, outside Triton's interpreter) with one
+griddepcontrol.launch_dependents and one griddepcontrol.wait when PDL is on and none when it is off, and only
+the fused projections read memory (their weights) before the wait. On a GPU (EYAS_TEST_CUDA=1, sm_90 or
+later): the engine's greedy tokens with PDL on equal those with it off, plain, chain and tree, in bf16 and
+through CUDA graphs."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from eyas.kernels.pdl import launch_options, pdl_on
+
+SCRIPT = Path(__file__).with_name("pdl_ptx.py")
+CUDA = os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available()
+WEIGHT_FIRST = {"norm_linear", "silu_mul_linear"}  # the kernels that load weights before the wait
+
+
+def _ptx_facts(mode: str, *kernels: str) -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONWARNINGS="ignore")
+    p = subprocess.run([sys.executable, str(SCRIPT), mode, *kernels], capture_output=True, text=True, env=env,
+                       timeout=600, cwd=Path(__file__).resolve().parents[2])
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    return {r["kernel"]: r for r in rows}
+
+
+def test_with_pdl_each_decode_kernel_signals_once_and_waits_once_before_its_data():
+    facts = _ptx_facts("on")
+    assert len(facts) == 10
+    for name, f in facts.items():
+        assert (f["launch_dependents"], f["wait"]) == (1, 1), f
+        if name in WEIGHT_FIRST:
+            assert 0 < f["loads_before_wait"] < f["loads"], f  # weights before, the rows after
+        else:
+            assert f["loads_before_wait"] == 0, f
+
+
+def test_without_pdl_no_grid_dependency_instructions():
+    for f in _ptx_facts("off", "norm_linear", "slot_attention").values():
+        assert (f["launch_dependents"], f["wait"]) == (0, 0), f
+
+
+def test_pdl_is_off_unless_asked_and_never_on_the_cpu(monkeypatch):
+    x = torch.zeros(2)
+    monkeypatch.delenv("EYAS_PDL", raising=False)
+    assert not pdl_on(x) and launch_options(False) == {}
+    monkeypatch.setenv("EYAS_PDL", "1")
+    assert not pdl_on(x)  # a CPU tensor: the interpreter has no grid dependency control
+    assert launch_options(True) == {"launch_pdl": True}
+
+
+@pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] < 9, reason="needs an sm_90+ GPU")
+@pytest.mark.parametrize("spec", [None, (3, 1), (3, 2, 5)], ids=["plain", "chain", "tree"])
+def test_pdl_gives_the_same_tokens_under_cuda_graphs(tmp_path, monkeypatch, spec):
+    from eyas.config import SpecConfig
+    from eyas.engine.engine import Engine
+    from eyas.layers.sampling import SamplingParams
+    from tests.helpers import random_draft, tiny_llama
+
+    tiny_llama(tmp_path / "t", vocab=32, layers=3, hidden=128)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 32, (n,), generator=g).tolist() for n in (5, 11)]
+
+    def generate(pdl: str):
+        monkeypatch.setenv("EYAS_PDL", pdl)
+        torch.manual_seed(0)
+        draft = random_draft(128, 32, draft_vocab=24, head_dim=32).requires_grad_(False) if spec else None
+        engine = Engine(str(tmp_path / "t"), dtype="bf16", device="cuda", max_batch=2, max_len=128, draft=draft,
+                        spec=SpecConfig(*spec) if spec else None)
+        params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (60, 70)]
+        return [s.output_ids for s in engine.generate(prompts, params)]
+
+    assert generate("1") == generate("0")
