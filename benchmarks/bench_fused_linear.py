@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from bench_join import SMOLLM2
 from bench_tp import LLAMA_8B
 from eyas.engine.graphs import capture
-from eyas.kernels.fused_linear import MAX_K, MAX_ROWS
+from eyas.kernels.fused_linear import KERNEL_ROWS, MAX_K
 from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 SHAPES = {"smollm2": SMOLLM2, "llama-8b": LLAMA_8B}
@@ -81,13 +81,14 @@ def measure(name: str, kind: str, k: int, n: int, rows: int) -> dict:
     return dict(proj=name, k=k, n=n, rows=rows, unfused_us=round(t_unfused, 2), fused_us=round(t_fused, 2),
                 speedup=round(t_unfused / t_fused, 3), weight_gb_s_fused=round(mb / t_fused * 1e3, 1),
                 max_abs_diff=diff, out_scale=scale,
-                tile=dict(BLOCK_N=best.kwargs["BLOCK_N"], num_stages=best.num_stages, num_warps=best.num_warps))
+                tile=dict(BLOCK_N=best.kwargs["BLOCK_N"], CHUNK_K=best.kwargs["CHUNK_K"], num_stages=best.num_stages,
+                          num_warps=best.num_warps))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="smollm2", help=f"comma-separated, of {sorted(SHAPES)}")
-    ap.add_argument("--rows", default="1,2", help="tokens per call (decode steps of one or two sequences), at most MAX_ROWS")
+    ap.add_argument("--rows", default="1,2", help="tokens per call: decode steps of 1-2 sequences, a verify's 4-8")
     ap.add_argument("--out", default="bench_fused_linear.json")
     args = ap.parse_args()
     shapes = args.shape.split(",")
@@ -98,8 +99,8 @@ def main():
         sys.exit(f"error: --rows must be comma-separated integers, got {args.rows!r}")
     if unknown:
         sys.exit(f"error: unknown shape(s) {unknown}; choose from {sorted(SHAPES)}")
-    if not all(1 <= r <= MAX_ROWS for r in rows):
-        sys.exit(f"error: --rows must lie in 1..{MAX_ROWS} (the fused path's MAX_ROWS)")
+    if not all(1 <= r <= KERNEL_ROWS for r in rows):
+        sys.exit(f"error: --rows must lie in 1..{KERNEL_ROWS} (the rows the fused kernels take)")
     if not torch.cuda.is_available():
         sys.exit("error: this benchmark times CUDA-graph replays and needs a CUDA GPU")
     out = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, results=[])

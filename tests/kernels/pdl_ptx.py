@@ -18,11 +18,16 @@ from eyas.kernels import activation, fused_linear, norm, rotary, slot_attention
 
 BF16, I32, F32, U8 = "*bf16", "i32", "fp32", "*u8"
 
-# kernel -> (pointer types by name; every other runtime argument is an i32 but those named in FLOATS)
+# name -> (kernel, pointer types by name, constexprs); other runtime arguments are i32 but those in FLOATS
 KERNELS = {
     "norm_linear": (fused_linear._norm_linear_kernel, {}, dict(HAS_DELTA=True, HAS_BIAS=False, BLOCK_M=2,
-                                                               BLOCK_N=8, BLOCK_K=1024)),
-    "silu_mul_linear": (fused_linear._silu_mul_linear_kernel, {}, dict(BLOCK_M=2, BLOCK_N=8, BLOCK_K=2048)),
+                                                               BLOCK_N=8, BLOCK_K=1024, CHUNK_K=0)),
+    "norm_linear_chunked": (fused_linear._norm_linear_kernel, {}, dict(HAS_DELTA=True, HAS_BIAS=False, BLOCK_M=4,
+                                                                       BLOCK_N=16, BLOCK_K=1024, CHUNK_K=128)),
+    "silu_mul_linear": (fused_linear._silu_mul_linear_kernel, {}, dict(BLOCK_M=2, BLOCK_N=8, BLOCK_K=2048,
+                                                                       CHUNK_K=0)),
+    "silu_mul_linear_chunked": (fused_linear._silu_mul_linear_kernel, {}, dict(BLOCK_M=4, BLOCK_N=16,
+                                                                               BLOCK_K=2048, CHUNK_K=128)),
     "silu_mul": (activation._silu_mul_kernel, {}, dict(BLOCK=1024)),
     "rms_norm": (norm._rms_norm_kernel, {"rstd_ptr": "*fp32"}, dict(BLOCK=1024, SAVE_RSTD=False)),
     "add_rms_norm": (norm._add_rms_norm_kernel, {}, dict(BLOCK=1024)),

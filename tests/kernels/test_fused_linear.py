@@ -45,10 +45,20 @@ def _torch_references(monkeypatch):
     monkeypatch.setenv("EYAS_KERNELS", "0")
 
 
+@pytest.fixture(params=[0, 32, 64], ids=["whole-rows", "k-chunks-32", "k-chunks-64"])
+def chunk_k(request, monkeypatch, device):
+    """The interpreter's tile: whole rows, or K in chunks (96 = 3 x 32, or 64 + a partial 32). On a GPU the
+    warm-up's timing picks the tile, so the parameter changes nothing there."""
+    import eyas.kernels.fused_linear as kernels
+
+    monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [(1, 1), (2, 1), (1, 2)])
+@pytest.mark.parametrize("rows", [(1, 1), (2, 1), (1, 2), (2, 4)])
 @pytest.mark.parametrize("with_delta,with_bias", [(True, False), (False, True)])
-def test_norm_linear_matches_add_norm_then_linear(device, dtype, rows, with_delta, with_bias):
+def test_norm_linear_matches_add_norm_then_linear(device, dtype, rows, with_delta, with_bias, chunk_k):
     x = rand((*rows, K), dtype, device, 0)
     delta = rand((*rows, K), dtype, device, 1) if with_delta else None
     norm = RMSNorm(K, EPS).to(device)
@@ -62,8 +72,8 @@ def test_norm_linear_matches_add_norm_then_linear(device, dtype, rows, with_delt
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [(1, 1), (1, 2)])
-def test_silu_mul_linear_matches_silu_mul_then_linear(device, dtype, rows):
+@pytest.mark.parametrize("rows", [(1, 1), (1, 2), (1, 5), (2, 4)])
+def test_silu_mul_linear_matches_silu_mul_then_linear(device, dtype, rows, chunk_k):
     gate_up = rand((*rows, 2 * INTER), dtype, device, 0, 4.0)
     w = rand((N, INTER), dtype, device, 1, INTER ** -0.5)
     gate, up = gate_up.chunk(2, dim=-1)
@@ -81,7 +91,7 @@ def test_bad_shapes_and_dtypes_are_refused():
     with pytest.raises(ValueError, match="must be even"):
         silu_mul_linear(torch.zeros(1, 2 * INTER + 1), torch.zeros(N, INTER))
     with pytest.raises(ValueError, match="exceed"):
-        norm_linear(torch.zeros(3, K), None, torch.ones(K), EPS, torch.zeros(N, K))
+        norm_linear(torch.zeros(9, K), None, torch.ones(K), EPS, torch.zeros(N, K))
     with pytest.raises(ValueError, match="exceed"):
         silu_mul_linear(torch.zeros(1, 2 * 4096), torch.zeros(N, 4096))
 
@@ -95,13 +105,20 @@ def _layers(device):
     return norm, col, row
 
 
-@pytest.mark.parametrize("tokens,max_k,fused_expected", [(2, 2048, True), (3, 2048, False), (2, 64, False)])
-def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, max_k, fused_expected):
-    """The layer functions run the kernels for at most MAX_ROWS tokens of at most MAX_K features, and give the
-    unfused result either way (the row-parallel bias is added after the kernel)."""
+@pytest.mark.parametrize("tokens,max_k,max_rows,fused_expected", [
+    (2, 2048, None, True), (3, 2048, None, False), (2, 64, None, False), (4, 2048, "4", True), (5, 2048, "4", False),
+    (8, 2048, "16", True)])
+def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, max_k, max_rows, fused_expected):
+    """The layer functions run the kernels for at most max_rows() tokens (MAX_ROWS, or EYAS_FUSED_MAX_ROWS up to
+    KERNEL_ROWS) of at most MAX_K features, and give the unfused result either way (the row-parallel bias is
+    added after the kernel)."""
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "MAX_K", max_k)
+    if max_rows is None:
+        monkeypatch.delenv("EYAS_FUSED_MAX_ROWS", raising=False)
+    else:
+        monkeypatch.setenv("EYAS_FUSED_MAX_ROWS", max_rows)
 
     norm, col, row = _layers(device)
     x, delta, gate_up = (rand((1, tokens, n), torch.float32, device, s) for s, n in ((5, K), (6, K), (7, 2 * INTER)))

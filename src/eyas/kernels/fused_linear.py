@@ -19,9 +19,18 @@ program computes BLOCK_N outputs of every row, holding the rows whole ([M, K], K
 (benchmarks/bench_fused_linear.py, docs/BENCHMARKS.md): a first version fed 16-row tiles to tensor-core
 dots and was 1.6x-19x slower than the unfused pair; a second looped over rows and lost from 4 rows on;
 this one wins 1.3-2.1x at 1 row, 1.2-1.8x at 2, and at 4 (a chain's verify) loses 16% on gate/up and down.
+
+For a verify's 4-8 rows, whole rows leave room for small output tiles only, so hundreds of programs each
+redo the rows' norm or activation. The kernels therefore also loop over K in chunks of 64 or 128 with
+output tiles of up to 32 columns (the norm then takes a first pass over the rows for their sums of squares);
+the warm-up's timing picks per shape among both kinds. The kernels take up to KERNEL_ROWS rows; the layers
+fuse up to max_rows() (MAX_ROWS unless EYAS_FUSED_MAX_ROWS says more), since the chunked tiles have not yet
+been timed on a GPU.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -30,70 +39,139 @@ import triton.language as tl
 from eyas.kernels.pdl import launch_options, pdl_on, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
 
-MAX_ROWS = 2   # rows (tokens) up to which the fused path runs: decode of one or two sequences
-MAX_K = 2048   # input features up to which it runs: wider rows are bandwidth-bound matmuls, where cuBLAS wins
+KERNEL_ROWS = 8  # rows (tokens) the kernels take: up to a tree verify's 8
+MAX_ROWS = 2     # rows up to which the layers fuse unless EYAS_FUSED_MAX_ROWS says otherwise (max_rows())
+MAX_K = 2048     # input features up to which it runs: wider rows are bandwidth-bound matmuls, where cuBLAS wins
+
+
+def max_rows() -> int:
+    """Rows up to which the layers use these kernels: EYAS_FUSED_MAX_ROWS (at most KERNEL_ROWS), else
+    MAX_ROWS. Read per call, so a benchmark can time a verify's rows both ways in one process."""
+    value = os.environ.get("EYAS_FUSED_MAX_ROWS")
+    return min(int(value), KERNEL_ROWS) if value and value.isdigit() else MAX_ROWS
+
+
+@triton.jit
+def _residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA: tl.constexpr):
+    """fp32 values of h = x + delta (rounded as torch's add) at [rows, cols] of the [M, K] inputs, and the mask."""
+    mask = (rows < M)[:, None] & (cols < K)[None, :]
+    offs = rows[:, None] * K + cols[None, :]
+    h = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_DELTA:
+        h = rounded(h + tl.load(d_ptr + offs, mask=mask, other=0.0).to(tl.float32), x_ptr.dtype.element_ty)
+    return h, offs, mask
 
 
 @triton.jit
 def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, K, eps,
                         HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr,
+                        USE_PDL: tl.constexpr):
     signal_dependents(USE_PDL)
+    dtype: tl.constexpr = x_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     n_idx = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    rows, cols = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
-    n_ok, col_ok = n_idx < N, cols < K
-    # The weights first: no kernel writes them, so with PDL their load overlaps the previous kernel.
-    w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
-    nw = tl.load(nw_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    wait_for_previous(USE_PDL)
-    mask = (rows < M)[:, None] & col_ok[None, :]
-    offs = rows[:, None] * K + cols[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    dtype = x.dtype
-    h = x.to(tl.float32)
-    if HAS_DELTA:
-        h = rounded(h + tl.load(d_ptr + offs, mask=mask, other=0.0).to(tl.float32), dtype)
-        if pid_n == 0:
-            tl.store(h_ptr + offs, h.to(dtype), mask=mask)
-    inv_rms = tl.rsqrt(tl.sum(h * h, axis=1) / K + eps)
-    xn = rounded(nw[None, :] * rounded(h * inv_rms[:, None], dtype), dtype)
-    y = tl.sum(xn[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    rows = tl.arange(0, BLOCK_M)
+    n_ok = n_idx < N
+    if CHUNK_K == 0:  # whole rows: one load of each, one product, one reduction
+        cols = tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        # The weights first: no kernel writes them, so with PDL their load overlaps the previous kernel.
+        w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
+        nw = tl.load(nw_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        wait_for_previous(USE_PDL)
+        h, offs, mask = _residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA)
+        if HAS_DELTA:
+            if pid_n == 0:
+                tl.store(h_ptr + offs, h.to(dtype), mask=mask)
+        inv_rms = tl.rsqrt(tl.sum(h * h, axis=1) / K + eps)
+        xn = rounded(nw[None, :] * rounded(h * inv_rms[:, None], dtype), dtype)
+        y = tl.sum(xn[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    else:  # K in chunks: a pass for the rows' sums of squares, then one for the product, weights a chunk ahead
+        cols = tl.arange(0, CHUNK_K)
+        w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & (cols < K)[None, :], other=0.0)
+        wait_for_previous(USE_PDL)
+        sum_sq = tl.zeros([BLOCK_M], tl.float32)
+        for k0 in range(0, K, CHUNK_K):
+            h, offs, mask = _residual_chunk(x_ptr, d_ptr, rows, k0 + cols, M, K, HAS_DELTA)
+            if HAS_DELTA:
+                if pid_n == 0:
+                    tl.store(h_ptr + offs, h.to(dtype), mask=mask)
+            sum_sq += tl.sum(h * h, axis=1)
+        inv_rms = tl.rsqrt(sum_sq / K + eps)
+        y = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, K, CHUNK_K):
+            h, offs, mask = _residual_chunk(x_ptr, d_ptr, rows, k0 + cols, M, K, HAS_DELTA)
+            nw = tl.load(nw_ptr + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
+            xn = rounded(nw[None, :] * rounded(h * inv_rms[:, None], dtype), dtype)
+            y += tl.sum(xn[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+            nxt = k0 + CHUNK_K + cols
+            w = tl.load(w_ptr + n_idx[:, None] * K + nxt[None, :], mask=n_ok[:, None] & (nxt < K)[None, :], other=0.0)
     if HAS_BIAS:
         y += tl.load(b_ptr + n_idx, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * N + n_idx[None, :], y.to(dtype), mask=(rows < M)[:, None] & n_ok[None, :])
 
 
 @triton.jit
-def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
-    signal_dependents(USE_PDL)
-    n_idx = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    rows, cols = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
-    n_ok, col_ok = n_idx < N, cols < I
-    w = tl.load(w_ptr + n_idx[:, None] * I + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
-    wait_for_previous(USE_PDL)
-    mask = (rows < M)[:, None] & col_ok[None, :]
+def _silu_mul_chunk(gu_ptr, rows, cols, M, I):
+    """silu(gate) * up at [rows, cols], rounded as torch's two ops (fp32 values)."""
+    dtype: tl.constexpr = gu_ptr.dtype.element_ty
+    mask = (rows < M)[:, None] & (cols < I)[None, :]
     offs = rows[:, None] * (2 * I) + cols[None, :]
-    gate = tl.load(gu_ptr + offs, mask=mask, other=0.0)
-    dtype = gate.dtype
-    g = gate.to(tl.float32)
+    g = tl.load(gu_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(gu_ptr + offs + I, mask=mask, other=0.0).to(tl.float32)
     silu = rounded(tl.div_rn(g, 1.0 + tl.exp(-g)), dtype)  # as eyas.kernels.activation
-    act = rounded(silu * up, dtype)
-    y = tl.sum(act[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    return rounded(silu * up, dtype)
+
+
+@triton.jit
+def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, USE_PDL: tl.constexpr):
+    signal_dependents(USE_PDL)
+    n_idx = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    rows = tl.arange(0, BLOCK_M)
+    n_ok = n_idx < N
+    if CHUNK_K == 0:
+        cols = tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + n_idx[:, None] * I + cols[None, :], mask=n_ok[:, None] & (cols < I)[None, :], other=0.0)
+        wait_for_previous(USE_PDL)
+        act = _silu_mul_chunk(gu_ptr, rows, cols, M, I)
+        y = tl.sum(act[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    else:
+        cols = tl.arange(0, CHUNK_K)
+        w = tl.load(w_ptr + n_idx[:, None] * I + cols[None, :], mask=n_ok[:, None] & (cols < I)[None, :], other=0.0)
+        wait_for_previous(USE_PDL)
+        y = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, I, CHUNK_K):
+            act = _silu_mul_chunk(gu_ptr, rows, k0 + cols, M, I)
+            y += tl.sum(act[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+            nxt = k0 + CHUNK_K + cols
+            w = tl.load(w_ptr + n_idx[:, None] * I + nxt[None, :], mask=n_ok[:, None] & (nxt < I)[None, :], other=0.0)
+    dtype: tl.constexpr = gu_ptr.dtype.element_ty
     tl.store(y_ptr + rows[:, None] * N + n_idx[None, :], y.to(dtype), mask=(rows < M)[:, None] & n_ok[None, :])
 
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
+# On a GPU the tile is timed at first use of each (rows, N, K), which the engine's warm-up runs before any
+# CUDA graph is captured: whole rows (CHUNK_K 0) with small output tiles, or K in chunks with wider ones.
+_CONFIGS = ([triton.Config({"BLOCK_N": n, "CHUNK_K": 0}, num_warps=w) for n in (2, 4, 8, 16) for w in (4, 8)]
+            + [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=4) for n in (8, 16, 32) for c in (64, 128)])
+_PRODUCT_LIMIT = 65536  # rows x output columns x input columns of one product: every tile of 1-2 rows fits
 
-# On a GPU the output tile and warps are timed at first use of each (rows, N, K), which the engine's
-# warm-up runs before any CUDA graph is captured.
-_CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=w) for n in (2, 4, 8, 16) for w in (4, 8)]
+
+def _prune(configs, named_args, **kwargs):
+    """Tiles whose [rows, BLOCK_N, K or CHUNK_K] product fits: the others spill registers by the kilobyte."""
+    meta = {**named_args, **kwargs}
+    m, k = meta["BLOCK_M"], meta["BLOCK_K"]
+    fit = [c for c in configs
+           if m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= _PRODUCT_LIMIT and c.kwargs["CHUNK_K"] < k]
+    return fit or configs[:1]
+
+
 _tuned = {
-    _norm_linear_kernel: triton.autotune(_CONFIGS, key=["M", "N", "K"])(_norm_linear_kernel),
-    _silu_mul_linear_kernel: triton.autotune(_CONFIGS, key=["M", "N", "I"])(_silu_mul_linear_kernel),
+    kernel: triton.autotune(_CONFIGS, key=["M", "N", key], prune_configs_by={"early_config_prune": _prune})(kernel)
+    for kernel, key in ((_norm_linear_kernel, "K"), (_silu_mul_linear_kernel, "I"))
 }
 
 
@@ -103,8 +181,8 @@ def _check(what: str, x: torch.Tensor, weight: torch.Tensor, k: int):
     if weight.dim() != 2 or weight.shape[1] != k:
         raise ValueError(f"{what}: weight {tuple(weight.shape)} does not take inputs of {k} features")
     rows = x.numel() // max(x.shape[-1], 1)
-    if k > MAX_K or rows > MAX_ROWS:
-        raise ValueError(f"{what}: {rows} rows of {k} features exceed the {MAX_ROWS} x {MAX_K} it holds in registers")
+    if k > MAX_K or rows > KERNEL_ROWS:
+        raise ValueError(f"{what}: {rows} rows of {k} features exceed the {KERNEL_ROWS} x {MAX_K} it takes")
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -119,10 +197,12 @@ def _launch(kernel, m: int, n: int, k: int, *args, **meta):
     if args[0].is_cuda:
         _tuned[kernel][lambda c: (triton.cdiv(n, c["BLOCK_N"]),)](*args, **meta)
     else:  # Triton's CPU interpreter (tests) steps through every program: the fewer, the faster
-        kernel[(triton.cdiv(n, _INTERPRETER_BLOCK_N),)](*args, BLOCK_N=_INTERPRETER_BLOCK_N, **meta)
+        kernel[(triton.cdiv(n, _INTERPRETER_BLOCK_N),)](*args, BLOCK_N=_INTERPRETER_BLOCK_N,
+                                                        CHUNK_K=_INTERPRETER_CHUNK_K, **meta)
 
 
 _INTERPRETER_BLOCK_N = 64
+_INTERPRETER_CHUNK_K = 0  # whole rows; the tests set a chunk size to run the K loop
 
 
 def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

@@ -2,8 +2,8 @@
 
 The torch meaning of each function is its fallback, written out below: the residual add and RMSNorm
 (`RMSNorm.residual`) then the linear; SiLU-and-mul then the linear. The fused kernel runs when the kernels
-are enabled for these tensors (CUDA, no autograd), there are at most MAX_ROWS tokens (decode steps of
-one or two sequences: verify passes and prefills keep cuBLAS) of at most MAX_K features (small models,
+are enabled for these tensors (CUDA, no autograd), there are at most max_rows() tokens (by default decode
+steps of one or two sequences: verify passes and prefills keep cuBLAS) of at most MAX_K features (small models,
 where launches dominate: large ones keep cuBLAS, which reads their weights faster), everything shares one
 dtype, and EYAS_FUSED_LINEAR is not "0" (the switch that benchmarks flip to measure the fusion).
 """
@@ -21,11 +21,11 @@ from eyas.layers.norm import RMSNorm
 
 
 def _fits(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
-    from eyas.kernels.fused_linear import MAX_K, MAX_ROWS
+    from eyas.kernels.fused_linear import MAX_K, max_rows
 
     present = [t for t in tensors if t is not None]
     return (os.environ.get("EYAS_FUSED_LINEAR", "1") != "0" and x.shape[-1] <= MAX_K
-            and x.numel() <= MAX_ROWS * x.shape[-1] and enabled(x, *present)
+            and x.numel() <= max_rows() * x.shape[-1] and enabled(x, *present)
             and all(t.dtype == x.dtype for t in present))
 
 
