@@ -307,6 +307,8 @@ def main():
     ap.add_argument("--batches", default="1,8,32,64", help="batch sizes of the scaling section")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--pdl", action="store_true", help="speed: also each eyas engine with EYAS_PDL=1, beside it")
+    ap.add_argument("--verify-fused", action="store_true",
+                    help="speed: also chain and tree with their verify's projections fused (EYAS_FUSED_MAX_ROWS 4, 8)")
     ap.add_argument("--out", default="bench_smollm2.json")
     args = ap.parse_args()
     global DEVICE, NEW_TOKENS
@@ -330,6 +332,9 @@ def main():
         if args.pdl:
             with env_set("EYAS_PDL", "1"):
                 sp["eyas_chain_pdl"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
+        if args.verify_fused:  # the chain's 4-token verify through the fused projections too
+            with env_set("EYAS_FUSED_MAX_ROWS", "4"):
+                sp["eyas_chain_fused4"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
         with fused_linears_off():  # the same two engines without the fused norm/activation + projection kernels
             sp["eyas_plain_unfused"], _ = eyas_speed(path, prompts[:args.prompts], "bf16")
             sp["eyas_chain_unfused"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
@@ -337,6 +342,9 @@ def main():
         if args.pdl:
             with env_set("EYAS_PDL", "1"):
                 sp["eyas_tree_pdl"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, TREE)
+        if args.verify_fused:
+            with env_set("EYAS_FUSED_MAX_ROWS", "8"):
+                sp["eyas_tree_fused8"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, TREE)
         if args.hf_prompts > 0:
             sp["hf_static"] = hf_speed_isolated(path, prompts[:args.hf_prompts])
             sp["hf_prompt_lookup"] = hf_speed_isolated(path, prompts[:args.hf_prompts], lookup=True)
