@@ -73,12 +73,22 @@ def run(what: str, cmd: list[str], log: Path, env: dict | None = None):
         raise ArmError(f"{what} failed (exit {rc}): {tail[0]}; log: {log}")
 
 
-def train_cmd(stage: str, config: str, out: Path, device: str, sets: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "eyas.cli", "train", stage, "--config", config, "--out", str(out),
-           "--device", device, "--no-progress"]
-    for s in sets:
+def on_device(device: str) -> tuple[str, dict]:
+    """The --device a child process gets, and its environment: cuda:N runs as the only GPU it sees."""
+    env = dict(os.environ)
+    if device.startswith("cuda:"):
+        env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+        return "cuda", env
+    return device, env
+
+
+def train(what: str, stage: str, args, out: Path, device: str, sets: list[str], log: Path):
+    dev, env = on_device(device)
+    cmd = [sys.executable, "-m", "eyas.cli", "train", stage, "--config", args.config, "--out", str(out),
+           "--device", dev, "--no-progress"]
+    for s in args.common + sets:
         cmd += ["--set", s]
-    return cmd
+    run(what, cmd, log, env)
 
 
 def check_settings(directory: Path, settings: dict):
@@ -100,7 +110,7 @@ def make_data(args, out: Path):
         if done.is_file():
             continue
         t0 = time.perf_counter()
-        run(stage, train_cmd(stage, args.config, run_dir, args.devices[0], args.common), out / "logs" / "data.log")
+        train(stage, stage, args, run_dir, args.devices[0], [], out / "logs" / "data.log")
         record_time(out, stage, time.perf_counter() - t0)
         done.touch()
     return run_dir
@@ -128,12 +138,12 @@ def train_arm(args, out: Path, run_dir: Path, name: str, sets: list[str], device
     seed_arm(run_dir, arm_dir)
     log = out / "logs" / f"{name}.log"
     if not (arm_dir / ".vocab.done").is_file():  # seconds on the cached samples; an arm may change the vocabulary
-        run(f"vocab {name}", train_cmd("vocab", args.config, arm_dir, device, args.common + sets), log)
+        train(f"vocab {name}", "vocab", args, arm_dir, device, sets, log)
         (arm_dir / ".vocab.done").touch()
     t0 = time.perf_counter()
-    run(f"fit {name}", train_cmd("fit", args.config, arm_dir, device, args.common + sets), log)
+    train(f"fit {name}", "fit", args, arm_dir, device, sets, log)
     record_time(out, f"fit {name}", time.perf_counter() - t0)
-    run(f"export {name}", train_cmd("export", args.config, arm_dir, device, args.common + sets), log)
+    train(f"export {name}", "export", args, arm_dir, device, sets, log)
     (arm_dir / ".trained").touch()
 
 
@@ -141,10 +151,7 @@ def measure(args, out: Path, name: str, draft: Path, device: str):
     result = out / f"accept-{name}.json"
     if result.is_file():
         return
-    env = dict(os.environ)
-    bench_device = "cpu" if device == "cpu" else "cuda"
-    if device.startswith("cuda:"):
-        env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+    bench_device, env = on_device(device)
     partial = out / f".accept-{name}.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_smollm2.py"), "--draft", str(draft), "--sections",
            "accept", "--accept-sets", str(args.accept_sets), "--device", bench_device, "--out", str(partial)]
@@ -231,6 +238,7 @@ def main(argv=None) -> int:
             raise ArmError("two arms have the same name")
         if not Path(args.config).is_file():
             raise ArmError(f"no recipe at {args.config}")
+        args.config = str(Path(args.config).resolve())  # the stages run in the repository's root
         args.config_text = Path(args.config).read_text()
         if args.baseline and not (Path(args.baseline) / "config.json").is_file():
             raise ArmError(f"no draft at {args.baseline} (config.json missing)")

@@ -110,3 +110,11 @@ def test_a_directory_made_with_other_settings_is_not_reused(arms, tmp_path):
     arms.check_settings(tmp_path / "a", {"config": "x", "set": ["train.lr=1"]})  # the same: fine
     with pytest.raises(arms.ArmError, match="made with other settings"):
         arms.check_settings(tmp_path / "a", {"config": "x", "set": ["train.lr=2"]})
+
+
+def test_each_child_sees_only_its_gpu(arms, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    device, env = arms.on_device("cuda:1")
+    assert device == "cuda" and env["CUDA_VISIBLE_DEVICES"] == "1"
+    device, env = arms.on_device("cpu")
+    assert device == "cpu" and env["CUDA_VISIBLE_DEVICES"] == "0,1"
