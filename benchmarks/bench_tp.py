@@ -194,15 +194,21 @@ def main():
     ap.add_argument("--out", default="tp.json")
     ap.add_argument("--no-graphs", action="store_true", help="eager decode (isolates NCCL-in-graph problems)")
     ap.add_argument("--pdl", action="store_true", help="each TP size without and with EYAS_PDL=1, twice")
+    ap.add_argument("--merge-in-kernel", action="store_true",
+                    help="each TP size without and with EYAS_MERGE_IN_KERNEL=1, twice")
     args = ap.parse_args()
     rows = []
     for tp in map(int, args.tp.split(",")):
         variants = [("default", {})] + ([("user_nccl", USER_NCCL)] if tp > 1 else [])
-        if args.pdl:  # with and without programmatic dependent launch, alternating: A B A B
-            variants = [("default", {}), ("pdl", {"EYAS_PDL": "1"})] * 2
+        switches = ([("pdl", {"EYAS_PDL": "1"})] if args.pdl else []) \
+            + ([("merge_in_kernel", {"EYAS_MERGE_IN_KERNEL": "1"})] if args.merge_in_kernel else [])
+        if len(switches) == 2:
+            switches.append(("pdl+merge_in_kernel", {**switches[0][1], **switches[1][1]}))
+        if switches:  # each switch beside the default, in turn, twice: A B (C D) A B (C D)
+            variants = ([("default", {})] + switches) * 2
         for name, env in variants:
             r = run_config(tp, env, graphs=not args.no_graphs)
-            r["variant"] = name  # default, user_nccl (our user's NCCL settings) or pdl
+            r["variant"] = name  # default, user_nccl (our user's NCCL settings), or a switch's name
             rows.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "worker_env"}), flush=True)
             print("  worker env:", json.dumps(r.get("worker_env")), flush=True)

@@ -39,9 +39,14 @@ KERNELS = {
                  dict(BLOCK_H=4, BLOCK_D=64)),
     "slot_attention": (slot_attention._slot_attention_kernel,
                        {"slots": "*i64", "starts": "*i64", "visible": "*i64", "new_mask": U8, "part_m": "*fp32",
-                        "part_l": "*fp32", "part_acc": "*fp32"},
+                        "part_l": "*fp32", "part_acc": "*fp32", "counters": "*i32"},
                        dict(KV_HEADS=3, G=3, D=64, BLOCK_M=16, BLOCK_N=64, TREE=True, PARTIAL=True,
-                            DOT_F32=False)),
+                            DOT_F32=False, MERGE=False)),
+    "slot_attention_merging": (slot_attention._slot_attention_kernel,
+                               {"slots": "*i64", "starts": "*i64", "visible": "*i64", "new_mask": U8,
+                                "part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32", "counters": "*i32"},
+                               dict(KV_HEADS=3, G=3, D=64, BLOCK_M=16, BLOCK_N=64, TREE=True, PARTIAL=True,
+                                    DOT_F32=False, MERGE=True)),
     "combine_splits": (slot_attention._combine_splits_kernel,
                        {"part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32"},
                        dict(KV_HEADS=3, G=3, D=64, BLOCK_M=16)),
@@ -76,7 +81,11 @@ def inspect(name: str, pdl: bool) -> dict:
             "launch_dependents": sum("griddepcontrol.launch_dependents" in line for line in lines),
             "wait": sum("griddepcontrol.wait" in line for line in lines),
             "loads_before_wait": sum("ld.global" in line for line in lines[:wait]),
-            "loads": sum("ld.global" in line for line in lines)}
+            "loads": sum("ld.global" in line for line in lines),
+            # the in-kernel split merge: a barrier, the counter's atomic, the partials read from L2
+            "bar_sync": sum(line.startswith(("bar.sync", "barrier.sync")) for line in lines),
+            "atomics": [word for line in lines for word in line.split() if word.startswith("atom.")],
+            "cg_loads": sum("ld.global.cg" in line for line in lines)}
 
 
 if __name__ == "__main__":

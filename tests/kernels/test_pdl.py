@@ -1,10 +1,10 @@
-"""Programmatic dependent launch (eyas.kernels.pdl).
+"""Programmatic dependent launch (eyas.kernels.pdl), and the attention kernel's in-kernel split merge.
 
 On the CPU: the decode kernels compile for sm_90 (in a subprocess, outside Triton's interpreter) with one
 griddepcontrol.launch_dependents and one griddepcontrol.wait when PDL is on and none when it is off, and only
-the fused projections read memory (their weights) before the wait. On a GPU (EYAS_TEST_CUDA=1, sm_90 or
-later): the engine's greedy tokens with PDL on equal those with it off, plain, chain and tree, in bf16 and
-through CUDA graphs."""
+the fused projections read memory (their weights) before the wait; the merging attention kernel has its
+atomics and L2 reads. On a GPU (EYAS_TEST_CUDA=1, sm_90 or later): the engine's greedy tokens with PDL on
+equal those with it off, plain, chain and tree, in bf16 and through CUDA graphs."""
 
 import json
 import os
@@ -34,7 +34,7 @@ def _ptx_facts(mode: str, *kernels: str) -> dict:
 
 def test_with_pdl_each_decode_kernel_signals_once_and_waits_once_before_its_data():
     facts = _ptx_facts("on")
-    assert len(facts) == 12
+    assert len(facts) == 13
     for name, f in facts.items():
         assert (f["launch_dependents"], f["wait"]) == (1, 1), f
         if name in WEIGHT_FIRST:
@@ -44,8 +44,15 @@ def test_with_pdl_each_decode_kernel_signals_once_and_waits_once_before_its_data
 
 
 def test_without_pdl_no_grid_dependency_instructions():
-    for f in _ptx_facts("off", "norm_linear", "slot_attention").values():
+    facts = _ptx_facts("off", "norm_linear", "slot_attention", "slot_attention_merging")
+    for f in facts.values():
         assert (f["launch_dependents"], f["wait"]) == (0, 0), f
+    # The in-kernel split merge (EYAS_MERGE_IN_KERNEL): the counter's acq_rel add at GPU scope after a barrier,
+    # its reset, and the other programs' partials read from L2; none of it without the merge.
+    merging, plain = facts["slot_attention_merging"], facts["slot_attention"]
+    assert merging["atomics"] == ["atom.global.gpu.acq_rel.add.u32", "atom.global.gpu.relaxed.exch.b32"], merging
+    assert merging["cg_loads"] > 0 and merging["bar_sync"] > plain["bar_sync"]
+    assert plain["atomics"] == [] and plain["cg_loads"] == 0
 
 
 def test_pdl_is_off_unless_asked_and_never_on_the_cpu(monkeypatch):

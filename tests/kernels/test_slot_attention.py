@@ -127,6 +127,37 @@ def test_split_k_long_row(device, dtype):
     _run(device, dtype, 4, 3, 64, "tree", starts=[690, 11, 300], visible=[682, 3, 292], max_len=720, splits=3)
 
 
+@pytest.mark.parametrize("mode", ["causal", "tree"])
+def test_split_merge_inside_the_kernel(device, monkeypatch, mode):
+    """EYAS_MERGE_IN_KERNEL=1: the last split program of each row block merges; the same output as the merge
+    kernel's, bit for bit (the same arithmetic), the counters back at zero after every launch, and a second
+    launch over them right."""
+    import eyas.kernels.slot_attention as kernels
+
+    gen = torch.Generator().manual_seed(7)
+    B, T, G, D, max_len = 2, 24, 3, 64, 720  # 72 query rows: two row blocks per kv head
+    q = torch.randn((B, T, KV_HEADS * G, D), generator=gen).to(device)
+    k_cache = torch.randn((4, KV_HEADS, max_len, D), generator=gen).to(device)
+    v_cache = torch.randn((4, KV_HEADS, max_len, D), generator=gen).to(device)
+    slots, starts = torch.tensor([3, 1], device=device), torch.tensor([690, 250], device=device)
+    extra = {}
+    if mode == "tree":
+        extra = dict(new_mask=_new_mask(B, T, T, torch.zeros(B, dtype=torch.long), gen).to(device), visible=starts)
+
+    def attention():
+        return slot_attention(q, k_cache, v_cache, slots, starts, D ** -0.5, kv_len=714, splits=3, **extra)
+
+    monkeypatch.delenv("EYAS_MERGE_IN_KERNEL", raising=False)
+    reference = attention()
+    monkeypatch.setenv("EYAS_MERGE_IN_KERNEL", "1")
+    monkeypatch.setattr(kernels, "_counters", {})
+    monkeypatch.setattr(kernels, "_combine_splits_kernel", None)  # the second kernel must not run
+    for _ in range(2):
+        assert torch.equal(attention(), reference)
+        counters = kernels._counters[q.device]
+        assert counters.numel() >= B * KV_HEADS * 2 and not counters.any()
+
+
 def test_choose_splits():
     assert choose_splits(4, 512) == 1
     assert choose_splits(4, 4096) == 16

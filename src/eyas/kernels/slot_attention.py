@@ -9,12 +9,16 @@ length are never read. Query heads of one kv head (GQA) share each loaded key/va
 
 Softmax is fp32 with online (flash) rescaling. With `splits` > 1 the column range of every row is cut into
 that many pieces processed by separate programs (flash-decoding), whose partial (max, sum, acc) are merged
-by a second small kernel: at batch 1 with a few kv heads a single pass would occupy a handful of SMs.
+by a second small kernel: at batch 1 with a few kv heads a single pass would occupy a handful of SMs. With
+EYAS_MERGE_IN_KERNEL=1 the last split program of each row block to finish does the merge itself (it learns
+it is last from a per-block counter, which it then zeroes), saving that launch; off until measured on a GPU.
 Everything is decided on the host from shapes and the python int `kv_len`, so no host sync happens and
 both functions can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -68,11 +72,12 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, 
 
 @triton.jit
 def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask, out, part_m, part_l, part_acc,
+                           counters,
                            s_qb, s_qt, s_qh, s_qd, s_kcs, s_kch, s_kcc, s_kcd, s_vcs, s_vch, s_vcc, s_vcd,
                            s_mb, s_mt, s_mw, T, W, cap, qk_scale, SPLITS, M_PAD,
                            KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, TREE: tl.constexpr, PARTIAL: tl.constexpr,
-                           DOT_F32: tl.constexpr, USE_PDL: tl.constexpr):
+                           DOT_F32: tl.constexpr, MERGE: tl.constexpr, USE_PDL: tl.constexpr):
     signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     b = tl.program_id(0)
@@ -144,6 +149,14 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
         tl.store(part_m + row, m_i)
         tl.store(part_l + row, l_i)
         tl.store(part_acc + row[:, None] * D + offs_d[None, :], acc)
+        if MERGE:  # the row block's last split program to finish merges, instead of a second kernel
+            tl.debug_barrier()  # every thread's partial stores, before the counter is released
+            m_blocks = tl.num_programs(2) // SPLITS
+            counter = counters + (b * KV_HEADS + hk) * m_blocks + mblk
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+                _merge_splits(out, part_m, part_l, part_acc, b, hk, mblk, T, SPLITS, M_PAD, KV_HEADS, G, D,
+                              BLOCK_M, ".cg")
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
     else:
         o = acc / tl.where(l_i > 0, l_i, 1.)[:, None]
         o_ptrs = out + (b64 * T + t[:, None]) * (KV_HEADS * G * D) + h[:, None] * D + offs_d[None, :]
@@ -151,14 +164,11 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
 
 
 @triton.jit
-def _combine_splits_kernel(out, part_m, part_l, part_acc, T, SPLITS, M_PAD,
-                           KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                           USE_PDL: tl.constexpr):
-    signal_dependents(USE_PDL)
-    wait_for_previous(USE_PDL)
-    b = tl.program_id(0)
-    hk = tl.program_id(1)
-    mblk = tl.program_id(2)
+def _merge_splits(out, part_m, part_l, part_acc, b, hk, mblk, T, SPLITS, M_PAD, KV_HEADS: tl.constexpr,
+                  G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, CACHE: tl.constexpr):
+    """Row block mblk of (b, hk): the SPLITS partial (max, sum, acc) merged into the output rows. CACHE is
+    the partials' load modifier: ".cg" (from L2, where other programs' stores are) inside the attention
+    kernel, "" in the merge kernel."""
     offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < T * G
     t = offs_m // G
@@ -168,18 +178,47 @@ def _combine_splits_kernel(out, part_m, part_l, part_acc, T, SPLITS, M_PAD,
 
     m_g = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for s in range(SPLITS):
-        m_g = tl.maximum(m_g, tl.load(part_m + base + s * M_PAD))
+        m_g = tl.maximum(m_g, tl.load(part_m + base + s * M_PAD, cache_modifier=CACHE))
     m_use = tl.where(m_g == float("-inf"), 0., m_g)
     l_g = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     for s in range(SPLITS):
         row = base + s * M_PAD
-        w = tl.exp2(tl.load(part_m + row) - m_use)   # empty splits (max -inf) weigh nothing
-        l_g += w * tl.load(part_l + row)
-        acc += w[:, None] * tl.load(part_acc + row[:, None] * D + offs_d[None, :])
+        w = tl.exp2(tl.load(part_m + row, cache_modifier=CACHE) - m_use)   # empty splits (max -inf) weigh nothing
+        l_g += w * tl.load(part_l + row, cache_modifier=CACHE)
+        acc += w[:, None] * tl.load(part_acc + row[:, None] * D + offs_d[None, :], cache_modifier=CACHE)
     o = acc / tl.where(l_g > 0, l_g, 1.)[:, None]
     o_ptrs = out + (b.to(tl.int64) * T + t[:, None]) * (KV_HEADS * G * D) + h[:, None] * D + offs_d[None, :]
     tl.store(o_ptrs, o.to(out.dtype.element_ty), mask=m_ok[:, None])
+
+
+@triton.jit
+def _combine_splits_kernel(out, part_m, part_l, part_acc, T, SPLITS, M_PAD,
+                           KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                           USE_PDL: tl.constexpr):
+    signal_dependents(USE_PDL)
+    wait_for_previous(USE_PDL)
+    _merge_splits(out, part_m, part_l, part_acc, tl.program_id(0), tl.program_id(1), tl.program_id(2), T, SPLITS,
+                  M_PAD, KV_HEADS, G, D, BLOCK_M, "")
+
+
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def merge_in_kernel(q: torch.Tensor, blocks: int) -> torch.Tensor | None:
+    """The zeroed per-row-block counters with which the attention kernel merges its splits itself, or None
+    to launch the merge kernel: EYAS_MERGE_IN_KERNEL=1 (off by default: not yet measured on a GPU). The
+    counters live per device and are zero between launches (the merging program resets its own); they are
+    only allocated outside CUDA-graph capture, whose first, eager warm-up run allocates them. Kernels on one
+    device share them, which is safe for launches in one stream."""
+    if os.environ.get("EYAS_MERGE_IN_KERNEL") != "1":
+        return None
+    have = _counters.get(q.device)
+    if have is None or have.numel() < blocks:
+        if q.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None
+        _counters[q.device] = have = torch.zeros(max(blocks, 4096), dtype=torch.int32, device=q.device)
+    return have
 
 
 def choose_splits(programs: int, columns: int) -> int:
@@ -233,14 +272,17 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         part_m = part_l = part_acc = out
     num_warps = 8 if D >= 256 else 4
     pdl = pdl_on(q)
+    counters = merge_in_kernel(q, B * kv_heads * m_blocks) if splits > 1 else None
     _slot_attention_kernel[(B, kv_heads, m_blocks * splits)](
         q, k_cache, v_cache, slots, starts, vis, mask, out, part_m, part_l, part_acc,
+        counters if counters is not None else slots,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides,
         T, W, cap, scale * LOG2E, splits, m_pad,
         KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, TREE=tree, PARTIAL=splits > 1,
+        MERGE=counters is not None,
         DOT_F32=not q.is_cuda,  # Triton's interpreter (CPU tensors) multiplies the raw bits of bf16 dot operands
         num_warps=num_warps, num_stages=2, USE_PDL=pdl, **launch_options(pdl))
-    if splits > 1:
+    if splits > 1 and counters is None:
         _combine_splits_kernel[(B, kv_heads, m_blocks)](
             out, part_m, part_l, part_acc, T, splits, m_pad,
             KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, num_warps=num_warps, USE_PDL=pdl, **launch_options(pdl))
