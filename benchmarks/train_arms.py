@@ -250,7 +250,9 @@ def main(argv=None) -> int:
 
         run_dir = make_data(args, out)
         on_devices([lambda d, n=n, s=s: train_arm(args, out, run_dir, n, s, d) for n, s in arms], args.devices)
-        drafts = ([("baseline", Path(args.baseline))] if args.baseline else []) + [(n, out / n / "draft") for n, _ in arms]
+        drafts = [(n, out / n / "draft") for n, _ in arms]
+        if args.baseline:
+            drafts.insert(0, ("baseline", Path(args.baseline)))
         on_devices([lambda d, n=n, p=p: measure(args, out, n, p, d) for n, p in drafts], args.devices)
         report(out, arms, args.baseline)
     except ArmError as e:

@@ -3,9 +3,9 @@
 The torch meaning of each function is its fallback, written out below: the residual add and RMSNorm
 (`RMSNorm.residual`) then the linear; SiLU-and-mul then the linear. The fused kernel runs when the kernels
 are enabled for these tensors (CUDA, no autograd), there are at most max_rows() tokens (by default decode
-steps of one or two sequences: verify passes and prefills keep cuBLAS) of at most MAX_K features (small models,
-where launches dominate: large ones keep cuBLAS, which reads their weights faster), everything shares one
-dtype, and EYAS_FUSED_LINEAR is not "0" (the switch that benchmarks flip to measure the fusion).
+steps of one or two sequences: verify passes and prefills keep cuBLAS) of at most MAX_K features (small
+models, where launches dominate: large ones keep cuBLAS, which reads their weights faster), everything shares
+one dtype, and EYAS_FUSED_LINEAR is not "0" (the switch that benchmarks flip to measure the fusion).
 """
 
 from __future__ import annotations
