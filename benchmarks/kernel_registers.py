@@ -82,8 +82,7 @@ def main(argv=None) -> int:
     print("| rows | BLOCK_N | CHUNK_K | warps | registers | spill bytes |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        meta = dict(BLOCK_M=triton.next_power_of_2(r), BLOCK_K=triton.next_power_of_2(args.k))
-        for config in fused_linear._prune(fused_linear._CONFIGS, {}, **meta):
+        for config in fused_linear._prune(fused_linear._CONFIGS, {"M": r, "K": args.k}):
             c = tile_counts(r, args.k, config)
             results.append(c)
             print(f"| {r} | {c['BLOCK_N']} | {c['CHUNK_K'] or 'whole'} | {c['num_warps']} | {c['registers']} "

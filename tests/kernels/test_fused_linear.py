@@ -151,3 +151,18 @@ def test_layers_keep_torch_paths_for_training(monkeypatch):
     _, y = layer.norm_linear(norm, col, x, None)
     y.sum().backward()
     assert col.weight.grad is not None and norm.weight.grad is not None
+
+
+def test_tile_pruning_keeps_every_tile_of_decode_rows():
+    """The warm-up times every tile for 1-2 rows (as before the K-chunked tiles existed); at 8 rows of 1,536
+    features the wide whole-row tiles, whose products would spill, are not even compiled."""
+    from eyas.kernels.fused_linear import _CONFIGS, _prune
+
+    def tiles(**args):
+        return {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in _prune(_CONFIGS, args)}
+
+    every = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in _CONFIGS}
+    assert tiles(M=1, K=576) == tiles(M=2, I=1536) == every
+    eight = tiles(M=8, I=1536)
+    assert {(n, w) for n, c, w in every - eight} == {(8, 4), (8, 8), (16, 4), (16, 8)}
+    assert all(c == 0 for _, c, _ in every - eight)

@@ -161,9 +161,10 @@ _PRODUCT_LIMIT = 65536  # rows x output columns x input columns of one product: 
 
 
 def _prune(configs, named_args, **kwargs):
-    """Tiles whose [rows, BLOCK_N, K or CHUNK_K] product fits: the others spill registers by the kilobyte."""
-    meta = {**named_args, **kwargs}
-    m, k = meta["BLOCK_M"], meta["BLOCK_K"]
+    """Tiles whose [rows, BLOCK_N, K or CHUNK_K] product fits: the others spill registers by the kilobyte.
+    Sized from the runtime arguments M and K (I), which every Triton version hands over in named_args."""
+    m = triton.next_power_of_2(named_args["M"])
+    k = triton.next_power_of_2(named_args["K"] if "K" in named_args else named_args["I"])
     fit = [c for c in configs
            if m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= _PRODUCT_LIMIT and c.kwargs["CHUNK_K"] < k]
     return fit or configs[:1]
