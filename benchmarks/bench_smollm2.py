@@ -76,9 +76,6 @@ def env_set(name: str, value: str):
             os.environ[name] = before
 
 
-def fused_linears_off():
-    return env_set("EYAS_FUSED_LINEAR", "0")
-
 
 def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=None):
     new_tokens = new_tokens or NEW_TOKENS
@@ -324,27 +321,29 @@ def main():
     prompts = prompts_ids(tok, max(args.prompts, args.lossless))
     if "speed" in sections:
         sp = {}
-        sp["eyas_plain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16")
+
+        def speed(name, *engine, env=None):
+            """One eyas engine's row; with env (variable, value) set while it is built and run."""
+            with env_set(*env) if env else contextlib.nullcontext():
+                sp[name], eng = eyas_speed(path, prompts[:args.prompts], "bf16", *engine)
+            return eng
+
+        speed("eyas_plain")
         if args.pdl:  # each engine beside its twin with programmatic dependent launch (eyas.kernels.pdl)
-            with env_set("EYAS_PDL", "1"):
-                sp["eyas_plain_pdl"], _ = eyas_speed(path, prompts[:args.prompts], "bf16")
-        sp["eyas_chain"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
+            speed("eyas_plain_pdl", env=("EYAS_PDL", "1"))
+        speed("eyas_chain", draft, CHAIN)
         if args.pdl:
-            with env_set("EYAS_PDL", "1"):
-                sp["eyas_chain_pdl"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
+            speed("eyas_chain_pdl", draft, CHAIN, env=("EYAS_PDL", "1"))
         if args.verify_fused:  # the chain's 4-token verify through the fused projections too
-            with env_set("EYAS_FUSED_MAX_ROWS", "4"):
-                sp["eyas_chain_fused4"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
-        with fused_linears_off():  # the same two engines without the fused norm/activation + projection kernels
-            sp["eyas_plain_unfused"], _ = eyas_speed(path, prompts[:args.prompts], "bf16")
-            sp["eyas_chain_unfused"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, CHAIN)
-        sp["eyas_tree"], eng = eyas_speed(path, prompts[:args.prompts], "bf16", draft, TREE)
+            speed("eyas_chain_fused4", draft, CHAIN, env=("EYAS_FUSED_MAX_ROWS", "4"))
+        # the same two engines without the fused norm/activation + projection kernels
+        speed("eyas_plain_unfused", env=("EYAS_FUSED_LINEAR", "0"))
+        speed("eyas_chain_unfused", draft, CHAIN, env=("EYAS_FUSED_LINEAR", "0"))
+        eng = speed("eyas_tree", draft, TREE)
         if args.pdl:
-            with env_set("EYAS_PDL", "1"):
-                sp["eyas_tree_pdl"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, TREE)
+            speed("eyas_tree_pdl", draft, TREE, env=("EYAS_PDL", "1"))
         if args.verify_fused:
-            with env_set("EYAS_FUSED_MAX_ROWS", "8"):
-                sp["eyas_tree_fused8"], _ = eyas_speed(path, prompts[:args.prompts], "bf16", draft, TREE)
+            speed("eyas_tree_fused8", draft, TREE, env=("EYAS_FUSED_MAX_ROWS", "8"))
         if args.hf_prompts > 0:
             sp["hf_static"] = hf_speed_isolated(path, prompts[:args.hf_prompts])
             sp["hf_prompt_lookup"] = hf_speed_isolated(path, prompts[:args.hf_prompts], lookup=True)
