@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eyas.kernels.pdl import launch_options, pdl_on
+from eyas.kernels.pdl import pdl_args, pdl_on
 
 SCRIPT = Path(__file__).with_name("pdl_ptx.py")
 CUDA = os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available()
@@ -56,12 +56,16 @@ def test_without_pdl_no_grid_dependency_instructions():
 
 
 def test_pdl_is_off_unless_asked_and_never_on_the_cpu(monkeypatch):
+    import eyas.kernels.pdl as pdl
+
     x = torch.zeros(2)
     monkeypatch.delenv("EYAS_PDL", raising=False)
-    assert not pdl_on(x) and launch_options(False) == {}
+    assert not pdl_on(x) and pdl_args(x) == {"USE_PDL": False}
     monkeypatch.setenv("EYAS_PDL", "1")
     assert not pdl_on(x)  # a CPU tensor: the interpreter has no grid dependency control
-    assert launch_options(True) == {"launch_pdl": True}
+    assert pdl_args(x) == {"USE_PDL": False}  # and no launch_pdl option, which the interpreter would refuse
+    monkeypatch.setattr(pdl, "pdl_on", lambda t: True)  # as on an sm_90 GPU
+    assert pdl.pdl_args(x) == {"USE_PDL": True, "launch_pdl": True}
 
 
 @pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] < 9, reason="needs an sm_90+ GPU")

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eyas.kernels.pdl import launch_options, pdl_on, signal_dependents, wait_for_previous
+from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
 
 _BLOCK = 1024
@@ -47,7 +47,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     out = torch.empty((*gate_up.shape[:-1], inter), dtype=gate_up.dtype, device=gate_up.device)
-    pdl = pdl_on(rows)
+    pdl = pdl_args(rows)
     _silu_mul_kernel[(rows.shape[0], triton.cdiv(inter, _BLOCK))](
-        rows, out, rows.stride(0), inter, BLOCK=_BLOCK, num_warps=4, USE_PDL=pdl, **launch_options(pdl))
+        rows, out, rows.stride(0), inter, BLOCK=_BLOCK, num_warps=4, **pdl)
     return out

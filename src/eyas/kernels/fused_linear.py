@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eyas.kernels.pdl import launch_options, pdl_on, signal_dependents, wait_for_previous
+from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
 
 KERNEL_ROWS = 8  # rows (tokens) the kernels take: up to a tree verify's 8
@@ -192,9 +192,8 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def _launch(kernel, m: int, n: int, k: int, *args, **meta):
-    pdl = pdl_on(args[0])
-    meta.update(BLOCK_M=triton.next_power_of_2(m), BLOCK_K=triton.next_power_of_2(k), USE_PDL=pdl,
-                **launch_options(pdl))
+    pdl = pdl_args(args[0])
+    meta.update(BLOCK_M=triton.next_power_of_2(m), BLOCK_K=triton.next_power_of_2(k), **pdl)
     if args[0].is_cuda:
         _tuned[kernel][lambda c: (triton.cdiv(n, c["BLOCK_N"]),)](*args, **meta)
     else:  # Triton's CPU interpreter (tests) steps through every program: the fewer, the faster

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eyas.kernels.pdl import launch_options, pdl_on, signal_dependents, wait_for_previous
+from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -149,10 +149,9 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, save_rstd: bool
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     rows = x.numel() // n_cols
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device) if save_rstd else None
-    pdl = pdl_on(x)
+    pdl = pdl_args(x)
     _rms_norm_kernel[(rows,)](x, weight.contiguous(), y, y if rstd is None else rstd, inner_rows, x_outer, x_inner,
-                              n_cols, eps, SAVE_RSTD=save_rstd, USE_PDL=pdl, **_launch_options(n_cols),
-                              **launch_options(pdl))
+                              n_cols, eps, SAVE_RSTD=save_rstd, **pdl, **_launch_options(n_cols))
     return y, rstd
 
 
@@ -185,8 +184,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     h = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     rows = x.numel() // n_cols
-    pdl = pdl_on(x)
+    pdl = pdl_args(x)
     _add_rms_norm_kernel[(rows,)](x, delta, weight.contiguous(), h, y, inner_rows, x_outer, x_inner,
-                                  d_outer, d_inner, n_cols, eps, USE_PDL=pdl, **_launch_options(n_cols),
-                                  **launch_options(pdl))
+                                  d_outer, d_inner, n_cols, eps, **pdl, **_launch_options(n_cols))
     return h, y

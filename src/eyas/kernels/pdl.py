@@ -1,7 +1,6 @@
 """Programmatic dependent launch (PDL): a decode kernel may start while the kernel before it finishes.
 
-Usage: pdl = pdl_on(x)
-       kernel[grid](..., USE_PDL=pdl, **launch_options(pdl))
+Usage: kernel[grid](..., **pdl_args(x))
        # in the kernel: signal_dependents(USE_PDL); <loads of weights>; wait_for_previous(USE_PDL); <the rest>
 
 At batch 1 a decode step is a row of ~220 small kernels, and much of each one's time is its launch and
@@ -40,9 +39,11 @@ def pdl_on(x: torch.Tensor) -> bool:
     return _capable(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
-def launch_options(pdl: bool) -> dict:
-    """The launch keyword that asks for PDL (nothing when off: Triton's interpreter takes no such option)."""
-    return {"launch_pdl": True} if pdl else {}
+def pdl_args(x: torch.Tensor) -> dict:
+    """A decode kernel's launch keywords for x's device: its USE_PDL meta-parameter and, when on, Triton's
+    launch_pdl option (never when off: Triton's interpreter takes no such option)."""
+    on = pdl_on(x)
+    return {"USE_PDL": True, "launch_pdl": True} if on else {"USE_PDL": False}
 
 
 @triton.jit

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eyas.kernels.pdl import launch_options, pdl_on, signal_dependents, wait_for_previous
+from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
 
 
@@ -97,12 +97,12 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if B * T == 0:
         return q_out, k_out
-    pdl = pdl_on(q)
+    pdl = pdl_args(q)
     _rotary_kernel[(B * T,)](
         q, k, q_out, k_out, cos, sin, positions, T, q_heads, k_heads, *q.stride(), *k.stride(),
         *positions.stride(), D, D // 2, HALF_BLOCK=triton.next_power_of_2(D // 2),
         QH_BLOCK=triton.next_power_of_2(q_heads), KH_BLOCK=triton.next_power_of_2(k_heads), num_warps=4,
-        enable_fp_fusion=False, USE_PDL=pdl, **launch_options(pdl))
+        enable_fp_fusion=False, **pdl)
     return q_out, k_out
 
 
@@ -152,11 +152,10 @@ def rotate_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if B * T == 0:
         return q_out
-    pdl = pdl_on(q)
+    pdl = pdl_args(q)
     _rotary_store_kernel[(B * T, q_heads + k_heads)](
         q, k, v, q_out, k_cache, v_cache, slots, write_pos, cos, sin, positions, T, q_heads,
         *q.stride(), *k.stride(), *v.stride(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), *write_pos.stride(), *positions.stride(),
-        D, D // 2, HALF_BLOCK=triton.next_power_of_2(D // 2), num_warps=1, enable_fp_fusion=False, USE_PDL=pdl,
-        **launch_options(pdl))
+        D, D // 2, HALF_BLOCK=triton.next_power_of_2(D // 2), num_warps=1, enable_fp_fusion=False, **pdl)
     return q_out

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eyas.kernels.pdl import launch_options, pdl_on, signal_dependents, wait_for_previous
+from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
 
 LOG2E = 1.4426950408889634
 MAX_BLOCK_M = 64  # query rows (token x head of one kv head) per program; more rows take more programs
@@ -62,12 +62,11 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, 
     B, T, kv_heads, D = k.shape
     if B * T == 0:
         return
-    pdl = pdl_on(k)
+    pdl = pdl_args(k)
     _store_kv_kernel[(B * T,)](
         k_cache, v_cache, slots, write_pos, k, v, T, kv_heads,
         *k_cache.stride(), *v_cache.stride(), *write_pos.stride(), *k.stride(), *v.stride(),
-        D, BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(D), USE_PDL=pdl,
-        **launch_options(pdl))
+        D, BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(D), **pdl)
 
 
 @triton.jit
@@ -271,7 +270,7 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     else:
         part_m = part_l = part_acc = out
     num_warps = 8 if D >= 256 else 4
-    pdl = pdl_on(q)
+    pdl = pdl_args(q)
     counters = merge_in_kernel(q, B * kv_heads * m_blocks) if splits > 1 else None
     _slot_attention_kernel[(B, kv_heads, m_blocks * splits)](
         q, k_cache, v_cache, slots, starts, vis, mask, out, part_m, part_l, part_acc,
@@ -281,9 +280,9 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, TREE=tree, PARTIAL=splits > 1,
         MERGE=counters is not None,
         DOT_F32=not q.is_cuda,  # Triton's interpreter (CPU tensors) multiplies the raw bits of bf16 dot operands
-        num_warps=num_warps, num_stages=2, USE_PDL=pdl, **launch_options(pdl))
+        num_warps=num_warps, num_stages=2, **pdl)
     if splits > 1 and counters is None:
         _combine_splits_kernel[(B, kv_heads, m_blocks)](
             out, part_m, part_l, part_acc, T, splits, m_pad,
-            KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, num_warps=num_warps, USE_PDL=pdl, **launch_options(pdl))
+            KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, num_warps=num_warps, **pdl)
     return out
