@@ -143,11 +143,11 @@ def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, max_k, max_
     assert not calls
 
 
-def test_layers_keep_torch_paths_for_training(monkeypatch):
+def test_layers_keep_torch_paths_for_training(monkeypatch, device):
     """The kernels have no backward: with parameters that need gradients the layers run torch's ops."""
-    norm, col, row = _layers("cpu")
+    norm, col, row = _layers(device)
     monkeypatch.setenv("EYAS_KERNELS", "force")
-    x = torch.randn(1, 2, K)
+    x = torch.randn(1, 2, K, device=device)
     _, y = layer.norm_linear(norm, col, x, None)
     y.sum().backward()
     assert col.weight.grad is not None and norm.weight.grad is not None
