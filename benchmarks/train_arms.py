@@ -73,9 +73,12 @@ def run(what: str, cmd: list[str], log: Path, env: dict | None = None):
         raise ArmError(f"{what} failed (exit {rc}): {tail[0]}; log: {log}")
 
 
-def on_device(device: str) -> tuple[str, dict]:
-    """The --device a child process gets, and its environment: cuda:N runs as the only GPU it sees."""
+def on_device(device: str, sharing: int = 1) -> tuple[str, dict]:
+    """The --device a child process gets, and its environment: cuda:N runs as the only GPU it sees, and
+    each of the `sharing` children running at once gets its share of the host's cores (unless
+    OMP_NUM_THREADS is set): two stages each running a thread per core slowed one another ~5x."""
     env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // sharing)))
     if device.startswith("cuda:"):
         env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
         return "cuda", env
@@ -83,7 +86,7 @@ def on_device(device: str) -> tuple[str, dict]:
 
 
 def train(what: str, stage: str, args, out: Path, device: str, sets: list[str], log: Path):
-    dev, env = on_device(device)
+    dev, env = on_device(device, len(args.devices))
     cmd = [sys.executable, "-m", "eyas.cli", "train", stage, "--config", args.config, "--out", str(out),
            "--device", dev, "--no-progress"]
     for s in args.common + sets:
@@ -151,7 +154,7 @@ def measure(args, out: Path, name: str, draft: Path, device: str):
     result = out / f"accept-{name}.json"
     if result.is_file():
         return
-    bench_device, env = on_device(device)
+    bench_device, env = on_device(device, len(args.devices))
     partial = out / f".accept-{name}.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_smollm2.py"), "--draft", str(draft), "--sections",
            "accept", "--accept-sets", str(args.accept_sets), "--device", bench_device, "--out", str(partial)]

@@ -118,3 +118,12 @@ def test_each_child_sees_only_its_gpu(arms, monkeypatch):
     assert device == "cuda" and env["CUDA_VISIBLE_DEVICES"] == "1"
     device, env = arms.on_device("cpu")
     assert device == "cpu" and env["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_children_share_the_cores(arms, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(arms.os, "cpu_count", lambda: 32)
+    assert arms.on_device("cuda:0", 2)[1]["OMP_NUM_THREADS"] == "16"
+    assert arms.on_device("cuda:0", 64)[1]["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's setting stands
+    assert arms.on_device("cuda:0", 2)[1]["OMP_NUM_THREADS"] == "3"
