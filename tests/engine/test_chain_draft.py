@@ -22,12 +22,12 @@ def test_chain_draft_equals_the_general_tree_with_topk_1(pair, steps):
     engine = Engine(str(target), dtype="fp32", device="cpu", draft=str(draft), spec=SpecConfig(steps, 1),
                     max_batch=3, max_len=256)
     spec = engine.spec
-    assert spec.draft_fn == spec._chain_fn
+    assert spec.draft_fn == spec.drafter.chain
     cycles = []
 
     def both(*args):
-        general = spec._tree_fn(*args)
-        chain = spec._chain_fn(*args)
+        general = spec.drafter.tree(*args)
+        chain = spec.drafter.chain(*args)
         for a, b in zip(general, chain):
             assert a.shape == b.shape and torch.equal(a, b)
         cycles.append(1)

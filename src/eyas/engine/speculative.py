@@ -10,7 +10,7 @@ output token x_c pending (the tree root):
   pairs with the target's fresh features (overwriting the speculative draft entries).
 For greedy batches, acceptance and commit run on the device right after verify (acceptance and the extend
 pass as one more graph), and the host reads the result once per cycle; batches with sampled sequences accept
-on the host. A chain (topk 1) drafts and accepts through shorter functions of its own (_chain_fn,
+on the host. A chain (topk 1) drafts and accepts through shorter functions of its own (Drafter.chain,
 tree.accept_greedy_chain) that give the general tree's results with k = 1 in fewer kernels.
 When the policy chooses a plain step, the draft does not run: the step's (feature, token) pair is kept
 in the sequence's lag, and one eager pass over the whole batch catches the draft up before the next
@@ -26,13 +26,13 @@ import torch.nn.functional as F
 
 from eyas.config import SpecConfig
 from eyas.engine.draft_state import gather_states, lag_features, set_states
+from eyas.engine.drafter import Drafter
 from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
 from eyas.engine.kv_cache import KVCache
 from eyas.engine.profile import NullProfiler
 from eyas.engine.runner import PREFILL_CHUNK, chunked_length
 from eyas.engine.spec_policy import SpecPolicy
-from eyas.engine.tree import (accept_greedy, accept_greedy_batched, accept_greedy_chain, accept_sampled,
-                              select_tree)
+from eyas.engine.tree import accept_greedy, accept_greedy_batched, accept_greedy_chain, accept_sampled
 from eyas.layers.attention import AttentionBatch
 from eyas.layers.rotary import RotaryEmbedding
 from eyas.layers.sampling import adjusted_probs
@@ -64,12 +64,8 @@ class SpeculativeDecoder:
         self.kv = KVCache(1, engine.runner.kv.num_slots, positions, heads, head_dim, dtype, engine.device, shared)
         self._last_mode = None  # speculated or not, the last step
         self.accept_on_device = True  # greedy batches; False keeps them on the host path (tests compare both)
-        self.draft_fn = self._chain_fn if k == 1 else self._tree_fn
-        if k == 1:  # a chain's tree never changes: the root, then one node per step, each the last one's child
-            n = self.spec.draft_tokens
-            self._chain_tree = (torch.arange(-1, n - 1, device=engine.device)[None],
-                                torch.arange(n, device=engine.device)[None],
-                                torch.ones(n, n, dtype=torch.bool, device=engine.device).tril()[None])
+        self.drafter = Drafter(self.draft, self.target.embed, self.kv, self.spec, engine.device)
+        self.draft_fn = self.drafter.chain if k == 1 else self.drafter.tree
         self.last_decision = None  # (batch size, speculated) of the last step, for the server's metrics
 
     @property
@@ -88,71 +84,6 @@ class SpeculativeDecoder:
     def release(self, seq):
         seq.draft_state = None
 
-    # -- draft forwards (tensor-only, fixed shapes: CUDA-graph capturable) -----------------------------
-    def _draft_forward(self, embeds, hidden, positions, slots, starts, kv_len, fuse=False, new_mask=None, visible=None):
-        batch = AttentionBatch(kv=self.kv, slots=slots, starts=starts, kv_len=kv_len, new_mask=new_mask, visible=visible)
-        return self.draft(embeds, hidden, positions, batch, fuse=fuse)
-
-    def _extend_fn(self, ids, feats, last, starts, slots, kv_len):
-        """Draft over (feature, next token) pairs at positions starts..starts+L; returns the output at `last`."""
-        L = ids.shape[1]
-        pos = starts[:, None] + torch.arange(L, device=ids.device)[None]
-        out = self._draft_forward(self.target.embed(ids), feats, pos, slots, starts, kv_len, fuse=True)
-        h = out.gather(1, last[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0]
-        return h, torch.log_softmax(self.draft.logits(h), dim=-1)
-
-    def _chain_fn(self, logp0, hidden0, root, c, slots, kv_len):
-        """A chain (topk 1): each step feeds its argmax to the next, and the draft attends causally over its
-        cache. The same tree as _tree_fn's with k = 1 (up to which of two exactly tied tokens is guessed),
-        without the small kernels of its scores, frontier and reranking."""
-        ids = logp0.argmax(-1, keepdim=True)                                 # [B, 1] draft ids
-        hidden, guesses = hidden0[:, None], [ids]
-        for step in range(2, self.spec.steps + 1):
-            embeds = self.target.embed(self.draft.to_target_ids(ids))
-            out = self._draft_forward(embeds, hidden, (c + step - 2)[:, None], slots, c + step - 2, kv_len)
-            ids, hidden = self.draft.logits(out).argmax(-1), out
-            guesses.append(ids)
-        B = root.shape[0]
-        tokens = torch.cat([root[:, None], self.draft.to_target_ids(torch.cat(guesses, dim=1))], dim=1)
-        parents, depth, mask = self._chain_tree
-        return tokens, parents.expand(B, -1), depth.expand(B, -1), mask.expand(B, -1, -1)
-
-    def _tree_fn(self, logp0, hidden0, root, c, slots, kv_len):
-        """EAGLE-2 dynamic tree: expand the top-k frontier by cumulative log-prob for S steps, then rerank."""
-        S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
-        dev, B = root.device, root.shape[0]
-        hidden = hidden0[:, None].expand(B, k, -1)
-        scores, ids = logp0.topk(k, dim=-1)                                 # [B, k]
-        pool_tokens, pool_scores = [ids], [scores]
-        pool_parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
-        pool_depth = [torch.ones((B, k), dtype=torch.long, device=dev)]
-        frontier = torch.arange(k, device=dev).expand(B, k)                 # pool index of each frontier node
-        ancestors = torch.zeros((B, k, 0), dtype=torch.bool, device=dev)    # over drafted columns so far
-        eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
-        rows = torch.arange(B, device=dev)[:, None]
-        for step in range(2, S + 1):
-            embeds = self.target.embed(self.draft.to_target_ids(ids))
-            pos = (c + step - 2)[:, None].expand(B, k)
-            mask = torch.cat([ancestors, eye], dim=-1)
-            out = self._draft_forward(embeds, hidden, pos, slots, c + (step - 2) * k, kv_len, new_mask=mask, visible=c)
-            child_scores, child_ids = torch.log_softmax(self.draft.logits(out), dim=-1).topk(k, dim=-1)
-            cum = (scores[..., None] + child_scores).flatten(1)            # [B, k*k]
-            base = sum(t.shape[1] for t in pool_tokens)
-            pool_tokens.append(child_ids.flatten(1))
-            pool_scores.append(cum)
-            pool_parents.append(frontier[..., None].expand(B, k, k).flatten(1))
-            pool_depth.append(torch.full((B, k * k), step, dtype=torch.long, device=dev))
-            scores, best = cum.topk(k, dim=-1)                             # next frontier
-            parent_local = best // k
-            ids = child_ids.flatten(1).gather(1, best)
-            hidden = out[rows, parent_local]
-            frontier = base + best
-            ancestors = torch.cat([ancestors[rows, parent_local], eye[rows, parent_local]], dim=-1)
-        tree = select_tree(root, torch.cat(pool_tokens, 1), torch.cat(pool_scores, 1), torch.cat(pool_parents, 1),
-                           torch.cat(pool_depth, 1), N)
-        tokens = torch.cat([tree.tokens[:, :1], self.draft.to_target_ids(tree.tokens[:, 1:])], dim=1)
-        return tokens, tree.parents, tree.depth, tree.mask
-
     def _verify_fn(self, tokens, depth, mask, c_t, slots, kv_len):
         """The target over the drafted tree at columns c..c+N-1; returns its greedy tokens, logits and features."""
         batch = AttentionBatch(kv=self.engine.runner.kv, slots=slots, starts=c_t, kv_len=kv_len, new_mask=mask)
@@ -168,7 +99,7 @@ class SpeculativeDecoder:
         else:
             sel, accepted, new = accept_greedy_batched(tokens, parents, depth, argmax, self.spec.steps)
         feats = aux.gather(1, sel[..., None].expand(-1, -1, aux.shape[-1]))
-        h, logp = self._extend_fn(new, feats, accepted, c_t, slots, kv_len)
+        h, logp = self.drafter.extend(new, feats, accepted, c_t, slots, kv_len)
         return new, accepted, sel, h, logp
 
     def _run(self, name, fn, B, kv, kv_need, inputs, pads, padded=False):
@@ -183,14 +114,15 @@ class SpeculativeDecoder:
         if graphs is None:
             outs = fn(*inputs, kv_len)
         else:
-            outs = graphs.run((name, Bp, kv_len, tuple(x.shape[1:] for x in inputs)), lambda *xs: fn(*xs, kv_len), inputs)
+            key = (name, Bp, kv_len, tuple(x.shape[1:] for x in inputs))
+            outs = graphs.run(key, lambda *xs: fn(*xs, kv_len), inputs)
         return outs if padded else [o[:B] for o in outs]
 
     def _extend(self, seqs, ids: torch.Tensor, last: torch.Tensor, feats: torch.Tensor, starts: torch.Tensor,
                 slots: torch.Tensor, max_start: int):
         """Run the draft over accepted pairs (ids, feats [B, L], padded to a fixed length) at columns
         starts..; keep its output at `last` per sequence."""
-        h, logp = self._run("extend", self._extend_fn, len(seqs), self.kv, max_start + feats.shape[1],
+        h, logp = self._run("extend", self.drafter.extend, len(seqs), self.kv, max_start + feats.shape[1],
                             [ids, feats, last, starts, slots], [0, 0, 0, 0, self.engine.runner.scratch_slot])
         # Copies: under CUDA graphs h and logp are static buffers that the next replay overwrites.
         set_states(seqs, h.clone(), logp.clone())
@@ -210,8 +142,9 @@ class SpeculativeDecoder:
             set_states(seqs, *self._prefill_in_chunks(ids, features, last, slots))
             return
         pos = torch.arange(T, device=dev)[None].expand(B, T)
-        out = self._draft_forward(self.target.embed(ids), features, pos, slots, torch.zeros(B, dtype=torch.long, device=dev),
-                                  graph_kv_len(self.kv, T), fuse=True)
+        starts = torch.zeros(B, dtype=torch.long, device=dev)
+        out = self.drafter.forward(self.target.embed(ids), features, pos, slots, starts, graph_kv_len(self.kv, T),
+                                   fuse=True)
         h = out[torch.arange(B, device=dev), last]
         set_states(seqs, h, torch.log_softmax(self.draft.logits(h), dim=-1))
 
@@ -225,7 +158,7 @@ class SpeculativeDecoder:
         h = logp = None
         for start in range(0, T, C):
             starts = torch.full((B,), start, dtype=torch.long, device=ids.device)
-            hc, lc = self._run("extend", self._extend_fn, B, self.kv, start + C,
+            hc, lc = self._run("extend", self.drafter.extend, B, self.kv, start + C,
                                [ids[:, start:start + C], features[:, start:start + C], (last - start).clamp(0, C - 1),
                                 starts, slots], [0, 0, 0, 0, self.engine.runner.scratch_slot])
             if h is None:  # copies: under CUDA graphs hc and lc are buffers the next replay overwrites
@@ -428,5 +361,5 @@ class SpeculativeDecoder:
             feats = lag_features(group, L)
             first = [s.cached - n for s, n in zip(group, lens)]
             meta = torch.tensor([first, [s.slot for s in group], [n - 1 for n in lens]], device=dev)
-            h, logp = self._extend_fn(ids, feats, meta[2], meta[0], meta[1], graph_kv_len(self.kv, max(first) + L))
+            h, logp = self.drafter.extend(ids, feats, meta[2], meta[0], meta[1], graph_kv_len(self.kv, max(first) + L))
             set_states(group, h, logp)

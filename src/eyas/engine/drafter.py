@@ -1,0 +1,88 @@
+"""The draft's passes over the draft KV cache: extending it over committed pairs, and drafting a candidate
+tree from the last committed position, as a chain (topk 1) or EAGLE-2's dynamic tree.
+
+All are tensor-only with fixed shapes, so the speculative decoder (speculative.py) can capture them in CUDA
+graphs. Drafting reads the draft's output at position c-1 (log-probs logp0, hidden hidden0) and writes draft
+cache columns from c on, which the commit's extend pass then overwrites with the accepted pairs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eyas.engine.tree import select_tree
+from eyas.layers.attention import AttentionBatch
+
+
+class Drafter:
+    def __init__(self, draft, embed, kv, spec, device):
+        self.draft, self.embed, self.kv, self.spec = draft, embed, kv, spec
+        if spec.topk == 1:  # a chain's tree never changes: the root, then one node per step, each its parent's child
+            n = spec.draft_tokens
+            self.chain_tree = (torch.arange(-1, n - 1, device=device)[None], torch.arange(n, device=device)[None],
+                               torch.ones(n, n, dtype=torch.bool, device=device).tril()[None])
+
+    def forward(self, embeds, hidden, positions, slots, starts, kv_len, fuse=False, new_mask=None, visible=None):
+        batch = AttentionBatch(kv=self.kv, slots=slots, starts=starts, kv_len=kv_len, new_mask=new_mask,
+                               visible=visible)
+        return self.draft(embeds, hidden, positions, batch, fuse=fuse)
+
+    def extend(self, ids, feats, last, starts, slots, kv_len):
+        """Draft over (feature, next token) pairs at positions starts..starts+L; returns the output at `last`."""
+        L = ids.shape[1]
+        pos = starts[:, None] + torch.arange(L, device=ids.device)[None]
+        out = self.forward(self.embed(ids), feats, pos, slots, starts, kv_len, fuse=True)
+        h = out.gather(1, last[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0]
+        return h, torch.log_softmax(self.draft.logits(h), dim=-1)
+
+    def chain(self, logp0, hidden0, root, c, slots, kv_len):
+        """A chain (topk 1): each step feeds its argmax to the next, and the draft attends causally over its
+        cache. The same tree as tree()'s with k = 1 (up to which of two exactly tied tokens is guessed),
+        without the small kernels of its scores, frontier and reranking."""
+        ids = logp0.argmax(-1, keepdim=True)                                 # [B, 1] draft ids
+        hidden, guesses = hidden0[:, None], [ids]
+        for step in range(2, self.spec.steps + 1):
+            embeds = self.embed(self.draft.to_target_ids(ids))
+            out = self.forward(embeds, hidden, (c + step - 2)[:, None], slots, c + step - 2, kv_len)
+            ids, hidden = self.draft.logits(out).argmax(-1), out
+            guesses.append(ids)
+        B = root.shape[0]
+        tokens = torch.cat([root[:, None], self.draft.to_target_ids(torch.cat(guesses, dim=1))], dim=1)
+        parents, depth, mask = self.chain_tree
+        return tokens, parents.expand(B, -1), depth.expand(B, -1), mask.expand(B, -1, -1)
+
+    def tree(self, logp0, hidden0, root, c, slots, kv_len):
+        """EAGLE-2 dynamic tree: expand the top-k frontier by cumulative log-prob for S steps, then rerank."""
+        S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
+        dev, B = root.device, root.shape[0]
+        hidden = hidden0[:, None].expand(B, k, -1)
+        scores, ids = logp0.topk(k, dim=-1)                                 # [B, k]
+        pool_tokens, pool_scores = [ids], [scores]
+        pool_parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
+        pool_depth = [torch.ones((B, k), dtype=torch.long, device=dev)]
+        frontier = torch.arange(k, device=dev).expand(B, k)                 # pool index of each frontier node
+        ancestors = torch.zeros((B, k, 0), dtype=torch.bool, device=dev)    # over drafted columns so far
+        eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
+        rows = torch.arange(B, device=dev)[:, None]
+        for step in range(2, S + 1):
+            embeds = self.embed(self.draft.to_target_ids(ids))
+            pos = (c + step - 2)[:, None].expand(B, k)
+            mask = torch.cat([ancestors, eye], dim=-1)
+            out = self.forward(embeds, hidden, pos, slots, c + (step - 2) * k, kv_len, new_mask=mask, visible=c)
+            child_scores, child_ids = torch.log_softmax(self.draft.logits(out), dim=-1).topk(k, dim=-1)
+            cum = (scores[..., None] + child_scores).flatten(1)            # [B, k*k]
+            base = sum(t.shape[1] for t in pool_tokens)
+            pool_tokens.append(child_ids.flatten(1))
+            pool_scores.append(cum)
+            pool_parents.append(frontier[..., None].expand(B, k, k).flatten(1))
+            pool_depth.append(torch.full((B, k * k), step, dtype=torch.long, device=dev))
+            scores, best = cum.topk(k, dim=-1)                             # next frontier
+            parent_local = best // k
+            ids = child_ids.flatten(1).gather(1, best)
+            hidden = out[rows, parent_local]
+            frontier = base + best
+            ancestors = torch.cat([ancestors[rows, parent_local], eye[rows, parent_local]], dim=-1)
+        tree = select_tree(root, torch.cat(pool_tokens, 1), torch.cat(pool_scores, 1), torch.cat(pool_parents, 1),
+                           torch.cat(pool_depth, 1), N)
+        tokens = torch.cat([tree.tokens[:, :1], self.draft.to_target_ids(tree.tokens[:, 1:])], dim=1)
+        return tokens, tree.parents, tree.depth, tree.mask
