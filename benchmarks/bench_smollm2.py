@@ -303,7 +303,8 @@ def main():
     ap.add_argument("--accept-sets", type=int, default=2, help="1 = MT-bench only, 2 = MT-bench and HumanEval")
     ap.add_argument("--batches", default="1,8,32,64", help="batch sizes of the scaling section")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--pdl", action="store_true", help="speed: also each eyas engine with EYAS_PDL=1, beside it")
+    ap.add_argument("--pdl", action="store_true",
+                    help="speed: also each eyas engine without programmatic dependent launch (EYAS_PDL=0), beside it")
     ap.add_argument("--verify-fused", action="store_true",
                     help="speed: also chain and tree with their verify's projections fused (EYAS_FUSED_MAX_ROWS 4, 8)")
     ap.add_argument("--out", default="bench_smollm2.json")
@@ -329,11 +330,11 @@ def main():
             return eng
 
         speed("eyas_plain")
-        if args.pdl:  # each engine beside its twin with programmatic dependent launch (eyas.kernels.pdl)
-            speed("eyas_plain_pdl", env=("EYAS_PDL", "1"))
+        if args.pdl:  # each engine beside its twin without programmatic dependent launch (eyas.kernels.pdl)
+            speed("eyas_plain_pdl_off", env=("EYAS_PDL", "0"))
         speed("eyas_chain", draft, CHAIN)
         if args.pdl:
-            speed("eyas_chain_pdl", draft, CHAIN, env=("EYAS_PDL", "1"))
+            speed("eyas_chain_pdl_off", draft, CHAIN, env=("EYAS_PDL", "0"))
         if args.verify_fused:  # the chain's 4-token verify through the fused projections too
             speed("eyas_chain_fused4", draft, CHAIN, env=("EYAS_FUSED_MAX_ROWS", "4"))
         # the same two engines without the fused norm/activation + projection kernels
@@ -341,7 +342,7 @@ def main():
         speed("eyas_chain_unfused", draft, CHAIN, env=("EYAS_FUSED_LINEAR", "0"))
         eng = speed("eyas_tree", draft, TREE)
         if args.pdl:
-            speed("eyas_tree_pdl", draft, TREE, env=("EYAS_PDL", "1"))
+            speed("eyas_tree_pdl_off", draft, TREE, env=("EYAS_PDL", "0"))
         if args.verify_fused:
             speed("eyas_tree_fused8", draft, TREE, env=("EYAS_FUSED_MAX_ROWS", "8"))
         if args.hf_prompts > 0:

@@ -193,17 +193,18 @@ def main():
     ap.add_argument("--tp", default="1,2")
     ap.add_argument("--out", default="tp.json")
     ap.add_argument("--no-graphs", action="store_true", help="eager decode (isolates NCCL-in-graph problems)")
-    ap.add_argument("--pdl", action="store_true", help="each TP size without and with EYAS_PDL=1, twice")
+    ap.add_argument("--pdl", action="store_true", help="each TP size with and without (EYAS_PDL=0) PDL, twice")
     ap.add_argument("--merge-in-kernel", action="store_true",
-                    help="each TP size without and with EYAS_MERGE_IN_KERNEL=1, twice")
+                    help="each TP size with the split merge in the attention kernel and without "
+                         "(EYAS_MERGE_IN_KERNEL=0), twice")
     args = ap.parse_args()
     rows = []
     for tp in map(int, args.tp.split(",")):
         variants = [("default", {})] + ([("user_nccl", USER_NCCL)] if tp > 1 else [])
-        switches = ([("pdl", {"EYAS_PDL": "1"})] if args.pdl else []) \
-            + ([("merge_in_kernel", {"EYAS_MERGE_IN_KERNEL": "1"})] if args.merge_in_kernel else [])
+        switches = ([("pdl_off", {"EYAS_PDL": "0"})] if args.pdl else []) \
+            + ([("merge_kernel", {"EYAS_MERGE_IN_KERNEL": "0"})] if args.merge_in_kernel else [])
         if len(switches) == 2:
-            switches.append(("pdl+merge_in_kernel", {**switches[0][1], **switches[1][1]}))
+            switches.append(("pdl_off+merge_kernel", {**switches[0][1], **switches[1][1]}))
         if switches:  # each switch beside the default, in turn, twice: A B (C D) A B (C D)
             variants = ([("default", {})] + switches) * 2
         for name, env in variants:

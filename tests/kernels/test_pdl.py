@@ -55,16 +55,22 @@ def test_without_pdl_no_grid_dependency_instructions():
     assert plain["atomics"] == [] and plain["cg_loads"] == 0
 
 
-def test_pdl_is_off_unless_asked_and_never_on_the_cpu(monkeypatch):
+def test_pdl_is_on_for_sm90_unless_switched_off_and_never_on_the_cpu(monkeypatch):
     import eyas.kernels.pdl as pdl
 
     x = torch.zeros(2)
     monkeypatch.delenv("EYAS_PDL", raising=False)
-    assert not pdl_on(x) and pdl_args(x) == {"USE_PDL": False}
-    monkeypatch.setenv("EYAS_PDL", "1")
     assert not pdl_on(x)  # a CPU tensor: the interpreter has no grid dependency control
     assert pdl_args(x) == {"USE_PDL": False}  # and no launch_pdl option, which the interpreter would refuse
-    monkeypatch.setattr(pdl, "pdl_on", lambda t: True)  # as on an sm_90 GPU
+    cuda = type("FakeCudaTensor", (), {"is_cuda": True, "device": torch.device("cuda", 0)})()
+    monkeypatch.setattr(pdl, "_capable", lambda index: True)  # as an sm_90 GPU
+    assert pdl_on(cuda)
+    monkeypatch.setenv("EYAS_PDL", "0")
+    assert not pdl_on(cuda)
+    monkeypatch.setattr(pdl, "_capable", lambda index: False)  # an older GPU
+    monkeypatch.delenv("EYAS_PDL")
+    assert not pdl_on(cuda)
+    monkeypatch.setattr(pdl, "pdl_on", lambda t: True)
     assert pdl.pdl_args(x) == {"USE_PDL": True, "launch_pdl": True}
 
 

@@ -129,7 +129,7 @@ def test_split_k_long_row(device, dtype):
 
 @pytest.mark.parametrize("mode", ["causal", "tree"])
 def test_split_merge_inside_the_kernel(device, monkeypatch, mode):
-    """EYAS_MERGE_IN_KERNEL=1: the last split program of each row block merges; the same output as the merge
+    """The default: the last split program of each row block merges; the same output as the merge
     kernel's, bit for bit (the same arithmetic), the counters back at zero after every launch, and a second
     launch over them right."""
     import eyas.kernels.slot_attention as kernels
@@ -147,15 +147,31 @@ def test_split_merge_inside_the_kernel(device, monkeypatch, mode):
     def attention():
         return slot_attention(q, k_cache, v_cache, slots, starts, D ** -0.5, kv_len=714, splits=3, **extra)
 
-    monkeypatch.delenv("EYAS_MERGE_IN_KERNEL", raising=False)
+    monkeypatch.setenv("EYAS_MERGE_IN_KERNEL", "0")  # the merge kernel
     reference = attention()
-    monkeypatch.setenv("EYAS_MERGE_IN_KERNEL", "1")
+    monkeypatch.delenv("EYAS_MERGE_IN_KERNEL")
     monkeypatch.setattr(kernels, "_counters", {})
     monkeypatch.setattr(kernels, "_combine_splits_kernel", None)  # the second kernel must not run
     for _ in range(2):
         assert torch.equal(attention(), reference)
         counters = kernels._counters[q.device]
         assert counters.numel() >= B * KV_HEADS * 2 and not counters.any()
+
+
+def test_outgrown_counters_stay_allocated(monkeypatch):
+    """A CUDA graph captured with the counters holds their address: when a larger batch needs more, the old
+    tensor is kept alive (never freed and handed to another buffer), and zero."""
+    import eyas.kernels.slot_attention as kernels
+
+    monkeypatch.setattr(kernels, "_counters", {})
+    monkeypatch.setattr(kernels, "_outgrown", [])
+    q = torch.zeros(1)
+    small = kernels.merge_in_kernel(q, 10)
+    assert kernels.merge_in_kernel(q, 4096) is small  # fits: the same tensor
+    large = kernels.merge_in_kernel(q, 5000)
+    assert large.numel() >= 5000 and kernels._outgrown == [small] and not small.any()
+    monkeypatch.setenv("EYAS_MERGE_IN_KERNEL", "0")
+    assert kernels.merge_in_kernel(q, 10) is None
 
 
 def test_choose_splits():

@@ -9,9 +9,10 @@ length are never read. Query heads of one kv head (GQA) share each loaded key/va
 
 Softmax is fp32 with online (flash) rescaling. With `splits` > 1 the column range of every row is cut into
 that many pieces processed by separate programs (flash-decoding), whose partial (max, sum, acc) are merged
-by a second small kernel: at batch 1 with a few kv heads a single pass would occupy a handful of SMs. With
-EYAS_MERGE_IN_KERNEL=1 the last split program of each row block to finish does the merge itself (it learns
-it is last from a per-block counter, which it then zeroes), saving that launch; off until measured on a GPU.
+by the last split program of each row block to finish (it learns it is last from a per-block counter,
+which it then zeroes): at batch 1 with a few kv heads a single pass would occupy a handful of SMs. With
+EYAS_MERGE_IN_KERNEL=0 a second small kernel merges instead (one more launch per layer; the 8B-shaped
+decode step was 0.5-1.3% slower so on an H200, docs/BENCHMARKS.md).
 Everything is decided on the host from shapes and the python int `kv_len`, so no host sync happens and
 both functions can be captured in a CUDA graph.
 """
@@ -202,20 +203,23 @@ def _combine_splits_kernel(out, part_m, part_l, part_acc, T, SPLITS, M_PAD,
 
 
 _counters: dict[torch.device, torch.Tensor] = {}
+_outgrown: list[torch.Tensor] = []  # counters replaced by larger ones, kept alive for the graphs using them
 
 
 def merge_in_kernel(q: torch.Tensor, blocks: int) -> torch.Tensor | None:
     """The zeroed per-row-block counters with which the attention kernel merges its splits itself, or None
-    to launch the merge kernel: EYAS_MERGE_IN_KERNEL=1 (off by default: not yet measured on a GPU). The
+    to launch the merge kernel (EYAS_MERGE_IN_KERNEL=0, or during a graph capture before any eager run). The
     counters live per device and are zero between launches (the merging program resets its own); they are
     only allocated outside CUDA-graph capture, whose first, eager warm-up run allocates them. Kernels on one
     device share them, which is safe for launches in one stream."""
-    if os.environ.get("EYAS_MERGE_IN_KERNEL") != "1":
+    if os.environ.get("EYAS_MERGE_IN_KERNEL") == "0":
         return None
     have = _counters.get(q.device)
     if have is None or have.numel() < blocks:
         if q.is_cuda and torch.cuda.is_current_stream_capturing():
             return None
+        if have is not None:  # a captured graph may hold it: it must never be freed and handed out again
+            _outgrown.append(have)
         _counters[q.device] = have = torch.zeros(max(blocks, 4096), dtype=torch.int32, device=q.device)
     return have
 
