@@ -20,11 +20,13 @@ from eyas.layers.activation import silu_mul
 from eyas.layers.norm import RMSNorm
 
 
-def _fits(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
+def _fits(x: torch.Tensor, features: int, *tensors: torch.Tensor | None) -> bool:
+    """Whether the kernel takes x, whose projection reads `features` inputs per row (for SiLU-and-mul, half
+    of x's width: gate_up holds gate and up side by side)."""
     from eyas.kernels.fused_linear import MAX_K, max_rows
 
     present = [t for t in tensors if t is not None]
-    return (os.environ.get("EYAS_FUSED_LINEAR", "1") != "0" and x.shape[-1] <= MAX_K
+    return (os.environ.get("EYAS_FUSED_LINEAR", "1") != "0" and features <= MAX_K
             and x.numel() <= max_rows() * x.shape[-1] and enabled(x, *present)
             and all(t.dtype == x.dtype for t in present))
 
@@ -32,7 +34,7 @@ def _fits(x: torch.Tensor, *tensors: torch.Tensor | None) -> bool:
 def norm_linear(norm: RMSNorm, linear, h: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(h + delta, linear(norm(h + delta))); with delta None, (h, linear(norm(h))). `linear` is a
     column-parallel linear (weight [N, K], optional bias): its output needs no all-reduce."""
-    if _fits(h, delta, norm.weight, linear.weight, linear.bias):
+    if _fits(h, h.shape[-1], delta, norm.weight, linear.weight, linear.bias):
         from eyas.kernels.fused_linear import norm_linear as fused
 
         return fused(h, delta, norm.weight, norm.eps, linear.weight, linear.bias)
@@ -42,7 +44,7 @@ def norm_linear(norm: RMSNorm, linear, h: torch.Tensor, delta: torch.Tensor | No
 
 def silu_mul_linear(linear, gate_up: torch.Tensor) -> torch.Tensor:
     """linear(silu(gate) * up) for a row-parallel `linear` (its all-reduce and bias applied after)."""
-    if _fits(gate_up, linear.weight):
+    if _fits(gate_up, gate_up.shape[-1] // 2, linear.weight):
         from eyas.kernels.fused_linear import silu_mul_linear as fused
 
         return linear.finish(fused(gate_up, linear.weight))
