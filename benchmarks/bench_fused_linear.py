@@ -10,7 +10,9 @@ the fused kernel's timing picked.
 
     python3 benchmarks/bench_fused_linear.py --shape smollm2 --rows 1,2 --out fused_linear.json
 
-Projections wider than the kernels take (K > MAX_K, e.g. every one of the 8B shape) are listed as skipped.
+Projections wider than MAX_K (every one of the 8B shape) run the kernels' wide chunked tiles, which the
+layers use only with EYAS_FUSED_WIDE=1; wider than WIDE_MAX_K, they are listed as skipped. The copy bandwidth
+measured at the start puts the weight bytes per µs in proportion.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from bench_join import SMOLLM2
-from bench_tp import LLAMA_8B
+from bench_tp import LLAMA_8B, copy_bandwidth
 from eyas.engine.graphs import capture
-from eyas.kernels.fused_linear import KERNEL_ROWS, MAX_K
+from eyas.kernels.fused_linear import KERNEL_ROWS, WIDE_MAX_K
 from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 SHAPES = {"smollm2": SMOLLM2, "llama-8b": LLAMA_8B}
@@ -103,12 +105,14 @@ def main():
         sys.exit(f"error: --rows must lie in 1..{KERNEL_ROWS} (the rows the fused kernels take)")
     if not torch.cuda.is_available():
         sys.exit("error: this benchmark times CUDA-graph replays and needs a CUDA GPU")
-    out = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, results=[])
+    out = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, copy_bw_tb_s=copy_bandwidth() / 1e12,
+               results=[])
+    print(f"copy bandwidth {out['copy_bw_tb_s']:.2f} TB/s")
     print("| shape | proj | K | N | rows | unfused µs | fused µs | speedup | fused weight GB/s | tile |")
     for shape in shapes:
         for name, kind, k, n in cases(SHAPES[shape]):
-            if k > MAX_K:
-                print(f"| {shape} | {name} | {k} | {n} | skipped: K > MAX_K = {MAX_K}, cuBLAS runs it |")
+            if k > WIDE_MAX_K:
+                print(f"| {shape} | {name} | {k} | {n} | skipped: K > WIDE_MAX_K = {WIDE_MAX_K}, cuBLAS runs it |")
                 continue
             for r in rows:
                 m = dict(shape=shape, **measure(name, kind, k, n, r))

@@ -1,7 +1,7 @@
 """Decode speed of a Llama-3.1-8B-shaped model (random weights) at TP = 1 and 2, with and without our user's
 NCCL settings, against the memory-bandwidth bound measured in the same run.
 
-Usage: python benchmarks/bench_tp.py --tp 1,2 --out tp.json [--no-graphs]
+Usage: python benchmarks/bench_tp.py --tp 1,2 --out tp.json [--no-graphs] [--pdl] [--merge-in-kernel] [--fused-wide]
 
 Every rank also times one step of a random EAGLE-3 draft for the same target (32k draft vocabulary, CUDA graph,
 batch 1): eyas runs the draft replicated on every rank, from the target's features that every rank holds after
@@ -197,14 +197,19 @@ def main():
     ap.add_argument("--merge-in-kernel", action="store_true",
                     help="each TP size with the split merge in the attention kernel and without "
                          "(EYAS_MERGE_IN_KERNEL=0), twice")
+    ap.add_argument("--fused-wide", action="store_true",
+                    help="each TP size also with the norm / activation fused into the wide projections "
+                         "(EYAS_FUSED_WIDE=1), twice")
     args = ap.parse_args()
     rows = []
     for tp in map(int, args.tp.split(",")):
         variants = [("default", {})] + ([("user_nccl", USER_NCCL)] if tp > 1 else [])
         switches = ([("pdl_off", {"EYAS_PDL": "0"})] if args.pdl else []) \
             + ([("merge_kernel", {"EYAS_MERGE_IN_KERNEL": "0"})] if args.merge_in_kernel else [])
-        if len(switches) == 2:
+        if args.pdl and args.merge_in_kernel:
             switches.append(("pdl_off+merge_kernel", {**switches[0][1], **switches[1][1]}))
+        if args.fused_wide:
+            switches.append(("fused_wide", {"EYAS_FUSED_WIDE": "1"}))
         if switches:  # each switch beside the default, in turn, twice: A B (C D) A B (C D)
             variants = ([("default", {})] + switches) * 2
         for name, env in variants:

@@ -74,9 +74,9 @@ def main(argv=None) -> int:
     except ValueError:
         print(f"kernel_registers: error: --rows must be comma-separated integers, got {args.rows!r}", file=sys.stderr)
         return 2
-    if not all(1 <= r <= fused_linear.KERNEL_ROWS for r in rows) or not 1 <= args.k <= fused_linear.MAX_K:
+    if not all(1 <= r <= fused_linear.KERNEL_ROWS for r in rows) or not 1 <= args.k <= fused_linear.WIDE_MAX_K:
         print(f"kernel_registers: error: rows must lie in 1..{fused_linear.KERNEL_ROWS} and --k in "
-              f"1..{fused_linear.MAX_K}", file=sys.stderr)
+              f"1..{fused_linear.WIDE_MAX_K}", file=sys.stderr)
         return 2
     results = []
     print("| rows | BLOCK_N | CHUNK_K | warps | registers | spill bytes |")

@@ -93,7 +93,7 @@ def test_bad_shapes_and_dtypes_are_refused():
     with pytest.raises(ValueError, match="exceed"):
         norm_linear(torch.zeros(9, K), None, torch.ones(K), EPS, torch.zeros(N, K))
     with pytest.raises(ValueError, match="exceed"):
-        silu_mul_linear(torch.zeros(1, 2 * 4096), torch.zeros(N, 4096))
+        silu_mul_linear(torch.zeros(1, 2 * 40000), torch.zeros(N, 40000))
 
 
 def _layers(device):
@@ -117,6 +117,7 @@ def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, max_k, max_
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "MAX_K", max_k)
+    monkeypatch.delenv("EYAS_FUSED_WIDE", raising=False)
     if max_rows is None:
         monkeypatch.delenv("EYAS_FUSED_MAX_ROWS", raising=False)
     else:
@@ -158,13 +159,69 @@ def test_layers_keep_torch_paths_for_training(monkeypatch, device):
 def test_tile_pruning_keeps_every_tile_of_decode_rows():
     """The warm-up times every tile for 1-2 rows (as before the K-chunked tiles existed); at 8 rows of 1,536
     features the wide whole-row tiles, whose products would spill, are not even compiled."""
-    from eyas.kernels.fused_linear import _CONFIGS, _prune
+    from eyas.kernels.fused_linear import _CONFIGS, SMALL_CONFIGS, _prune
 
     def tiles(**args):
         return {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in _prune(_CONFIGS, args)}
 
-    every = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in _CONFIGS}
+    every = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in SMALL_CONFIGS}
     assert tiles(M=1, K=576) == tiles(M=2, I=1536) == every
     eight = tiles(M=8, I=1536)
     assert {(n, w) for n, c, w in every - eight} == {(8, 4), (8, 8), (16, 4), (16, 8)}
     assert all(c == 0 for _, c, _ in every - eight)
+
+
+def test_wide_rows_take_the_wide_chunks_only():
+    """Past MAX_K (an 8B model's 4,096 and 14,336 features) only the 256-1,024-column chunks are timed,
+    those of up to 65,536 products at 8 rows."""
+    from eyas.kernels.fused_linear import _CONFIGS, WIDE_CONFIGS, _prune
+
+    def tiles(**args):
+        return {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in _prune(_CONFIGS, args)}
+
+    wide = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in WIDE_CONFIGS}
+    assert tiles(M=1, K=4096) == tiles(M=2, I=14336) == wide
+    assert {(n, c) for n, c, _ in tiles(M=8, K=4096)} == {(4, 256), (4, 512), (4, 1024), (8, 256), (8, 512),
+                                                           (8, 1024), (16, 256), (16, 512)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wide_rows_in_chunks(device, dtype, monkeypatch):
+    """K past MAX_K, in 256-column chunks with a partial last one (2,304 = 9 x 256; 2,200 for the activation)."""
+    import eyas.kernels.fused_linear as kernels
+
+    monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", 256)
+    k, inter = kernels.MAX_K + 256, kernels.MAX_K + 152
+    x, delta = rand((1, 2, k), dtype, device, 0), rand((1, 2, k), dtype, device, 1)
+    norm = RMSNorm(k, EPS).to(device)
+    norm.weight.data = 1 + 0.3 * rand(k, dtype, device, 2)
+    w = rand((N, k), dtype, device, 3, k ** -0.5)
+    h, y = norm_linear(x, delta, norm.weight, EPS, w)
+    h_ref, x_in = norm.residual(x, delta)
+    assert torch.equal(h, h_ref)
+    assert_product_close(y, x_in, w)
+    gate_up = rand((1, 2 * inter), dtype, device, 4, 4.0)
+    w2 = rand((N, inter), dtype, device, 5, inter ** -0.5)
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert_product_close(silu_mul_linear(gate_up, w2), F.silu(gate) * up, w2)
+
+
+def test_layers_fuse_wide_rows_when_asked(device, monkeypatch):
+    """EYAS_FUSED_WIDE=1: the layers fuse projections past MAX_K too."""
+    import eyas.kernels.fused_linear as kernels
+
+    monkeypatch.setattr(kernels, "MAX_K", 64)  # K = 96 and INTER = 80 are then wide
+    monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", 32)
+    norm, col, row = _layers(device)
+    x, gate_up = rand((1, 1, K), torch.float32, device, 5), rand((1, 1, 2 * INTER), torch.float32, device, 7)
+    calls = []
+    for name in ("norm_linear", "silu_mul_linear"):
+        monkeypatch.setattr(kernels, name, lambda *a, _f=getattr(kernels, name): calls.append(1) or _f(*a))
+    monkeypatch.setenv("EYAS_KERNELS", "force")
+    with torch.no_grad():
+        monkeypatch.delenv("EYAS_FUSED_WIDE", raising=False)
+        layer.norm_linear(norm, col, x, None), layer.silu_mul_linear(row, gate_up)
+        assert not calls
+        monkeypatch.setenv("EYAS_FUSED_WIDE", "1")
+        layer.norm_linear(norm, col, x, None), layer.silu_mul_linear(row, gate_up)
+        assert len(calls) == 2

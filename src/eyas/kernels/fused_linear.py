@@ -23,7 +23,14 @@ this one wins 1.3-2.1x at 1 row, 1.2-1.8x at 2, and at 4 (a chain's verify) lose
 For a verify's 4-8 rows, whole rows leave room for small output tiles only, so hundreds of programs each
 redo the rows' norm or activation. The kernels therefore also loop over K in chunks of 64 or 128 with
 output tiles of up to 32 columns (the norm then takes a first pass over the rows for their sums of squares);
-the warm-up's timing picks per shape among both kinds. The kernels take up to KERNEL_ROWS rows; the layers
+the warm-up's timing picks per shape among both kinds.
+
+Wide projections (K > MAX_K: an 8B model's 4,096 and 14,336) take only chunked tiles, of 256-1,024 columns
+(WIDE_CONFIGS), so that each program keeps tens of KB of weights in flight: there cuBLAS reads at 73-98% of
+the copy bandwidth, and the fusion would save the norm's and the activation's launches and cuBLAS's split-K
+reduces. The layers fuse them only with EYAS_FUSED_WIDE=1 (max_k()) until they are timed on a GPU.
+
+The kernels take up to KERNEL_ROWS rows; the layers
 fuse up to max_rows() (MAX_ROWS unless EYAS_FUSED_MAX_ROWS says more): on an H200 (2026-12-01) the timing
 still chose whole-row tiles at 4 and 8 rows of SmolLM2's shapes, which lost to cuBLAS at 4 rows on gate/up
 and down (0.82-0.83x) and at 8 rows on all three (0.25-0.81x); a tree's speed fell 18% with 8 rows fused.
@@ -42,7 +49,8 @@ from eyas.kernels.rounding import rounded
 
 KERNEL_ROWS = 8  # rows (tokens) the kernels take: up to a tree verify's 8
 MAX_ROWS = 2     # rows up to which the layers fuse unless EYAS_FUSED_MAX_ROWS says otherwise (max_rows())
-MAX_K = 2048     # input features up to which it runs: wider rows are bandwidth-bound matmuls, where cuBLAS wins
+MAX_K = 2048     # input features up to which the layers fuse by default (and whole-row tiles are timed)
+WIDE_MAX_K = 32768  # input features up to which the kernels run, in wide chunks past MAX_K
 
 
 def max_rows() -> int:
@@ -50,6 +58,11 @@ def max_rows() -> int:
     MAX_ROWS. Read per call, so a benchmark can time a verify's rows both ways in one process."""
     value = os.environ.get("EYAS_FUSED_MAX_ROWS")
     return min(int(value), KERNEL_ROWS) if value and value.isdigit() else MAX_ROWS
+
+
+def max_k() -> int:
+    """Input features up to which the layers use these kernels: WIDE_MAX_K with EYAS_FUSED_WIDE=1, else MAX_K."""
+    return WIDE_MAX_K if os.environ.get("EYAS_FUSED_WIDE") == "1" else MAX_K
 
 
 @triton.jit
@@ -156,19 +169,25 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # On a GPU the tile is timed at first use of each (rows, N, K), which the engine's warm-up runs before any
 # CUDA graph is captured: whole rows (CHUNK_K 0) with small output tiles, or K in chunks with wider ones.
-_CONFIGS = ([triton.Config({"BLOCK_N": n, "CHUNK_K": 0}, num_warps=w) for n in (2, 4, 8, 16) for w in (4, 8)]
-            + [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=4) for n in (8, 16, 32) for c in (64, 128)])
+# Wide rows (K > MAX_K) are timed over chunks of 256-1,024 columns alone.
+SMALL_CONFIGS = ([triton.Config({"BLOCK_N": n, "CHUNK_K": 0}, num_warps=w) for n in (2, 4, 8, 16) for w in (4, 8)]
+                 + [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=4) for n in (8, 16, 32) for c in (64, 128)])
+WIDE_CONFIGS = [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=w)
+                for n in (4, 8, 16) for c in (256, 512, 1024) for w in (4, 8)]
+_CONFIGS = SMALL_CONFIGS + WIDE_CONFIGS
 _PRODUCT_LIMIT = 65536  # rows x output columns x input columns of one product: every tile of 1-2 rows fits
 
 
 def _prune(configs, named_args, **kwargs):
-    """Tiles whose [rows, BLOCK_N, K or CHUNK_K] product fits: the others spill registers by the kilobyte.
-    Sized from the runtime arguments M and K (I), which every Triton version hands over in named_args."""
+    """The small tiles up to MAX_K input features, the wide ones past it; of those, the tiles whose [rows,
+    BLOCK_N, K or CHUNK_K] product fits: the others spill registers by the kilobyte. Sized from the runtime
+    arguments M and K (I), which every Triton version hands over in named_args."""
     m = triton.next_power_of_2(named_args["M"])
     k = triton.next_power_of_2(named_args["K"] if "K" in named_args else named_args["I"])
-    fit = [c for c in configs
-           if m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= _PRODUCT_LIMIT and c.kwargs["CHUNK_K"] < k]
-    return fit or configs[:1]
+    kind = WIDE_CONFIGS if k > MAX_K else SMALL_CONFIGS
+    fit = [c for c in configs if c in kind
+           and m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= _PRODUCT_LIMIT and c.kwargs["CHUNK_K"] < k]
+    return fit or [c for c in configs if c in kind][:1] or configs[:1]
 
 
 _tuned = {
@@ -183,8 +202,8 @@ def _check(what: str, x: torch.Tensor, weight: torch.Tensor, k: int):
     if weight.dim() != 2 or weight.shape[1] != k:
         raise ValueError(f"{what}: weight {tuple(weight.shape)} does not take inputs of {k} features")
     rows = x.numel() // max(x.shape[-1], 1)
-    if k > MAX_K or rows > KERNEL_ROWS:
-        raise ValueError(f"{what}: {rows} rows of {k} features exceed the {KERNEL_ROWS} x {MAX_K} it takes")
+    if k > WIDE_MAX_K or rows > KERNEL_ROWS:
+        raise ValueError(f"{what}: {rows} rows of {k} features exceed the {KERNEL_ROWS} x {WIDE_MAX_K} it takes")
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

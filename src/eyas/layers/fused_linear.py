@@ -3,8 +3,8 @@
 The torch meaning of each function is its fallback, written out below: the residual add and RMSNorm
 (`RMSNorm.residual`) then the linear; SiLU-and-mul then the linear. The fused kernel runs when the kernels
 are enabled for these tensors (CUDA, no autograd), there are at most max_rows() tokens (by default decode
-steps of one or two sequences: verify passes and prefills keep cuBLAS) of at most MAX_K features (small
-models, where launches dominate: large ones keep cuBLAS, which reads their weights faster), everything shares
+steps of one or two sequences: verify passes and prefills keep cuBLAS) of at most max_k() features (MAX_K:
+small models, where launches dominate; large ones keep cuBLAS unless EYAS_FUSED_WIDE=1), everything shares
 one dtype, and EYAS_FUSED_LINEAR is not "0" (the switch that benchmarks flip to measure the fusion).
 """
 
@@ -23,10 +23,10 @@ from eyas.layers.norm import RMSNorm
 def _fits(x: torch.Tensor, features: int, *tensors: torch.Tensor | None) -> bool:
     """Whether the kernel takes x, whose projection reads `features` inputs per row (for SiLU-and-mul, half
     of x's width: gate_up holds gate and up side by side)."""
-    from eyas.kernels.fused_linear import MAX_K, max_rows
+    from eyas.kernels.fused_linear import max_k, max_rows
 
     present = [t for t in tensors if t is not None]
-    return (os.environ.get("EYAS_FUSED_LINEAR", "1") != "0" and features <= MAX_K
+    return (os.environ.get("EYAS_FUSED_LINEAR", "1") != "0" and features <= max_k()
             and x.numel() <= max_rows() * x.shape[-1] and enabled(x, *present)
             and all(t.dtype == x.dtype for t in present))
 
