@@ -14,8 +14,8 @@ overlaps the previous kernel. Launches captured in a CUDA graph keep these progr
 that follows a cuBLAS or torch kernel (which never signal) starts when that kernel ends, as before.
 
 It is on for CUDA devices of compute capability 9.0 and up; EYAS_PDL=0 switches it off. Measured on an H200
-(docs/BENCHMARKS.md, 2026-12-01): the 8B-shaped decode step 2.4% faster, SmolLM2's plain decode 4-6%, its
-chain ~1% faster and its tree ~1% slower.
+(docs/BENCHMARKS.md, 2026-12-01): the 8B-shaped decode step 1.2-3.0% faster, SmolLM2's plain decode 3.6-5.6%,
+its chain −1% to +2%, its tree ~1% slower.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ Softmax is fp32 with online (flash) rescaling. With `splits` > 1 the column rang
 that many pieces processed by separate programs (flash-decoding), whose partial (max, sum, acc) are merged
 by the last split program of each row block to finish (it learns it is last from a per-block counter,
 which it then zeroes): at batch 1 with a few kv heads a single pass would occupy a handful of SMs. With
-EYAS_MERGE_IN_KERNEL=0 a second small kernel merges instead (one more launch per layer; the 8B-shaped
-decode step was 0.5-1.3% slower so on an H200, docs/BENCHMARKS.md).
+EYAS_MERGE_IN_KERNEL=0 a second small kernel merges instead (one more launch per layer; on an H200 the
+8B-shaped decode step was slower so in 7 of 8 pairings, by up to 1.5%: docs/BENCHMARKS.md).
 Everything is decided on the host from shapes and the python int `kv_len`, so no host sync happens and
 both functions can be captured in a CUDA graph.
 """
