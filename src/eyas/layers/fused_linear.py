@@ -31,7 +31,8 @@ def _fits(x: torch.Tensor, features: int, *tensors: torch.Tensor | None) -> bool
             and all(t.dtype == x.dtype for t in present))
 
 
-def norm_linear(norm: RMSNorm, linear, h: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def norm_linear(norm: RMSNorm, linear, h: torch.Tensor,
+                delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(h + delta, linear(norm(h + delta))); with delta None, (h, linear(norm(h))). `linear` is a
     column-parallel linear (weight [N, K], optional bias): its output needs no all-reduce."""
     if _fits(h, h.shape[-1], delta, norm.weight, linear.weight, linear.bias):
