@@ -1,10 +1,11 @@
 """The fused norm+linear and SiLU-and-mul+linear kernels against the two launches they replace, side by side.
 
 For each projection of a model shape that the fusion touches (q/k/v and gate/up after a residual add and
-RMSNorm, down after SiLU-and-mul) and each row count, this times, as CUDA-graph replays (launch gaps
-included, as in a decode step):
-  unfused: eyas.kernels.norm.add_rms_norm then F.linear (cuBLAS), or eyas.kernels.activation.silu_mul then F.linear
-  fused:   eyas.kernels.fused_linear.norm_linear / silu_mul_linear
+RMSNorm, down after SiLU-and-mul, and the attention's output projection o as a plain GEMV) and each row
+count, this times, as CUDA-graph replays (launch gaps included, as in a decode step):
+  unfused: eyas.kernels.norm.add_rms_norm then F.linear (cuBLAS), or eyas.kernels.activation.silu_mul then F.linear,
+           or F.linear alone
+  fused:   eyas.kernels.fused_linear.norm_linear / silu_mul_linear / linear_rows
 and prints µs per call, the weight bytes per µs, the largest difference between the two outputs, and the tile
 the fused kernel's timing picked.
 
@@ -44,7 +45,8 @@ def cases(shape: dict):
     h, inter = shape["hidden_size"], shape["intermediate_size"]
     d = h // shape["num_attention_heads"]
     qkv = (shape["num_attention_heads"] + 2 * shape["num_key_value_heads"]) * d
-    return [("qkv", "norm", h, qkv), ("gate_up", "norm", h, 2 * inter), ("down", "act", inter, h)]
+    return [("qkv", "norm", h, qkv), ("o", "plain", shape["num_attention_heads"] * d, h),
+            ("gate_up", "norm", h, 2 * inter), ("down", "act", inter, h)]
 
 
 def measure(name: str, kind: str, k: int, n: int, rows: int) -> dict:
@@ -64,6 +66,15 @@ def measure(name: str, kind: str, k: int, n: int, rows: int) -> dict:
 
         def fused_fn():
             return fused.norm_linear(x, delta, nw, 1e-5, w)[1]
+        kernel = fused._norm_linear_kernel
+    elif kind == "plain":
+        x = torch.randn(rows, k, generator=g, device=dev).to(dt)
+
+        def unfused():
+            return F.linear(x, w)
+
+        def fused_fn():
+            return fused.linear_rows(x, w)
         kernel = fused._norm_linear_kernel
     else:
         gate_up = (2 * torch.randn(rows, 2 * k, generator=g, device=dev)).to(dt)

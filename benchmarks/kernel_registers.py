@@ -53,7 +53,7 @@ def counts(ptx: str) -> dict:
 def tile_counts(rows: int, k: int, config) -> dict:
     block_m, block_k = triton.next_power_of_2(rows), triton.next_power_of_2(k)
     kernel = fused_linear._norm_linear_kernel
-    constexprs = dict(HAS_DELTA=True, HAS_BIAS=False, BLOCK_M=block_m, BLOCK_K=block_k, USE_PDL=False,
+    constexprs = dict(HAS_NORM=True, HAS_DELTA=True, HAS_BIAS=False, BLOCK_M=block_m, BLOCK_K=block_k, USE_PDL=False,
                       **config.kwargs)
     sig = {p.name: "constexpr" if p.is_constexpr else ("fp32" if p.name == "eps" else
                                                        "*bf16" if p.name.endswith("_ptr") else "i32")

@@ -20,10 +20,11 @@ BF16, I32, F32, U8 = "*bf16", "i32", "fp32", "*u8"
 
 # name -> (kernel, pointer types by name, constexprs); other runtime arguments are i32 but those in FLOATS
 KERNELS = {
-    "norm_linear": (fused_linear._norm_linear_kernel, {}, dict(HAS_DELTA=True, HAS_BIAS=False, BLOCK_M=2,
-                                                               BLOCK_N=8, BLOCK_K=1024, CHUNK_K=0)),
-    "norm_linear_chunked": (fused_linear._norm_linear_kernel, {}, dict(HAS_DELTA=True, HAS_BIAS=False, BLOCK_M=4,
-                                                                       BLOCK_N=16, BLOCK_K=1024, CHUNK_K=128)),
+    "norm_linear": (fused_linear._norm_linear_kernel, {}, dict(HAS_NORM=True, HAS_DELTA=True, HAS_BIAS=False,
+                                                               BLOCK_M=2, BLOCK_N=8, BLOCK_K=1024, CHUNK_K=0)),
+    "norm_linear_chunked": (fused_linear._norm_linear_kernel, {}, dict(HAS_NORM=True, HAS_DELTA=True,
+                                                                       HAS_BIAS=False, BLOCK_M=4, BLOCK_N=16,
+                                                                       BLOCK_K=1024, CHUNK_K=128)),
     "silu_mul_linear": (fused_linear._silu_mul_linear_kernel, {}, dict(BLOCK_M=2, BLOCK_N=8, BLOCK_K=2048,
                                                                        CHUNK_K=0)),
     "silu_mul_linear_chunked": (fused_linear._silu_mul_linear_kernel, {}, dict(BLOCK_M=4, BLOCK_N=16,

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eyas.kernels.fused_linear import norm_linear, silu_mul_linear
+from eyas.kernels.fused_linear import linear_rows, norm_linear, silu_mul_linear
 from eyas.layers import fused_linear as layer
 from eyas.layers.linear import ColumnParallelLinear, RowParallelLinear
 from eyas.layers.norm import RMSNorm
@@ -78,6 +78,14 @@ def test_silu_mul_linear_matches_silu_mul_then_linear(device, dtype, rows, chunk
     w = rand((N, INTER), dtype, device, 1, INTER ** -0.5)
     gate, up = gate_up.chunk(2, dim=-1)
     assert_product_close(silu_mul_linear(gate_up, w), F.silu(gate) * up, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [(1, 1), (1, 2), (2, 4)])
+def test_linear_rows_matches_linear(device, dtype, rows, chunk_k):
+    x = rand((*rows, K), dtype, device, 0)
+    w = rand((N, K), dtype, device, 1, K ** -0.5)
+    assert_product_close(linear_rows(x, w), x, w)
 
 
 def test_bad_shapes_and_dtypes_are_refused():
@@ -207,21 +215,30 @@ def test_wide_rows_in_chunks(device, dtype, monkeypatch):
 
 
 def test_layers_fuse_wide_rows_when_asked(device, monkeypatch):
-    """EYAS_FUSED_WIDE=1: the layers fuse projections past MAX_K too."""
+    """EYAS_FUSED_WIDE=1: the layers fuse projections past MAX_K too, and the output projection alone (a
+    plain GEMV) only then; the row-parallel bias is added after the kernel."""
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "MAX_K", 64)  # K = 96 and INTER = 80 are then wide
     monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", 32)
     norm, col, row = _layers(device)
     x, gate_up = rand((1, 1, K), torch.float32, device, 5), rand((1, 1, 2 * INTER), torch.float32, device, 7)
+    attn_out = rand((1, 1, INTER), torch.float32, device, 8)
+    with torch.no_grad():
+        ref = row(attn_out)
     calls = []
-    for name in ("norm_linear", "silu_mul_linear"):
+    for name in ("norm_linear", "silu_mul_linear", "linear_rows"):
         monkeypatch.setattr(kernels, name, lambda *a, _f=getattr(kernels, name): calls.append(1) or _f(*a))
     monkeypatch.setenv("EYAS_KERNELS", "force")
     with torch.no_grad():
         monkeypatch.delenv("EYAS_FUSED_WIDE", raising=False)
-        layer.norm_linear(norm, col, x, None), layer.silu_mul_linear(row, gate_up)
+        layer.norm_linear(norm, col, x, None), layer.silu_mul_linear(row, gate_up), layer.project_rows(row, attn_out)
         assert not calls
         monkeypatch.setenv("EYAS_FUSED_WIDE", "1")
         layer.norm_linear(norm, col, x, None), layer.silu_mul_linear(row, gate_up)
-        assert len(calls) == 2
+        out = layer.project_rows(row, attn_out)
+        assert len(calls) == 3
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+        monkeypatch.setattr(kernels, "MAX_K", 2048)  # not wide: the output projection keeps cuBLAS
+        layer.project_rows(row, attn_out)
+        assert len(calls) == 3

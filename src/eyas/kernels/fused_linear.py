@@ -8,6 +8,7 @@ previous kernel into the projection's input load:
   eyas.kernels.norm, recomputed by every program from the whole rows (they are a few KB and in cache).
   Programs of the first column block also store h, the residual stream the next layer adds to.
 - `silu_mul_linear`: y = (silu(gate) * up) @ W^T, the activation computed as the rows are loaded.
+- `linear_rows`: y = x @ W^T through the same tiles, for wide projections that no norm precedes.
 
 Rounding follows torch's unfused ops (each intermediate rounded to the tensor dtype), so the projection's
 input holds exactly the values the unfused kernels would write. The products are accumulated in fp32, in
@@ -78,7 +79,7 @@ def _residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA: tl.constexpr):
 
 @triton.jit
 def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, K, eps,
-                        HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                        HAS_NORM: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr,
                         USE_PDL: tl.constexpr):
     signal_dependents(USE_PDL)
@@ -92,32 +93,41 @@ def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, 
         col_ok = cols < K
         # The weights first: no kernel writes them, so with PDL their load overlaps the previous kernel.
         w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
-        nw = tl.load(nw_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            nw = tl.load(nw_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         wait_for_previous(USE_PDL)
         h, offs, mask = _residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA)
         if HAS_DELTA:
             if pid_n == 0:
                 tl.store(h_ptr + offs, h.to(dtype), mask=mask)
-        inv_rms = tl.rsqrt(tl.sum(h * h, axis=1) / K + eps)
-        xn = rounded(nw[None, :] * rounded(h * inv_rms[:, None], dtype), dtype)
+        if HAS_NORM:
+            inv_rms = tl.rsqrt(tl.sum(h * h, axis=1) / K + eps)
+            xn = rounded(nw[None, :] * rounded(h * inv_rms[:, None], dtype), dtype)
+        else:
+            xn = h
         y = tl.sum(xn[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
     else:  # K in chunks: a pass for the rows' sums of squares, then one for the product, weights a chunk ahead
         cols = tl.arange(0, CHUNK_K)
         w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & (cols < K)[None, :], other=0.0)
         wait_for_previous(USE_PDL)
-        sum_sq = tl.zeros([BLOCK_M], tl.float32)
-        for k0 in range(0, K, CHUNK_K):
-            h, offs, mask = _residual_chunk(x_ptr, d_ptr, rows, k0 + cols, M, K, HAS_DELTA)
-            if HAS_DELTA:
-                if pid_n == 0:
-                    tl.store(h_ptr + offs, h.to(dtype), mask=mask)
-            sum_sq += tl.sum(h * h, axis=1)
-        inv_rms = tl.rsqrt(sum_sq / K + eps)
+        inv_rms = tl.zeros([BLOCK_M], tl.float32)
+        if HAS_NORM:  # the plain projection (HAS_NORM False) takes no delta: nothing to sum or store first
+            sum_sq = tl.zeros([BLOCK_M], tl.float32)
+            for k0 in range(0, K, CHUNK_K):
+                h, offs, mask = _residual_chunk(x_ptr, d_ptr, rows, k0 + cols, M, K, HAS_DELTA)
+                if HAS_DELTA:
+                    if pid_n == 0:
+                        tl.store(h_ptr + offs, h.to(dtype), mask=mask)
+                sum_sq += tl.sum(h * h, axis=1)
+            inv_rms = tl.rsqrt(sum_sq / K + eps)
         y = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, K, CHUNK_K):
             h, offs, mask = _residual_chunk(x_ptr, d_ptr, rows, k0 + cols, M, K, HAS_DELTA)
-            nw = tl.load(nw_ptr + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
-            xn = rounded(nw[None, :] * rounded(h * inv_rms[:, None], dtype), dtype)
+            if HAS_NORM:
+                nw = tl.load(nw_ptr + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
+                xn = rounded(nw[None, :] * rounded(h * inv_rms[:, None], dtype), dtype)
+            else:
+                xn = h
             y += tl.sum(xn[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
             nxt = k0 + CHUNK_K + cols
             w = tl.load(w_ptr + n_idx[:, None] * K + nxt[None, :], mask=n_ok[:, None] & (nxt < K)[None, :], other=0.0)
@@ -243,8 +253,23 @@ def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     b = bias if bias is not None else weight
     _launch(_norm_linear_kernel, m, n, k, xr, dr, norm_weight.contiguous(), weight.contiguous(), b, h, y, m, n, k,
-            eps, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None)
+            eps, HAS_NORM=True, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None)
     return h.view(x.shape), y.view(*x.shape[:-1], n)
+
+
+def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, weight) for a few rows, through the same tiles with no norm before them: for a wide
+    projection that no norm precedes (the attention's output projection), where cuBLAS reads the weights at
+    ~73% of the copy bandwidth and adds a split-K reduce."""
+    k = x.shape[-1]
+    _check("linear_rows", x, weight, k)
+    xr = _rows(x)
+    m, n = xr.shape[0], weight.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    w = weight.contiguous()
+    _launch(_norm_linear_kernel, m, n, k, xr, xr, w, w, w, xr, y, m, n, k, 0.0,
+            HAS_NORM=False, HAS_DELTA=False, HAS_BIAS=False)
+    return y.view(*x.shape[:-1], n)
 
 
 def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,18 @@ def norm_linear(norm: RMSNorm, linear, h: torch.Tensor,
     return h, linear(x)
 
 
+def project_rows(linear, x: torch.Tensor) -> torch.Tensor:
+    """linear(x) for a row-parallel `linear` (the attention's output projection). Wider than MAX_K and with
+    EYAS_FUSED_WIDE=1, through the kernels' wide tiles (no split-K reduce); otherwise cuBLAS."""
+    from eyas.kernels.fused_linear import MAX_K
+
+    if x.shape[-1] > MAX_K and _fits(x, x.shape[-1], linear.weight):
+        from eyas.kernels.fused_linear import linear_rows
+
+        return linear.finish(linear_rows(x, linear.weight))
+    return linear(x)
+
+
 def silu_mul_linear(linear, gate_up: torch.Tensor) -> torch.Tensor:
     """linear(silu(gate) * up) for a row-parallel `linear` (its all-reduce and bias applied after)."""
     if _fits(gate_up, gate_up.shape[-1] // 2, linear.weight):

@@ -17,7 +17,7 @@ from eyas.config import ModelConfig
 from eyas.dist.parallel import SINGLE, TPContext
 from eyas.layers.activation import silu_mul
 from eyas.layers.attention import AttentionBatch, rotate_and_attend
-from eyas.layers.fused_linear import norm_linear, silu_mul_linear
+from eyas.layers.fused_linear import norm_linear, project_rows, silu_mul_linear
 from eyas.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from eyas.layers.norm import RMSNorm
 from eyas.layers.rotary import RotaryEmbedding
@@ -58,7 +58,7 @@ class Attention(nn.Module):
         q, k, v = q.view(B, T, self.heads, d), k.view(B, T, self.kv_heads, d), v.view(B, T, self.kv_heads, d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        return self.o_proj(rotate_and_attend(q, k, v, positions, rotary, self.layer, batch, d ** -0.5))
+        return project_rows(self.o_proj, rotate_and_attend(q, k, v, positions, rotary, self.layer, batch, d ** -0.5))
 
 
 class MLP(nn.Module):
