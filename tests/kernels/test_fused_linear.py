@@ -191,6 +191,11 @@ def test_wide_rows_take_the_wide_chunks_only():
     assert tiles(M=1, K=4096) == tiles(M=2, I=14336) == wide
     assert {(n, c) for n, c, _ in tiles(M=8, K=4096)} == {(4, 256), (4, 512), (4, 1024), (8, 256), (8, 512),
                                                            (8, 1024), (16, 256), (16, 512)}
+    import copy  # the autotuner may hand the pruning copies of the configs: it sorts them by value
+
+    copies = [copy.deepcopy(c) for c in _CONFIGS]
+    assert len(_prune(copies, {"M": 1, "K": 4096})) == len(WIDE_CONFIGS)
+    assert len(_prune(copies, {"M": 1, "K": 576})) == len(_CONFIGS) - len(WIDE_CONFIGS)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

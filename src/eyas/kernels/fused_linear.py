@@ -31,10 +31,10 @@ Wide projections (K > MAX_K: an 8B model's 4,096 and 14,336) take only chunked t
 the copy bandwidth, and the fusion would save the norm's and the activation's launches and cuBLAS's split-K
 reduces. The layers fuse them only with EYAS_FUSED_WIDE=1 (max_k()) until they are timed on a GPU.
 
-The kernels take up to KERNEL_ROWS rows; the layers
-fuse up to max_rows() (MAX_ROWS unless EYAS_FUSED_MAX_ROWS says more): on an H200 (2026-12-01) the timing
-still chose whole-row tiles at 4 and 8 rows of SmolLM2's shapes, which lost to cuBLAS at 4 rows on gate/up
-and down (0.82-0.83x) and at 8 rows on all three (0.25-0.81x); a tree's speed fell 18% with 8 rows fused.
+The kernels take up to KERNEL_ROWS rows; the layers fuse up to max_rows() (MAX_ROWS unless
+EYAS_FUSED_MAX_ROWS says more): on an H200 (2026-12-01) the timing still chose whole-row tiles at 4 and 8
+rows of SmolLM2's shapes, which lost to cuBLAS at 4 rows on gate/up and down (0.82-0.83x) and at 8 rows on
+all three (0.25-0.81x); a tree's speed fell 18% with 8 rows fused.
 """
 
 from __future__ import annotations
@@ -110,7 +110,6 @@ def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, 
         cols = tl.arange(0, CHUNK_K)
         w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & (cols < K)[None, :], other=0.0)
         wait_for_previous(USE_PDL)
-        inv_rms = tl.zeros([BLOCK_M], tl.float32)
         if HAS_NORM:  # the plain projection (HAS_NORM False) takes no delta: nothing to sum or store first
             sum_sq = tl.zeros([BLOCK_M], tl.float32)
             for k0 in range(0, K, CHUNK_K):
@@ -185,6 +184,7 @@ SMALL_CONFIGS = ([triton.Config({"BLOCK_N": n, "CHUNK_K": 0}, num_warps=w) for n
 WIDE_CONFIGS = [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=w)
                 for n in (4, 8, 16) for c in (256, 512, 1024) for w in (4, 8)]
 _CONFIGS = SMALL_CONFIGS + WIDE_CONFIGS
+_WIDE_CHUNK = 256  # the smallest chunk of a wide tile
 _PRODUCT_LIMIT = 65536  # rows x output columns x input columns of one product: every tile of 1-2 rows fits
 
 
@@ -194,10 +194,11 @@ def _prune(configs, named_args, **kwargs):
     arguments M and K (I), which every Triton version hands over in named_args."""
     m = triton.next_power_of_2(named_args["M"])
     k = triton.next_power_of_2(named_args["K"] if "K" in named_args else named_args["I"])
-    kind = WIDE_CONFIGS if k > MAX_K else SMALL_CONFIGS
-    fit = [c for c in configs if c in kind
-           and m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= _PRODUCT_LIMIT and c.kwargs["CHUNK_K"] < k]
-    return fit or [c for c in configs if c in kind][:1] or configs[:1]
+    kind = [c for c in configs if (c.kwargs["CHUNK_K"] >= _WIDE_CHUNK) == (k > MAX_K)]  # by value: the
+    # autotuner may hand over copies of the configs
+    fit = [c for c in kind
+           if m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= _PRODUCT_LIMIT and c.kwargs["CHUNK_K"] < k]
+    return fit or kind[:1] or configs[:1]
 
 
 _tuned = {
