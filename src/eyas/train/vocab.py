@@ -32,9 +32,10 @@ class VocabMapping:
 
 
 def count_tokens(samples, vocab_size: int) -> torch.Tensor:
-    """How often each target token is a loss-masked (assistant) token. One bincount over all of them: a
-    bincount and an add per sample cost ~50 µs each alone, and with another process on the host, their
-    threads contending, minutes over 72,000 samples (benchmarks/bench_vocab_count.py)."""
+    """How often each target token is a loss-masked (assistant) token, in one bincount over all of them. A
+    bincount and an add per sample took ~46 µs a sample alone (2-core VM), but over nine minutes for 72,000
+    samples on the H200 host with two vocabulary stages at once, their threads contending
+    (benchmarks/bench_vocab_count.py)."""
     if not samples:
         return torch.zeros(vocab_size, dtype=torch.long)
     ids = torch.cat([s.input_ids for s in samples])[torch.cat([s.loss_mask for s in samples])].long()
