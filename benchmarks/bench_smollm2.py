@@ -305,6 +305,9 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--pdl", action="store_true",
                     help="speed: also each eyas engine without programmatic dependent launch (EYAS_PDL=0), beside it")
+    ap.add_argument("--rotary-in-attention", action="store_true",
+                    help="speed: also each eyas engine with the rotary and cache write inside the attention kernel "
+                         "(EYAS_ROTARY_IN_ATTENTION=1), beside it")
     ap.add_argument("--verify-fused", action="store_true",
                     help="speed: also chain and tree with their verify's projections fused (EYAS_FUSED_MAX_ROWS 4, 8)")
     ap.add_argument("--out", default="bench_smollm2.json")
@@ -332,9 +335,13 @@ def main():
         speed("eyas_plain")
         if args.pdl:  # each engine beside its twin without programmatic dependent launch (eyas.kernels.pdl)
             speed("eyas_plain_pdl_off", env=("EYAS_PDL", "0"))
+        if args.rotary_in_attention:  # one launch fewer per layer (eyas.kernels.slot_attention, rotary=)
+            speed("eyas_plain_rot", env=("EYAS_ROTARY_IN_ATTENTION", "1"))
         speed("eyas_chain", draft, CHAIN)
         if args.pdl:
             speed("eyas_chain_pdl_off", draft, CHAIN, env=("EYAS_PDL", "0"))
+        if args.rotary_in_attention:
+            speed("eyas_chain_rot", draft, CHAIN, env=("EYAS_ROTARY_IN_ATTENTION", "1"))
         if args.verify_fused:  # the chain's 4-token verify through the fused projections too
             speed("eyas_chain_fused4", draft, CHAIN, env=("EYAS_FUSED_MAX_ROWS", "4"))
         # the same two engines without the fused norm/activation + projection kernels
@@ -343,6 +350,8 @@ def main():
         eng = speed("eyas_tree", draft, TREE)
         if args.pdl:
             speed("eyas_tree_pdl_off", draft, TREE, env=("EYAS_PDL", "0"))
+        if args.rotary_in_attention:
+            speed("eyas_tree_rot", draft, TREE, env=("EYAS_ROTARY_IN_ATTENTION", "1"))
         if args.verify_fused:
             speed("eyas_tree_fused8", draft, TREE, env=("EYAS_FUSED_MAX_ROWS", "8"))
         if args.hf_prompts > 0:

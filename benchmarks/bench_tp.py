@@ -2,6 +2,7 @@
 NCCL settings, against the memory-bandwidth bound measured in the same run.
 
 Usage: python benchmarks/bench_tp.py --tp 1,2 --out tp.json [--no-graphs] [--pdl] [--merge-in-kernel] [--fused-wide]
+       [--rotary-in-attention]
 
 Every rank also times one step of a random EAGLE-3 draft for the same target (32k draft vocabulary, CUDA graph,
 batch 1): eyas runs the draft replicated on every rank, from the target's features that every rank holds after
@@ -197,6 +198,9 @@ def main():
     ap.add_argument("--merge-in-kernel", action="store_true",
                     help="each TP size with the split merge in the attention kernel and without "
                          "(EYAS_MERGE_IN_KERNEL=0), twice")
+    ap.add_argument("--rotary-in-attention", action="store_true",
+                    help="each TP size also with the rotary and cache write inside the attention kernel "
+                         "(EYAS_ROTARY_IN_ATTENTION=1), twice")
     ap.add_argument("--fused-wide", action="store_true",
                     help="each TP size also with the norm / activation fused into the wide projections "
                          "(EYAS_FUSED_WIDE=1), twice")
@@ -210,6 +214,8 @@ def main():
             switches.append(("pdl_off+merge_kernel", {**switches[0][1], **switches[1][1]}))
         if args.fused_wide:
             switches.append(("fused_wide", {"EYAS_FUSED_WIDE": "1"}))
+        if args.rotary_in_attention:
+            switches.append(("rotary_in_attention", {"EYAS_ROTARY_IN_ATTENTION": "1"}))
         if switches:  # each switch beside the default, in turn, twice: A B (C D) A B (C D)
             variants = ([("default", {})] + switches) * 2
         for name, env in variants:

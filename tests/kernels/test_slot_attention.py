@@ -206,3 +206,47 @@ def test_store_kv_matches_cache_write(device, dtype):
     to = dict(device=device)
     store_kv(kv.k[LAYER], kv.v[LAYER], slots.to(**to), write_pos.to(**to), k.to(**to), v.to(**to))
     assert torch.equal(kv.k.cpu(), ref.k) and torch.equal(kv.v.cpu(), ref.v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,G,mode,starts,visible,splits", [
+    (1, 3, "causal", [700, 11, 300], None, 3),     # decode: each row's new column in its last split
+    (8, 3, "causal", [124, 40, 7], None, 3),      # a chain's verify; row 0's 8 columns straddle two splits
+    (24, 3, "causal", [300, 11, 250], None, 2),   # 72 query rows: two row blocks write the same columns
+    (5, 2, "tree", [690, 11, 300], None, 3),      # a tree verify
+    (4, 3, "tree", [690, 19, 300], [682, 11, 292], 1),  # a draft step: tree columns after the visible ones
+])
+def test_rotary_inside_the_kernel(device, dtype, T, G, mode, starts, visible, splits):
+    """slot_attention(rotary=...) on unrotated q and new k/v gives the bits of rotate_and_store then
+    slot_attention: the same output and the same caches."""
+    from eyas.kernels.rotary import rotate_and_store
+    from eyas.layers.rotary import RotaryEmbedding
+
+    gen = torch.Generator().manual_seed(T * 100 + G)
+    B, D, max_len = len(SLOTS), 64, 720
+    slots, starts_t = torch.tensor(SLOTS, device=device), torch.tensor(starts, device=device)
+    rope = RotaryEmbedding(D, 10000.0, None, 1024).to(device)
+    positions = (starts_t[:, None] + torch.arange(T, device=device)[None]) % 1024
+    write_pos = starts_t[:, None] + torch.arange(T, device=device)[None]
+    extra = {}
+    if mode == "tree":
+        vis = starts_t if visible is None else torch.tensor(visible, device=device)
+        W = int((starts_t - vis).max()) + T
+        extra = dict(new_mask=_new_mask(B, T, W, (starts_t - vis).cpu(), gen).to(device),
+                     visible=None if visible is None else vis)
+    q = torch.randn((B, T, KV_HEADS * G, D), generator=gen).to(device, dtype)
+    k = torch.randn((B, T, KV_HEADS, D), generator=gen).to(device, dtype)
+    v = torch.randn((B, T, KV_HEADS, D), generator=gen).to(device, dtype)
+    history = torch.randn((2, 6, KV_HEADS, max_len, D), generator=gen).to(device, dtype)
+    caches = [(history[0].clone(), history[1].clone()) for _ in range(2)]
+
+    (kc, vc), (kc2, vc2) = caches
+    q_rot = rotate_and_store(q, k, v, rope.cos, rope.sin, positions, kc, vc, slots, write_pos)
+    expected = slot_attention(q_rot, kc, vc, slots, starts_t, D ** -0.5, kv_len=max_len, splits=splits, **extra)
+    out = slot_attention(q, kc2, vc2, slots, starts_t, D ** -0.5, kv_len=max_len, splits=splits,
+                         rotary=(k, v, rope.cos, rope.sin, positions, write_pos), **extra)
+    if device == "cpu":
+        assert torch.equal(out, expected)
+    else:  # compiled, the two kernels' attention arithmetic may contract differently into FMAs
+        torch.testing.assert_close(out, expected, **TOL[dtype])
+    assert torch.equal(kc2, kc) and torch.equal(vc2, vc)

@@ -13,6 +13,9 @@ by the last split program of each row block to finish (it learns it is last from
 which it then zeroes): at batch 1 with a few kv heads a single pass would occupy a handful of SMs. With
 EYAS_MERGE_IN_KERNEL=0 a second small kernel merges instead (one more launch per layer; on an H200 the
 8B-shaped decode step was slower so in 7 of 8 pairings, by up to 1.5%: docs/BENCHMARKS.md).
+With `rotary`, the kernel also does what eyas.kernels.rotary.rotate_and_store does before it, saving that
+launch: each program rotates its query rows as it loads them, and rotates and stores the new keys and values
+of the columns it will read itself, so no program waits for another (a new column may fall in any split).
 Everything is decided on the host from shapes and the python int `kv_len`, so no host sync happens and
 both functions can be captured in a CUDA graph.
 """
@@ -26,6 +29,7 @@ import triton
 import triton.language as tl
 
 from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
+from eyas.kernels.rounding import rounded
 
 LOG2E = 1.4426950408889634
 MAX_BLOCK_M = 64  # query rows (token x head of one kv head) per program; more rows take more programs
@@ -72,12 +76,14 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, 
 
 @triton.jit
 def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask, out, part_m, part_l, part_acc,
-                           counters,
+                           counters, k_new, v_new, cos, sin, pos, wpos,
                            s_qb, s_qt, s_qh, s_qd, s_kcs, s_kch, s_kcc, s_kcd, s_vcs, s_vch, s_vcc, s_vcd,
-                           s_mb, s_mt, s_mw, T, W, cap, qk_scale, SPLITS, M_PAD,
+                           s_mb, s_mt, s_mw, s_nkb, s_nkt, s_nkh, s_nkd, s_nvb, s_nvt, s_nvh, s_nvd,
+                           s_pb, s_pt, s_wb, s_wt, s_cos, T, W, cap, qk_scale, SPLITS, M_PAD,
                            KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, TREE: tl.constexpr, PARTIAL: tl.constexpr,
-                           DOT_F32: tl.constexpr, MERGE: tl.constexpr, USE_PDL: tl.constexpr):
+                           DOT_F32: tl.constexpr, MERGE: tl.constexpr, ROTARY: tl.constexpr,
+                           USE_PDL: tl.constexpr):
     signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     b = tl.program_id(0)
@@ -106,11 +112,30 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
     hi = tl.minimum(lo + per, n_cols)
 
     q_ptrs = q + b64 * s_qb + t[:, None].to(tl.int64) * s_qt + h[:, None] * s_qh + offs_d[None, :] * s_qd
-    qv = tl.load(q_ptrs, mask=m_ok[:, None], other=0.).to(k_cache.dtype.element_ty)
-    if DOT_F32:
-        qv = qv.to(tl.float32)
     k_row = k_cache + slot * s_kcs + hk * s_kch
     v_row = v_cache + slot * s_vcs + hk * s_vch
+    if ROTARY:  # q and the new k arrive unrotated: rotate q's rows here, and store the new k and v first
+        dtype: tl.constexpr = k_cache.dtype.element_ty
+        partner = (offs_d + D // 2) % D
+        sign = tl.where(offs_d < D // 2, -1.0, 1.0)
+        q_pos = tl.load(pos + b64 * s_pb + t.to(tl.int64) * s_pt, mask=m_ok, other=0).to(tl.int64)
+        qv = _rotated(q_ptrs, q_ptrs + (partner - offs_d)[None, :] * s_qd, cos + q_pos[:, None] * s_cos,
+                      sin + q_pos[:, None] * s_cos, offs_d[None, :], sign[None, :], m_ok[:, None], dtype)
+        for tt in range(0, T):  # the new columns this program reads: it writes them itself
+            col = tl.load(wpos + b64 * s_wb + tt * s_wt).to(tl.int32)
+            if (col >= lo) & (col < hi):
+                p = tl.load(pos + b64 * s_pb + tt * s_pt).to(tl.int64)
+                k_src = k_new + b64 * s_nkb + tt * s_nkt + hk * s_nkh
+                kr = _rotated(k_src + offs_d * s_nkd, k_src + partner * s_nkd, cos + p * s_cos, sin + p * s_cos,
+                              offs_d, sign, offs_d < D, dtype)
+                tl.store(k_row + col.to(tl.int64) * s_kcc + offs_d * s_kcd, kr)
+                vv_new = tl.load(v_new + b64 * s_nvb + tt * s_nvt + hk * s_nvh + offs_d * s_nvd)
+                tl.store(v_row + col.to(tl.int64) * s_vcc + offs_d * s_vcd, vv_new)
+        tl.debug_barrier()  # the stores, before any thread of the program reads those columns
+    else:
+        qv = tl.load(q_ptrs, mask=m_ok[:, None], other=0.).to(k_cache.dtype.element_ty)
+    if DOT_F32:
+        qv = qv.to(tl.float32)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -161,6 +186,17 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
         o = acc / tl.where(l_i > 0, l_i, 1.)[:, None]
         o_ptrs = out + (b64 * T + t[:, None]) * (KV_HEADS * G * D) + h[:, None] * D + offs_d[None, :]
         tl.store(o_ptrs, o.to(out.dtype.element_ty), mask=m_ok[:, None])
+
+
+@triton.jit
+def _rotated(x_ptrs, partner_ptrs, cos_row, sin_row, offs, sign, mask, dtype: tl.constexpr):
+    """The rotary embedding of one or more heads, as eyas.kernels.rotary rounds it: out[d] =
+    x[d] * cos[d] -/+ x[d -/+ D/2] * sin[d], each product and the sum rounded to `dtype`."""
+    x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+    xp = tl.load(partner_ptrs, mask=mask, other=0.0).to(tl.float32)
+    c = rounded(tl.load(cos_row + offs, mask=mask, other=0.0).to(tl.float32), dtype)
+    s = rounded(tl.load(sin_row + offs, mask=mask, other=0.0).to(tl.float32), dtype)
+    return rounded(rounded(x * c, dtype) + rounded(sign * xp * s, dtype), dtype).to(dtype)
 
 
 @triton.jit
@@ -235,12 +271,16 @@ def choose_splits(programs: int, columns: int) -> int:
 def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                    starts: torch.Tensor, scale: float, new_mask: torch.Tensor | None = None,
                    visible: torch.Tensor | None = None, kv_len: int | None = None,
-                   splits: int | None = None) -> torch.Tensor:
+                   splits: int | None = None, rotary: tuple | None = None) -> torch.Tensor:
     """`attend()` after the new keys/values are in the cache: q [B, T, H, D] -> [B, T, H*D] in q.dtype.
 
     Caches [num_slots, kv_heads, max_len, D] (one layer), H = kv_heads * G; slots, starts, visible [B] integer;
     new_mask [B, T, W] bool for trees (None: causal). Row b attends to columns < starts[b] + T (causal) or
-    < visible[b] + W (tree), never beyond kv_len. `splits` overrides the split-K heuristic."""
+    < visible[b] + W (tree), never beyond kv_len. `splits` overrides the split-K heuristic.
+
+    rotary = (k, v, cos, sin, positions, write_pos): q and the new k are not yet rotated, nor k and v stored.
+    The kernel then does what eyas.kernels.rotary.rotate_and_store would have done before it, for the same
+    bits: k [B, T, kv_heads, D] and v, cos/sin tables [max_positions, D], positions and write_pos [B, T]."""
     B, T, H, D = q.shape
     _, kv_heads, max_len, Dk = k_cache.shape
     if D != Dk or tuple(v_cache.shape) != tuple(k_cache.shape):
@@ -275,14 +315,29 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         part_m = part_l = part_acc = out
     num_warps = 8 if D >= 256 else 4
     pdl = pdl_args(q)
+    if rotary is not None:
+        k_new, v_new, cos, sin, positions, write_pos = rotary
+        if k_new.shape != (B, T, kv_heads, D) or v_new.shape != k_new.shape or positions.shape != (B, T) \
+                or write_pos.shape != (B, T) or cos.shape != sin.shape or cos.shape[1] != D:
+            raise ValueError(f"rotary: k {tuple(k_new.shape)}, v {tuple(v_new.shape)}, positions "
+                             f"{tuple(positions.shape)}, write_pos {tuple(write_pos.shape)}, cos/sin "
+                             f"{tuple(cos.shape)} do not fit q {tuple(q.shape)} and the caches")
+        if len({q.dtype, k_new.dtype, v_new.dtype, k_cache.dtype}) != 1:
+            raise TypeError("rotary: q, k, v and the caches must share one dtype")
+        cos, sin = cos.contiguous(), sin.contiguous()
+        rot_args = (k_new, v_new, cos, sin, positions, write_pos)
+        rot_strides = (*k_new.stride(), *v_new.stride(), *positions.stride(), *write_pos.stride(), cos.stride(0))
+        pdl = {**pdl, "enable_fp_fusion": False}  # products rounded as the rotary kernel rounds them
+    else:
+        rot_args, rot_strides = (slots,) * 6, (0,) * 13
     counters = merge_in_kernel(q, B * kv_heads * m_blocks) if splits > 1 else None
     _slot_attention_kernel[(B, kv_heads, m_blocks * splits)](
         q, k_cache, v_cache, slots, starts, vis, mask, out, part_m, part_l, part_acc,
-        counters if counters is not None else slots,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides,
+        counters if counters is not None else slots, *rot_args,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides, *rot_strides,
         T, W, cap, scale * LOG2E, splits, m_pad,
         KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, TREE=tree, PARTIAL=splits > 1,
-        MERGE=counters is not None,
+        MERGE=counters is not None, ROTARY=rotary is not None,
         DOT_F32=not q.is_cuda,  # Triton's interpreter (CPU tensors) multiplies the raw bits of bf16 dot operands
         num_warps=num_warps, num_stages=2, **pdl)
     if splits > 1 and counters is None:

@@ -11,6 +11,7 @@ the rotary embedding into the kernel that writes the cache.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -85,12 +86,17 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch:
 def rotate_and_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, rotary,
                       layer: int, batch: AttentionBatch, scale: float):
     """Rotary embedding of q and k, then `attend`. On the kernel path the rotation and the cache write are
-    one launch (eyas.kernels.rotary.rotate_and_store); the results are the same bits."""
+    one launch (eyas.kernels.rotary.rotate_and_store), the same bits; with EYAS_ROTARY_IN_ATTENTION=1 (not yet
+    timed on a GPU) the attention kernel does both itself, one launch fewer per layer."""
     if _kernel_fits(q, batch) and enabled(k, v) and q.dtype == k.dtype == v.dtype == batch.kv.k.dtype:
         from eyas.kernels.rotary import rotate_and_store
         from eyas.kernels.slot_attention import slot_attention
 
         k_cache, v_cache = batch.kv.k[layer], batch.kv.v[layer]
+        if os.environ.get("EYAS_ROTARY_IN_ATTENTION") == "1":
+            return slot_attention(q, k_cache, v_cache, batch.slots, batch.starts, scale, new_mask=batch.new_mask,
+                                  visible=batch.visible, kv_len=batch.kv_len,
+                                  rotary=(k, v, rotary.cos, rotary.sin, positions, batch.write_pos))
         q = rotate_and_store(q, k, v, rotary.cos, rotary.sin, positions, k_cache, v_cache, batch.slots,
                              batch.write_pos)
         return slot_attention(q, k_cache, v_cache, batch.slots, batch.starts, scale, new_mask=batch.new_mask,
