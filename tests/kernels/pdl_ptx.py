@@ -42,19 +42,25 @@ KERNELS = {
                        {"slots": "*i64", "starts": "*i64", "visible": "*i64", "new_mask": U8, "part_m": "*fp32",
                         "part_l": "*fp32", "part_acc": "*fp32", "counters": "*i32"},
                        dict(KV_HEADS=3, G=3, D=64, BLOCK_M=16, BLOCK_N=64, TREE=True, PARTIAL=True,
-                            DOT_F32=False, MERGE=False)),
+                            DOT_F32=False, MERGE=False, ROTARY=False)),
+    "slot_attention_rotary": (slot_attention._slot_attention_kernel,
+                              {"slots": "*i64", "starts": "*i64", "visible": "*i64", "new_mask": U8,
+                               "part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32", "counters": "*i32",
+                               "cos": "*fp32", "sin": "*fp32", "pos": "*i64", "wpos": "*i64"},
+                              dict(KV_HEADS=3, G=3, D=64, BLOCK_M=16, BLOCK_N=64, TREE=False, PARTIAL=True,
+                                   DOT_F32=False, MERGE=True, ROTARY=True)),
     "slot_attention_merging": (slot_attention._slot_attention_kernel,
                                {"slots": "*i64", "starts": "*i64", "visible": "*i64", "new_mask": U8,
                                 "part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32", "counters": "*i32"},
                                dict(KV_HEADS=3, G=3, D=64, BLOCK_M=16, BLOCK_N=64, TREE=True, PARTIAL=True,
-                                    DOT_F32=False, MERGE=True)),
+                                    DOT_F32=False, MERGE=True, ROTARY=False)),
     "combine_splits": (slot_attention._combine_splits_kernel,
                        {"part_m": "*fp32", "part_l": "*fp32", "part_acc": "*fp32"},
                        dict(KV_HEADS=3, G=3, D=64, BLOCK_M=16)),
 }
 FLOATS = {"eps", "qk_scale"}
 POINTER_NAMES = {"k_cache", "v_cache", "slots", "write_pos", "k", "v", "q", "starts", "visible", "new_mask", "out",
-                 "part_m", "part_l", "part_acc"}
+                 "part_m", "part_l", "part_acc", "k_new", "v_new"}
 
 
 def signature(kernel, pointers: dict, constexprs: dict) -> dict:

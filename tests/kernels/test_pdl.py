@@ -34,7 +34,7 @@ def _ptx_facts(mode: str, *kernels: str) -> dict:
 
 def test_with_pdl_each_decode_kernel_signals_once_and_waits_once_before_its_data():
     facts = _ptx_facts("on")
-    assert len(facts) == 13
+    assert len(facts) == 14
     for name, f in facts.items():
         assert (f["launch_dependents"], f["wait"]) == (1, 1), f
         if name in WEIGHT_FIRST:
