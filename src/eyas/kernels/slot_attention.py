@@ -327,9 +327,9 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         cos, sin = cos.contiguous(), sin.contiguous()
         rot_args = (k_new, v_new, cos, sin, positions, write_pos)
         rot_strides = (*k_new.stride(), *v_new.stride(), *positions.stride(), *write_pos.stride(), cos.stride(0))
-        pdl = {**pdl, "enable_fp_fusion": False}  # products rounded as the rotary kernel rounds them
+        options = {**pdl, "enable_fp_fusion": False}  # products rounded as the rotary kernel rounds them
     else:
-        rot_args, rot_strides = (slots,) * 6, (0,) * 13
+        rot_args, rot_strides, options = (slots,) * 6, (0,) * 13, pdl
     counters = merge_in_kernel(q, B * kv_heads * m_blocks) if splits > 1 else None
     _slot_attention_kernel[(B, kv_heads, m_blocks * splits)](
         q, k_cache, v_cache, slots, starts, vis, mask, out, part_m, part_l, part_acc,
@@ -339,7 +339,7 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, TREE=tree, PARTIAL=splits > 1,
         MERGE=counters is not None, ROTARY=rotary is not None,
         DOT_F32=not q.is_cuda,  # Triton's interpreter (CPU tensors) multiplies the raw bits of bf16 dot operands
-        num_warps=num_warps, num_stages=2, **pdl)
+        num_warps=num_warps, num_stages=2, **options)
     if splits > 1 and counters is None:
         _combine_splits_kernel[(B, kv_heads, m_blocks)](
             out, part_m, part_l, part_acc, T, splits, m_pad,
