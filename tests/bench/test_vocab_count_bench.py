@@ -11,14 +11,13 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_vocab_count
 
 def test_both_ways_count_the_same_and_are_timed(tmp_path):
     out = tmp_path / "vc.json"
-    run = subprocess.run([sys.executable, str(SCRIPT), "--samples", "300", "--procs", "1,2", "--out", str(out)],
+    run = subprocess.run([sys.executable, str(SCRIPT), "--samples", "300", "--procs", "2", "--out", str(out)],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["way"], r["procs"]) for r in rows] == [("per_sample", 1), ("count_tokens", 1), ("per_sample", 2),
-                                                       ("count_tokens", 2)]
+    assert [(r["way"], r["procs"]) for r in rows] == [("per_sample", 2), ("count_tokens", 2)]
     assert len({r["sha256"] for r in rows}) == 1 and all(r["total"] > 0 for r in rows)
-    assert [len(r["seconds"]) for r in rows] == [1, 1, 2, 2]
+    assert [len(r["seconds"]) for r in rows] == [2, 2]
     assert "| 2 |" in run.stdout
 
 

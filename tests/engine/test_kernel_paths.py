@@ -59,10 +59,10 @@ def test_kernels_over_the_cache_give_the_reference_tokens(wide_target_dir, monke
     assert _generate(wide_target_dir, "force", monkeypatch, spec, hidden=128) == reference
 
 
-@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1), SpecConfig(3, 2, 5)], ids=["plain", "chain", "tree"])
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(3, 2, 5)], ids=["chain", "tree"])
 def test_rotary_inside_attention_gives_the_reference_tokens(wide_target_dir, monkeypatch, spec):
     """EYAS_ROTARY_IN_ATTENTION=1: the attention kernel rotates q and k and writes the cache itself, in the
-    target and the draft; rotate_and_store never runs."""
+    target (prefill, decode steps, verify) and the draft; rotate_and_store never runs."""
     import eyas.kernels.rotary as rotary
 
     reference = _generate(wide_target_dir, "0", monkeypatch, hidden=128)
