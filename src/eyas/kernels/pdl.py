@@ -30,7 +30,9 @@ import triton.language as tl
 
 @functools.lru_cache(maxsize=None)
 def _capable(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
+    """sm_90 or later, and a Triton that has the grid dependency control (3.3 and later)."""
+    has_gdc = hasattr(tl.extra.cuda, "gdc_wait") and hasattr(tl.extra.cuda, "gdc_launch_dependents")
+    return has_gdc and torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 def pdl_on(x: torch.Tensor) -> bool:
