@@ -33,11 +33,11 @@ def wide_target_dir(tmp_path_factory):
     return str(path)
 
 
-def _generate(target_dir, kernels: str, monkeypatch, spec=None, hidden=64):
+def _generate(target_dir, kernels: str, monkeypatch, spec=None, hidden=64, tokens=(10, 14)):
     monkeypatch.setenv("EYAS_KERNELS", kernels)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 32, (n,), generator=g).tolist() for n in (5, 11)]
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (10, 14)]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in tokens]
     # Frozen as a loaded draft is (the kernels have no backward, so a draft that trains keeps the torch paths).
     draft = random_draft(hidden, 32, draft_vocab=24, head_dim=hidden // 4).requires_grad_(False) if spec else None
     engine = Engine(target_dir, dtype="fp32", device="cuda" if CUDA else "cpu", max_batch=2, max_len=64,
@@ -59,17 +59,18 @@ def test_kernels_over_the_cache_give_the_reference_tokens(wide_target_dir, monke
     assert _generate(wide_target_dir, "force", monkeypatch, spec, hidden=128) == reference
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(3, 2, 5)], ids=["chain", "tree"])
-def test_rotary_inside_attention_gives_the_reference_tokens(wide_target_dir, monkeypatch, spec):
+def test_rotary_inside_attention_gives_the_reference_tokens(wide_target_dir, monkeypatch):
     """EYAS_ROTARY_IN_ATTENTION=1: the attention kernel rotates q and k and writes the cache itself, in the
-    target (prefill, decode steps, verify) and the draft; rotate_and_store never runs."""
+    target (prefill, tree verify) and the draft (prefill, tree steps, extend); rotate_and_store never runs.
+    A chain's causal verify is the kernel test's (tests/kernels/test_slot_attention.py)."""
     import eyas.kernels.rotary as rotary
 
-    reference = _generate(wide_target_dir, "0", monkeypatch, hidden=128)
+    reference = _generate(wide_target_dir, "0", monkeypatch, hidden=128, tokens=(6, 8))
     calls = []
     monkeypatch.setattr(rotary, "rotate_and_store", lambda *args: calls.append(1))
     monkeypatch.setenv("EYAS_ROTARY_IN_ATTENTION", "1")
-    assert _generate(wide_target_dir, "force", monkeypatch, spec, hidden=128) == reference
+    assert _generate(wide_target_dir, "force", monkeypatch, SpecConfig(3, 2, 5), hidden=128, tokens=(6, 8)) \
+        == reference
     assert not calls
 
 

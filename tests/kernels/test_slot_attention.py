@@ -211,16 +211,20 @@ def test_store_kv_matches_cache_write(device, dtype):
 @pytest.mark.parametrize("T,G,mode,starts,visible,splits,dtype", [
     (1, 3, "causal", [700, 11, 300], None, 3, torch.bfloat16),  # decode: each row's new column in its last split
     (1, 3, "causal", [700, 11, 300], None, 3, torch.float32),
-    (8, 3, "causal", [124, 40, 7], None, 3, torch.bfloat16),    # a chain's verify; row 0's columns straddle 2 splits
-    (24, 3, "causal", [300, 11, 250], None, 2, torch.float32),  # 72 query rows: two row blocks write the same columns
+    (8, 3, "causal", [124, 40, 7], None, 3, torch.float32),     # a chain's verify; row 0's columns straddle 2 splits
+    (8, 3, "causal", [300, 11, 250], None, 2, torch.float32),   # 24 query rows in blocks of 16 (below): two row
+                                                                # blocks write the same columns
     (5, 2, "tree", [690, 11, 300], None, 3, torch.bfloat16),    # a tree verify
     (4, 3, "tree", [690, 19, 300], [682, 11, 292], 1, torch.float32),  # a draft step: after the visible columns
 ])
-def test_rotary_inside_the_kernel(device, T, G, mode, starts, visible, splits, dtype):
+def test_rotary_inside_the_kernel(device, T, G, mode, starts, visible, splits, dtype, monkeypatch):
     """slot_attention(rotary=...) on unrotated q and new k/v gives the bits of rotate_and_store then
     slot_attention: the same output and the same caches."""
+    import eyas.kernels.slot_attention as kernels
     from eyas.kernels.rotary import rotate_and_store
     from eyas.layers.rotary import RotaryEmbedding
+
+    monkeypatch.setattr(kernels, "MAX_BLOCK_M", 16)  # several row blocks from 6 tokens of 3 heads on
 
     gen = torch.Generator().manual_seed(T * 100 + G)
     B, D, max_len = len(SLOTS), 64, 720
