@@ -29,7 +29,8 @@ the warm-up's timing picks per shape among both kinds.
 Wide projections (K > MAX_K: an 8B model's 4,096 and 14,336) take only chunked tiles, of 256-1,024 columns
 (WIDE_CONFIGS), so that each program keeps tens of KB of weights in flight: there cuBLAS reads at 73-98% of
 the copy bandwidth, and the fusion would save the norm's and the activation's launches and cuBLAS's split-K
-reduces. The layers fuse them only with EYAS_FUSED_WIDE=1 (max_k()) until they are timed on a GPU.
+reduces. On an H200 (2026-12-01) they lost all the same (0.53-0.95x of the unfused pair at 1-2 rows; the
+8B-shaped decode step 16-18% slower), so the layers fuse them only with EYAS_FUSED_WIDE=1 (max_k()).
 
 The kernels take up to KERNEL_ROWS rows; the layers fuse up to max_rows() (MAX_ROWS unless
 EYAS_FUSED_MAX_ROWS says more): on an H200 (2026-12-01) the timing still chose whole-row tiles at 4 and 8

@@ -327,7 +327,10 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         cos, sin = cos.contiguous(), sin.contiguous()
         rot_args = (k_new, v_new, cos, sin, positions, write_pos)
         rot_strides = (*k_new.stride(), *v_new.stride(), *positions.stride(), *write_pos.stride(), cos.stride(0))
-        options = {**pdl, "enable_fp_fusion": False}  # products rounded as the rotary kernel rounds them
+        # The rotation must round as the rotary kernel does. In bf16/fp16 its explicit rounding steps already
+        # keep products from contracting into FMAs; fp32 has none, so there contraction is turned off, for
+        # the whole kernel (its attention arithmetic too).
+        options = {**pdl, "enable_fp_fusion": False} if q.dtype == torch.float32 else pdl
     else:
         rot_args, rot_strides, options = (slots,) * 6, (0,) * 13, pdl
     counters = merge_in_kernel(q, B * kv_heads * m_blocks) if splits > 1 else None
