@@ -35,3 +35,29 @@ def random_draft(target_hidden: int, vocab: int, draft_vocab: int | None = None,
         draft.t2d.zero_()
         draft.t2d[used] = True
     return draft
+
+
+def run_script(script, *args) -> "subprocess.CompletedProcess":
+    """A benchmark script's `python SCRIPT ARGS...` run in this process, for the checks of its bad-input paths
+    (one line, exit 2 before any work), where a subprocess would spend seconds importing torch. Returns what
+    subprocess.run(capture_output=True, text=True) would; an exception that the script lets escape escapes
+    here too, failing the test as a traceback would."""
+    import contextlib
+    import io
+    import runpy
+    import subprocess
+    import sys
+
+    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    sys.argv = [str(script), *map(str, args)]
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            err.write(f"{e.code}\n")
+    finally:
+        sys.argv = argv
+    return subprocess.CompletedProcess(sys.argv, code, out.getvalue(), err.getvalue())

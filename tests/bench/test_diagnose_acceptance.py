@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_script
 from tests.server.tiny import predictable_pair
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "diagnose_acceptance.py"
@@ -65,7 +66,7 @@ def test_bad_input_is_one_line(pair, tmp_path):
     p = run("--prompts", "0", "--device", "cpu")
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0
     assert p.stderr.startswith("diagnose_acceptance: error:")
-    p = run("--model", str(target), "--draft", str(draft), "--conversations", str(tmp_path / "missing.jsonl"),
-            "--device", "cpu")
+    p = run_script(SCRIPT, "--model", target, "--draft", draft, "--conversations", tmp_path / "missing.jsonl",
+                   "--device", "cpu")  # in this process: no second torch import
     assert p.returncode == 1 and p.stderr.strip().count("\n") == 0, p.stderr
     assert p.stderr.startswith("diagnose_acceptance: error:")

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import run_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_vocab_count.py"
 
 
@@ -22,6 +24,6 @@ def test_both_ways_count_the_same_and_are_timed(tmp_path):
 
 
 def test_bad_arguments_are_one_line():
-    run = subprocess.run([sys.executable, str(SCRIPT), "--procs", "0"], capture_output=True, text=True, timeout=60)
+    run = run_script(SCRIPT, "--procs", "0")
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:")
