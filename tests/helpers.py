@@ -44,12 +44,14 @@ def run_script(script, *args) -> "subprocess.CompletedProcess":
     here too, failing the test as a traceback would."""
     import contextlib
     import io
+    import os
     import runpy
     import subprocess
     import sys
 
-    out, err, argv = io.StringIO(), io.StringIO(), sys.argv
+    out, err, argv, path = io.StringIO(), io.StringIO(), sys.argv, list(sys.path)
     sys.argv = [str(script), *map(str, args)]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT` does: its siblings import
     code = 0
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -59,5 +61,5 @@ def run_script(script, *args) -> "subprocess.CompletedProcess":
         if not isinstance(e.code, (int, type(None))):
             err.write(f"{e.code}\n")
     finally:
-        sys.argv = argv
+        sys.argv, sys.path[:] = argv, path
     return subprocess.CompletedProcess(sys.argv, code, out.getvalue(), err.getvalue())
