@@ -1,4 +1,5 @@
-"""Tiny random models for tests, built with transformers' own config classes."""
+"""Tiny random models for tests, built with transformers' own config classes; and `run_script`, which runs a
+benchmark script in the test's own process."""
 
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ def run_script(script, *args) -> "subprocess.CompletedProcess":
     import subprocess
     import sys
 
+    cmd = [str(script), *map(str, args)]
     out, err, argv, path = io.StringIO(), io.StringIO(), sys.argv, list(sys.path)
-    sys.argv = [str(script), *map(str, args)]
+    sys.argv = cmd
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT` does: its siblings import
     code = 0
     try:
@@ -62,4 +64,4 @@ def run_script(script, *args) -> "subprocess.CompletedProcess":
             err.write(f"{e.code}\n")
     finally:
         sys.argv, sys.path[:] = argv, path
-    return subprocess.CompletedProcess(sys.argv, code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(cmd, code, out.getvalue(), err.getvalue())
