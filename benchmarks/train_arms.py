@@ -167,20 +167,21 @@ def measure(args, out: Path, name: str, draft: Path, device: str):
 
 
 def on_devices(jobs: list, devices: list[str]):
-    """Run jobs (callables taking a device) spread round-robin over the devices, one at a time per device.
+    """Run jobs (callables taking a device) spread round-robin over the devices, one at a time per listed
+    device: a device listed twice (cuda:0,cuda:0) runs two jobs at once, for fits too small to fill a GPU.
     Raises the first failure once every device has stopped."""
-    queues = {d: jobs[i::len(devices)] for i, d in enumerate(devices)}
+    queues = [(d, jobs[i::len(devices)]) for i, d in enumerate(devices)]
     errors = []
 
-    def work(device):
-        for job in queues[device]:
+    def work(device, queue):
+        for job in queue:
             try:
                 job(device)
             except ArmError as e:
                 errors.append(str(e))
                 return
 
-    threads = [threading.Thread(target=work, args=(d,)) for d in devices if queues[d]]
+    threads = [threading.Thread(target=work, args=(d, q)) for d, q in queues if q]
     for t in threads:
         t.start()
     for t in threads:
@@ -228,7 +229,7 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="common", action="append", default=[],
                     help="SECTION.KEY=VALUE for the data run and every arm (e.g. a smaller synth.num)")
     ap.add_argument("--baseline", help="a draft directory measured beside the arms (e.g. the committed asset)")
-    ap.add_argument("--devices", default="cuda:0", help="comma-separated: cuda:0,cuda:1 or cpu")
+    ap.add_argument("--devices", default="cuda:0", help="comma-separated: cuda:0,cuda:1 or cpu; a device listed twice runs two arms at once")
     ap.add_argument("--accept-sets", type=int, default=2, choices=(1, 2))
     ap.add_argument("--accept-prompts", type=int, help="default: all (80 MT-bench, 164 HumanEval)")
     ap.add_argument("--new-tokens", type=int, help="default: bench_smollm2.py's (256)")

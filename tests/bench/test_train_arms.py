@@ -48,6 +48,22 @@ def test_jobs_spread_over_devices_one_at_a_time_per_device(arms):
     assert sorted(seen) == [(0, "cuda:0"), (1, "cuda:1"), (2, "cuda:0"), (3, "cuda:1"), (4, "cuda:0")]
 
 
+def test_a_device_listed_twice_runs_two_jobs_at_once(arms):
+    """cuda:0,cuda:0: every job runs, and the two queues overlap in time (each waits for the other to start)."""
+    both = threading.Barrier(2, timeout=10)
+    seen = []
+
+    def job(i):
+        def run(device):
+            if i < 2:
+                both.wait()  # breaks (and fails the test) unless jobs 0 and 1 run at the same time
+            seen.append((i, device))
+        return run
+
+    arms.on_devices([job(i) for i in range(4)], ["cuda:0", "cuda:0"])
+    assert sorted(seen) == [(i, "cuda:0") for i in range(4)]
+
+
 def test_a_failed_job_stops_its_device_and_is_raised(arms):
     done = []
 
