@@ -6,6 +6,8 @@ are enabled for these tensors (CUDA, no autograd), there are at most max_rows() 
 steps of one or two sequences: verify passes and prefills keep cuBLAS) of at most max_k() features (MAX_K:
 small models, where launches dominate; large ones keep cuBLAS unless EYAS_FUSED_WIDE=1), everything shares
 one dtype, and EYAS_FUSED_LINEAR is not "0" (the switch that benchmarks flip to measure the fusion).
+The target's layers take column- and row-parallel linears; the EAGLE-3 draft's steps (models/eagle3.py) take
+plain weights through `linear_rows` and `silu_mul_linear_weight`.
 """
 
 from __future__ import annotations
@@ -62,3 +64,23 @@ def silu_mul_linear(linear, gate_up: torch.Tensor) -> torch.Tensor:
 
         return linear.finish(fused(gate_up, linear.weight))
     return linear(silu_mul(gate_up))
+
+
+def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, weight) for a plain weight (the EAGLE-3 draft's fused q/k/v), through the kernels' tiles
+    at decode, where the draft's steps are launch-bound; otherwise cuBLAS."""
+    if _fits(x, x.shape[-1], weight):
+        from eyas.kernels.fused_linear import linear_rows as fused
+
+        return fused(x, weight)
+    return F.linear(x, weight)
+
+
+def silu_mul_linear_weight(weight: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """F.linear(silu(gate) * up, weight) for a plain weight (the draft's nn.Linear down projection, which
+    has no all-reduce to finish), one kernel at decode."""
+    if _fits(gate_up, gate_up.shape[-1] // 2, weight):
+        from eyas.kernels.fused_linear import silu_mul_linear as fused
+
+        return fused(gate_up, weight)
+    return F.linear(silu_mul(gate_up), weight)

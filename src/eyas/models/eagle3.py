@@ -13,6 +13,7 @@ Both attentions expose `project` (rotated q, k, v) and `output`, so training (tr
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -20,8 +21,8 @@ from torch import nn
 
 from eyas.config import DraftConfig
 from eyas.dist.parallel import SINGLE
-from eyas.layers.activation import silu_mul
 from eyas.layers.attention import AttentionBatch, rotate_and_attend
+from eyas.layers.fused_linear import linear_rows, norm_linear, silu_mul_linear_weight
 from eyas.layers.norm import RMSNorm
 from eyas.layers.rotary import RotaryEmbedding
 from eyas.models.mla import MLAttention
@@ -38,6 +39,18 @@ def fuse_linears(owner: nn.Module, linears: list[nn.Linear], name: str):
         n = m.weight.shape[0]
         m.weight = nn.Parameter(fused[row: row + n], requires_grad=False)
         row += n
+
+
+@dataclass(frozen=True)
+class FusedLinear:
+    """A bias-free linear over a fused weight buffer, as norm_linear takes a linear (`weight`, `bias`, a call).
+    Built per call: moving the module or changing its dtype replaces the buffer."""
+
+    weight: torch.Tensor
+    bias: None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
 
 
 class DraftAttention(nn.Module):
@@ -62,7 +75,7 @@ class DraftAttention(nn.Module):
         B, T, _ = x.shape
         d = self.head_dim
         if self.qkv_weight is not None:
-            q, k, v = F.linear(x, self.qkv_weight).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], -1)
+            q, k, v = linear_rows(x, self.qkv_weight).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], -1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         return q.view(B, T, self.heads, d), k.view(B, T, self.kv_heads, d), v.view(B, T, self.kv_heads, d)
@@ -103,8 +116,13 @@ class DraftMLP(nn.Module):
 
     def forward(self, x):
         if self.gate_up_weight is not None:
-            return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight)))
+            return self.down(F.linear(x, self.gate_up_weight))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def down(self, gate_up):
+        """The MLP from its fused gate/up projection's output on: activation and down projection, one kernel at
+        decode."""
+        return silu_mul_linear_weight(self.down_proj.weight, gate_up)
 
 
 class MidLayer(nn.Module):
@@ -121,8 +139,13 @@ class MidLayer(nn.Module):
         normed = self.hidden_norm(hidden)
         residual = normed if self.norm_before_residual else hidden
         x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
-        h, x = self.post_attention_layernorm.residual(residual, self.self_attn(x, positions, batch, rotary))
-        return h + self.mlp(x)
+        out = self.self_attn(x, positions, batch, rotary)
+        if self.mlp.gate_up_weight is None:  # unfused (training): the separate gate and up projections
+            h, x = self.post_attention_layernorm.residual(residual, out)
+            return h + self.mlp(x)
+        # Inference: the residual add and the norm inside the gate/up projection's kernel at decode.
+        h, gate_up = norm_linear(self.post_attention_layernorm, FusedLinear(self.mlp.gate_up_weight), residual, out)
+        return h + self.mlp.down(gate_up)
 
 
 class Eagle3Draft(nn.Module):
@@ -158,8 +181,9 @@ class Eagle3Draft(nn.Module):
         return self.head_output(out).float()
 
     def head_output(self, out: torch.Tensor) -> torch.Tensor:
-        """Logits over the draft vocabulary in the head's dtype (autocast's, in training)."""
-        return self.lm_head(self.norm(out))
+        """Logits over the draft vocabulary in the head's dtype (autocast's, in training). At decode the norm
+        runs inside the lm_head's kernel; with gradients (training) norm_linear keeps torch's ops."""
+        return norm_linear(self.norm, self.lm_head, out, None)[1]
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
