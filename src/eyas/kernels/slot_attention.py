@@ -33,6 +33,8 @@ from eyas.kernels.rounding import rounded
 
 LOG2E = 1.4426950408889634
 MAX_BLOCK_M = 64  # query rows (token x head of one kv head) per program; more rows take more programs
+ROTARY_TENSORS = ("k", "v", "cos", "sin", "positions", "write_pos")  # the kernel's pointer arguments for ROTARY
+ROTARY_STRIDES = 13  # k's and v's 4 each, positions' and write_pos' 2 each, the cos/sin tables' row stride
 
 
 @triton.jit
@@ -325,14 +327,15 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         if len({q.dtype, k_new.dtype, v_new.dtype, k_cache.dtype}) != 1:
             raise TypeError("rotary: q, k, v and the caches must share one dtype")
         cos, sin = cos.contiguous(), sin.contiguous()
-        rot_args = (k_new, v_new, cos, sin, positions, write_pos)
+        rot_args = (k_new, v_new, cos, sin, positions, write_pos)  # in ROTARY_TENSORS' order
         rot_strides = (*k_new.stride(), *v_new.stride(), *positions.stride(), *write_pos.stride(), cos.stride(0))
         # The rotation must round as the rotary kernel does. In bf16/fp16 its explicit rounding steps already
         # keep products from contracting into FMAs; fp32 has none, so there contraction is turned off, for
         # the whole kernel (its attention arithmetic too).
         options = {**pdl, "enable_fp_fusion": False} if q.dtype == torch.float32 else pdl
     else:
-        rot_args, rot_strides, options = (slots,) * 6, (0,) * 13, pdl
+        # ROTARY off: its pointer arguments are never read (any tensor will do), its strides are zeros.
+        rot_args, rot_strides, options = (slots,) * len(ROTARY_TENSORS), (0,) * ROTARY_STRIDES, pdl
     counters = merge_in_kernel(q, B * kv_heads * m_blocks) if splits > 1 else None
     _slot_attention_kernel[(B, kv_heads, m_blocks * splits)](
         q, k_cache, v_cache, slots, starts, vis, mask, out, part_m, part_l, part_acc,
