@@ -169,7 +169,7 @@ def measure(args, out: Path, name: str, draft: Path, device: str):
 def on_devices(jobs: list, devices: list[str]):
     """Run jobs (callables taking a device) spread round-robin over the devices, one at a time per listed
     device: a device listed twice (cuda:0,cuda:0) runs two jobs at once (two fits of the SmolLM2 recipe on one
-H200 did 0.92x the work of one after the other: docs/BENCHMARKS.md, sixteenth session).
+    H200 did 0.92x the work of one after the other: docs/BENCHMARKS.md, sixteenth session).
     Raises the first failure once every device has stopped."""
     queues = [(d, jobs[i::len(devices)]) for i, d in enumerate(devices)]
     errors = []
@@ -230,7 +230,8 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="common", action="append", default=[],
                     help="SECTION.KEY=VALUE for the data run and every arm (e.g. a smaller synth.num)")
     ap.add_argument("--baseline", help="a draft directory measured beside the arms (e.g. the committed asset)")
-    ap.add_argument("--devices", default="cuda:0", help="comma-separated: cuda:0,cuda:1 or cpu (a device listed twice runs two arms at once)")
+    ap.add_argument("--devices", default="cuda:0",
+                    help="comma-separated: cuda:0,cuda:1 or cpu (a device listed twice runs two arms at once)")
     ap.add_argument("--accept-sets", type=int, default=2, choices=(1, 2))
     ap.add_argument("--accept-prompts", type=int, help="default: all (80 MT-bench, 164 HumanEval)")
     ap.add_argument("--new-tokens", type=int, help="default: bench_smollm2.py's (256)")
