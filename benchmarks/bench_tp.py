@@ -2,7 +2,10 @@
 NCCL settings, against the memory-bandwidth bound measured in the same run.
 
 Usage: python benchmarks/bench_tp.py --tp 1,2 --out tp.json [--no-graphs] [--pdl] [--merge-in-kernel] [--fused-wide]
-       [--rotary-in-attention]
+       [--rotary-in-attention] [--fused-o-proj] [--shape llama-8b|smollm2]
+
+`--shape smollm2` times SmolLM2-135M's shape instead (random weights: speed does not depend on them), for the
+switches that matter to small models without carrying the demo model's weights.
 
 Every rank also times one step of a random EAGLE-3 draft for the same target (32k draft vocabulary, CUDA graph,
 batch 1): eyas runs the draft replicated on every rank, from the target's features that every rank holds after
@@ -43,17 +46,17 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() / (ms / 1e3)
 
 
-def worker(rank, tp, port, queue, graphs=True):
+def worker(rank, tp, port, queue, graphs=True, shape=LLAMA_8B):
     """Report results, or the traceback: a silent failure in one rank would leave the others (and us) waiting."""
     try:
-        _worker(rank, tp, port, queue, graphs)
+        _worker(rank, tp, port, queue, graphs, shape)
     except BaseException:
         import traceback
         queue.put({"rank": rank, "error": traceback.format_exc()})
         raise
 
 
-def _worker(rank, tp, port, queue, graphs):
+def _worker(rank, tp, port, queue, graphs, shape):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=tp, device_id=torch.device("cuda", rank))
@@ -64,7 +67,7 @@ def _worker(rank, tp, port, queue, graphs):
     from eyas.models.llama import CausalLM
 
     ctx = TPContext(rank, tp, dist.group.WORLD)
-    cfg = ModelConfig.from_hf(LLAMA_8B)
+    cfg = ModelConfig.from_hf(shape)
     torch.manual_seed(0)
     with torch.device("meta"):
         model = CausalLM(cfg, ctx, max_positions=2048)
@@ -147,14 +150,14 @@ def draft_step_ms(cfg, device="cuda") -> float:
         return median_ms(graph.replay)
 
 
-def run_config(tp, env, graphs=True, timeout_s=240):
+def run_config(tp, env, graphs=True, timeout_s=240, shape=LLAMA_8B):
     saved = dict(os.environ)
     os.environ.update(env)
     try:
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         port = 29500 + int(time.time() * 1000) % 1000
-        procs = [ctx.Process(target=worker, args=(r, tp, port, q, graphs)) for r in range(tp)]
+        procs = [ctx.Process(target=worker, args=(r, tp, port, q, graphs, shape)) for r in range(tp)]
         for p in procs:
             p.start()
         results = []
@@ -201,10 +204,19 @@ def main():
     ap.add_argument("--rotary-in-attention", action="store_true",
                     help="each TP size also with the rotary and cache write inside the attention kernel "
                          "(EYAS_ROTARY_IN_ATTENTION=1), twice")
+    ap.add_argument("--fused-o-proj", action="store_true",
+                    help="each TP size also with a small model's attention output projection through the fused "
+                         "kernels' tiles at 1-2 rows (EYAS_FUSED_O_PROJ=1), twice")
+    ap.add_argument("--shape", choices=("llama-8b", "smollm2"), default="llama-8b")
     ap.add_argument("--fused-wide", action="store_true",
                     help="each TP size also with the norm / activation fused into the wide projections "
                          "(EYAS_FUSED_WIDE=1), twice")
     args = ap.parse_args()
+    if args.shape == "smollm2":
+        from bench_join import SMOLLM2  # benchmarks/bench_join.py: SmolLM2-135M's config
+        shape = SMOLLM2
+    else:
+        shape = LLAMA_8B
     rows = []
     for tp in map(int, args.tp.split(",")):
         variants = [("default", {})] + ([("user_nccl", USER_NCCL)] if tp > 1 else [])
@@ -216,15 +228,18 @@ def main():
             switches.append(("fused_wide", {"EYAS_FUSED_WIDE": "1"}))
         if args.rotary_in_attention:
             switches.append(("rotary_in_attention", {"EYAS_ROTARY_IN_ATTENTION": "1"}))
+        if args.fused_o_proj:
+            switches.append(("fused_o_proj", {"EYAS_FUSED_O_PROJ": "1"}))
         if switches:  # each switch beside the default, in turn, twice: A B (C D) A B (C D)
             variants = ([("default", {})] + switches) * 2
         for name, env in variants:
-            r = run_config(tp, env, graphs=not args.no_graphs)
+            r = run_config(tp, env, graphs=not args.no_graphs, shape=shape)
             r["variant"] = name  # default, user_nccl (our user's NCCL settings), or a switch's name
             rows.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "worker_env"}), flush=True)
             print("  worker env:", json.dumps(r.get("worker_env")), flush=True)
-    json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), open(args.out, "w"), indent=2)
+    json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape, rows=rows),
+              open(args.out, "w"), indent=2)
 
 
 if __name__ == "__main__":

@@ -247,3 +247,29 @@ def test_layers_fuse_wide_rows_when_asked(device, monkeypatch):
         monkeypatch.setattr(kernels, "MAX_K", 2048)  # not wide: the output projection keeps cuBLAS
         layer.project_rows(row, attn_out)
         assert len(calls) == 3
+
+
+def test_narrow_output_projection_fuses_only_when_asked(device, monkeypatch):
+    """EYAS_FUSED_O_PROJ=1: a small model's output projection (K <= MAX_K) runs the GEMV tiles at 1-2 rows,
+    bias added after; without it, or at more rows than max_rows(), cuBLAS."""
+    import eyas.kernels.fused_linear as kernels
+
+    monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", 0)
+    _, _, row = _layers(device)
+    calls = []
+    monkeypatch.setattr(kernels, "linear_rows", lambda *a, _f=kernels.linear_rows: calls.append(1) or _f(*a))
+    monkeypatch.setenv("EYAS_KERNELS", "force")
+    for name in ("EYAS_FUSED_WIDE", "EYAS_FUSED_MAX_ROWS", "EYAS_FUSED_LINEAR"):
+        monkeypatch.delenv(name, raising=False)
+    attn_out = rand((1, 2, INTER), torch.float32, device, 8)
+    with torch.no_grad():
+        ref = row(attn_out)
+        monkeypatch.delenv("EYAS_FUSED_O_PROJ", raising=False)
+        layer.project_rows(row, attn_out)
+        assert not calls
+        monkeypatch.setenv("EYAS_FUSED_O_PROJ", "1")
+        out = layer.project_rows(row, attn_out)
+        assert len(calls) == 1
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+        layer.project_rows(row, rand((1, 3, INTER), torch.float32, device, 9))  # 3 rows: past max_rows()
+        assert len(calls) == 1
