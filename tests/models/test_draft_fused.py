@@ -89,9 +89,9 @@ def test_more_rows_than_max_rows_keep_torch(kernel_calls, monkeypatch):
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "autocast-bf16"])
 def test_training_head_keeps_torch(kernel_calls, autocast):
     """With gradients (training, under autocast on a GPU) the head is exactly lm_head(norm(out)), and trains."""
-    draft = random_draft(H, V, draft_vocab=VD)
-    out = torch.randn(1, 1, H, generator=torch.Generator().manual_seed(0))
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    draft = random_draft(H, V, draft_vocab=VD).to(DEVICE)
+    out = torch.randn(1, 1, H, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=autocast):
         logits = draft.head_output(out)
         ref = draft.lm_head(draft.norm(out))
     assert not any(kernel_calls.values())
