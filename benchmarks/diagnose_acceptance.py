@@ -17,6 +17,8 @@ From that one pass:
   - `per_text_accept_length`: the replay's acceptance of each text, in order (MT-bench: 10 per category),
     and `per_text_outside_vocabulary_share`, the share of its reply tokens outside the draft vocabulary;
   - `outside_vocabulary_top`: the reply tokens outside the draft vocabulary that occur most often;
+  - `simulated_accept_length_vocabulary_oracle`: the same replay with every guess of a token outside the
+    draft vocabulary counted right: the most a larger draft vocabulary could give these replies;
   - a chain started at every reply position: 1 + the mean accepted run ("predicted acceptance"), split by
     whether the token repeats (the 8 tokens ending with it already occurred in the sequence: greedy loops,
     copied spans), by position in the reply, and with the share of tokens outside the draft vocabulary
@@ -101,6 +103,19 @@ def chain_starts(hits: list[list[bool]], ids: list[int], start: int, steps: int,
     return rows
 
 
+def oracle_predictions(preds: torch.Tensor, ids: torch.Tensor, t2d: torch.Tensor) -> torch.Tensor:
+    """preds [steps, T] with each guess whose answer (x_{t+2+k}) lies outside the draft vocabulary replaced by
+    that answer: a draft that always knew the tokens it cannot name."""
+    out = preds.clone()
+    outside = ~t2d.to(ids.device)[ids]
+    T = ids.shape[0]
+    for k in range(preds.shape[0]):
+        n = max(0, T - 2 - k)
+        answer = ids[2 + k: 2 + k + n]
+        out[k, :n] = torch.where(outside[2 + k: 2 + k + n], answer, preds[k, :n])
+    return out
+
+
 def summarize(rows: list[tuple[int, int, bool, bool]]) -> dict:
     def stats(sel):
         if not sel:
@@ -148,7 +163,7 @@ def diagnose(args) -> dict:
     right, total, rows, per_text, per_text_oov = [0] * K, [0] * K, [], [], []
     outside = collections.Counter()
     t2d = draft.t2d.cpu()
-    generated = passes = 0
+    generated = passes = oracle_generated = oracle_passes = 0
     for ids, start in zip(texts, starts):
         missing = [t for t in ids[start:] if not t2d[t]]
         outside.update(missing)
@@ -157,6 +172,8 @@ def diagnose(args) -> dict:
         preds = draft_predictions(target, draft, x, K)
         g, p = simulate_chain(preds, x, start, args.steps)
         generated, passes = generated + g, passes + p
+        g, p = simulate_chain(oracle_predictions(preds, x, t2d), x, start, args.steps)
+        oracle_generated, oracle_passes = oracle_generated + g, oracle_passes + p
         per_text.append(round(g / max(1, p), 3))
         r, t = teacher_forced_accuracy(preds, x, start)
         right, total = [a + b for a, b in zip(right, r)], [a + b for a, b in zip(total, t)]
@@ -164,7 +181,9 @@ def diagnose(args) -> dict:
     return {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "texts": len(texts), "reply_tokens": total[0],
             "accuracy_k": [round(a / max(1, b), 4) for a, b in zip(right, total)],
-            "simulated_accept_length": generated / max(1, passes), "engine": engine_side,
+            "simulated_accept_length": generated / max(1, passes),
+            "simulated_accept_length_vocabulary_oracle": oracle_generated / max(1, oracle_passes),
+            "engine": engine_side,
             "seconds": round(time.perf_counter() - t0, 1), **summarize(rows),
             "per_text_accept_length": per_text, "per_text_outside_vocabulary_share": per_text_oov,
             "outside_vocabulary_top": [[tokenizer.decode([t]), n] for t, n in outside.most_common(40)]}

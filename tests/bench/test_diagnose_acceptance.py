@@ -33,6 +33,7 @@ def test_simulated_acceptance_equals_the_engines_on_mt_bench(pair, tmp_path):
     r = json.loads(out.read_text())
     assert r["texts"] == 3 and r["engine"]["passes"] > 0
     assert r["simulated_accept_length"] == r["engine"]["accept_length"] > 1.0
+    assert r["simulated_accept_length_vocabulary_oracle"] >= r["simulated_accept_length"]
     assert len(r["accuracy_k"]) == 4 and r["accuracy_k"][0] == 1.0  # the pair's first guess is always right
     assert r["all"]["step0_hit_rate"] == 1.0 and r["all"]["chains"] > 0
     chains = lambda part: 0 if r[part] is None else r[part]["chains"]  # noqa: E731
@@ -70,3 +71,21 @@ def test_bad_input_is_one_line(pair, tmp_path):
                    "--device", "cpu")  # in this process: no second torch import
     assert p.returncode == 1 and p.stderr.strip().count("\n") == 0, p.stderr
     assert p.stderr.startswith("diagnose_acceptance: error:")
+
+
+def test_the_vocabulary_oracle_fills_in_exactly_the_tokens_outside_the_vocabulary():
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("diagnose_acceptance", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ids = torch.tensor([5, 6, 7, 8, 9, 10])
+    t2d = torch.ones(12, dtype=torch.bool)
+    t2d[8] = t2d[10] = False                     # tokens 8 and 10 lie outside the draft vocabulary
+    preds = torch.zeros(2, 6, dtype=torch.long)  # every guess wrong (token 0)
+    out = module.oracle_predictions(preds, ids, t2d)
+    # step k's guess at index t answers x_{t+2+k}: step 0 answers 7, 8, 9, 10 at t = 0..3; step 1 8, 9, 10 at 0..2
+    assert out.tolist() == [[0, 8, 0, 10, 0, 0], [8, 0, 10, 0, 0, 0]]
+    assert preds.abs().sum() == 0  # the input is left as it was
