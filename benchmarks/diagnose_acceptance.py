@@ -172,9 +172,9 @@ def diagnose(args) -> dict:
         preds = draft_predictions(target, draft, x, K)
         g, p = simulate_chain(preds, x, start, args.steps)
         generated, passes = generated + g, passes + p
-        g, p = simulate_chain(oracle_predictions(preds, x, t2d), x, start, args.steps)
-        oracle_generated, oracle_passes = oracle_generated + g, oracle_passes + p
         per_text.append(round(g / max(1, p), 3))
+        og, op = simulate_chain(oracle_predictions(preds, x, t2d), x, start, args.steps)
+        oracle_generated, oracle_passes = oracle_generated + og, oracle_passes + op
         r, t = teacher_forced_accuracy(preds, x, start)
         right, total = [a + b for a, b in zip(right, r)], [a + b for a, b in zip(total, t)]
         rows += chain_starts(guess_hits(preds[: args.steps], x), ids, start, args.steps, t2d)
