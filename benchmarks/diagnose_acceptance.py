@@ -18,7 +18,9 @@ From that one pass:
     and `per_text_outside_vocabulary_share`, the share of its reply tokens outside the draft vocabulary;
   - `outside_vocabulary_top`: the reply tokens outside the draft vocabulary that occur most often;
   - `simulated_accept_length_vocabulary_oracle`: the same replay with every guess of a token outside the
-    draft vocabulary counted right: the most a larger draft vocabulary could give these replies;
+    draft vocabulary counted right: the most a larger draft vocabulary could give these replies (with
+    `--oracle-vocabulary VOCAB.safetensors`, another run's `vocab.safetensors`: only the tokens that one
+    holds, the most that vocabulary could give);
   - a chain started at every reply position: 1 + the mean accepted run ("predicted acceptance"), split by
     whether the token repeats (the 8 tokens ending with it already occurred in the sequence: greedy loops,
     copied spans), by position in the reply, and with the share of tokens outside the draft vocabulary
@@ -103,11 +105,15 @@ def chain_starts(hits: list[list[bool]], ids: list[int], start: int, steps: int,
     return rows
 
 
-def oracle_predictions(preds: torch.Tensor, ids: torch.Tensor, t2d: torch.Tensor) -> torch.Tensor:
-    """preds [steps, T] with each guess whose answer (x_{t+2+k}) lies outside the draft vocabulary replaced by
-    that answer: a draft that always knew the tokens it cannot name."""
+def oracle_predictions(preds: torch.Tensor, ids: torch.Tensor, t2d: torch.Tensor,
+                       covered: torch.Tensor | None = None) -> torch.Tensor:
+    """preds [steps, T] with each guess whose answer (x_{t+2+k}) lies outside the draft vocabulary (t2d) and,
+    if given, inside `covered` (a larger vocabulary's t2d) replaced by that answer: a draft that always knew
+    the tokens it cannot name."""
     out = preds.clone()
     outside = ~t2d.to(ids.device)[ids]
+    if covered is not None:
+        outside &= covered.to(ids.device)[ids]
     T = ids.shape[0]
     for k in range(preds.shape[0]):
         n = max(0, T - 2 - k)
@@ -163,6 +169,14 @@ def diagnose(args) -> dict:
     right, total, rows, per_text, per_text_oov = [0] * K, [0] * K, [], [], []
     outside = collections.Counter()
     t2d = draft.t2d.cpu()
+    covered = None
+    if args.oracle_vocabulary:
+        from eyas.train.vocab import load_mapping
+
+        covered = load_mapping(args.oracle_vocabulary).t2d
+        if covered.numel() != t2d.numel():
+            raise SystemExit(f"diagnose_acceptance: error: {args.oracle_vocabulary} maps {covered.numel()} target "
+                             f"tokens, the draft {t2d.numel()}")
     generated = passes = oracle_generated = oracle_passes = 0
     for ids, start in zip(texts, starts):
         missing = [t for t in ids[start:] if not t2d[t]]
@@ -173,7 +187,7 @@ def diagnose(args) -> dict:
         g, p = simulate_chain(preds, x, start, args.steps)
         generated, passes = generated + g, passes + p
         per_text.append(round(g / max(1, p), 3))
-        og, op = simulate_chain(oracle_predictions(preds, x, t2d), x, start, args.steps)
+        og, op = simulate_chain(oracle_predictions(preds, x, t2d, covered), x, start, args.steps)
         oracle_generated, oracle_passes = oracle_generated + og, oracle_passes + op
         r, t = teacher_forced_accuracy(preds, x, start)
         right, total = [a + b for a, b in zip(right, r)], [a + b for a, b in zip(total, t)]
@@ -202,6 +216,8 @@ def main(argv=None) -> int:
     p.add_argument("--accuracy-steps", type=int, default=7, help="draft steps whose accuracy is reported (default 7)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32")
+    p.add_argument("--oracle-vocabulary", type=Path,
+                   help="a vocab.safetensors: the vocabulary oracle fills in only the tokens it holds")
     p.add_argument("--out", type=Path, help="JSON results (also printed)")
     args = p.parse_args(argv)
     if min(args.prompts, args.steps, args.accuracy_steps, args.new_tokens) < 1:

@@ -89,3 +89,6 @@ def test_the_vocabulary_oracle_fills_in_exactly_the_tokens_outside_the_vocabular
     # step k's guess at index t answers x_{t+2+k}: step 0 answers 7, 8, 9, 10 at t = 0..3; step 1 8, 9, 10 at 0..2
     assert out.tolist() == [[0, 8, 0, 10, 0, 0], [8, 0, 10, 0, 0, 0]]
     assert preds.abs().sum() == 0  # the input is left as it was
+    covered = t2d.clone()
+    covered[8] = True                            # a larger vocabulary that holds 8 but not 10
+    assert module.oracle_predictions(preds, ids, t2d, covered).tolist() == [[0, 8, 0, 0, 0, 0], [8, 0, 0, 0, 0, 0]]
