@@ -33,6 +33,10 @@ def wide_target_dir(tmp_path_factory):
     return str(path)
 
 
+WIDE = dict(hidden=128, tokens=(6, 8))  # the wide target's width, and fewer tokens: its attention kernels
+# step through the interpreter slowly on the CPU
+
+
 def _generate(target_dir, kernels: str, monkeypatch, spec=None, hidden=64, tokens=(7, 10)):
     monkeypatch.setenv("EYAS_KERNELS", kernels)
     g = torch.Generator().manual_seed(0)
@@ -55,8 +59,8 @@ def test_kernels_give_the_reference_tokens(target_dir, monkeypatch, spec):
 def test_kernels_over_the_cache_give_the_reference_tokens(wide_target_dir, monkeypatch, spec):
     """The same with the slot-attention kernels in play, in the target and the draft (head dim 32): rotary
     fused with the cache write, tree masks."""
-    reference = _generate(wide_target_dir, "0", monkeypatch, hidden=128, tokens=(6, 8))
-    assert _generate(wide_target_dir, "force", monkeypatch, spec, hidden=128, tokens=(6, 8)) == reference
+    reference = _generate(wide_target_dir, "0", monkeypatch, **WIDE)
+    assert _generate(wide_target_dir, "force", monkeypatch, spec, **WIDE) == reference
 
 
 def test_rotary_inside_attention_gives_the_reference_tokens(wide_target_dir, monkeypatch):
@@ -65,12 +69,11 @@ def test_rotary_inside_attention_gives_the_reference_tokens(wide_target_dir, mon
     A chain's causal verify is the kernel test's (tests/kernels/test_slot_attention.py)."""
     import eyas.kernels.rotary as rotary
 
-    reference = _generate(wide_target_dir, "0", monkeypatch, hidden=128, tokens=(6, 8))
+    reference = _generate(wide_target_dir, "0", monkeypatch, **WIDE)
     calls = []
     monkeypatch.setattr(rotary, "rotate_and_store", lambda *args: calls.append(1))
     monkeypatch.setenv("EYAS_ROTARY_IN_ATTENTION", "1")
-    assert _generate(wide_target_dir, "force", monkeypatch, SpecConfig(3, 2, 5), hidden=128, tokens=(6, 8)) \
-        == reference
+    assert _generate(wide_target_dir, "force", monkeypatch, SpecConfig(3, 2, 5), **WIDE) == reference
     assert not calls
 
 
