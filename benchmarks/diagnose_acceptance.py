@@ -224,12 +224,18 @@ def main(argv=None) -> int:
         print("diagnose_acceptance: error: --prompts, --steps, --accuracy-steps and --new-tokens must be at least 1",
               file=sys.stderr)
         return 2
+    return run_and_report("diagnose_acceptance", diagnose, args)
+
+
+def run_and_report(script: str, work, args) -> int:
+    """work(args)'s result printed as JSON and written to args.out (if given): 0; or, for bad input the work
+    finds (EyasError, OSError), one line `SCRIPT: error: ...`: 1. vocab_coverage.py ends the same way."""
     from eyas.errors import EyasError
 
     try:
-        result = diagnose(args)
+        result = work(args)
     except (EyasError, OSError) as e:
-        print(f"diagnose_acceptance: error: {e}", file=sys.stderr)
+        print(f"{script}: error: {e}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=1))
     if args.out:

@@ -16,12 +16,12 @@ cost a trained draft). Its coverage of the training replies is listed beside it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
+from diagnose_acceptance import run_and_report  # benchmarks/diagnose_acceptance.py (the script's folder is on sys.path)
 
 
 def evaluation_replies(args, model_dir: str, tokenizer) -> list[list[int]]:
@@ -107,18 +107,7 @@ def main(argv=None) -> int:
         print("vocab_coverage: error: --sizes (comma-separated integers), --prompts and --new-tokens must be at "
               "least 1", file=sys.stderr)
         return 2
-    from eyas.errors import EyasError
-
-    try:
-        result = coverage(args)
-    except (EyasError, OSError) as e:
-        print(f"vocab_coverage: error: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, indent=1))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-    return 0
+    return run_and_report("vocab_coverage", coverage, args)
 
 
 if __name__ == "__main__":
