@@ -114,6 +114,34 @@ def test_synth_takes_the_system_prompts_in_turn_and_keeps_only_the_question(toke
     assert all(c.first_user().startswith("Question number") for c in rows)
 
 
+def test_synth_starts_questions_with_the_openers_under_every_system_prompt(tokenizer, tmp_path):
+    from types import SimpleNamespace
+
+    from eyas.train.recipe import parse_recipe
+    from eyas.train.synth import synthesize
+
+    systems, openers = ["", "The user asks for code."], ["", "Write", "Explain"]
+    recipe = parse_recipe({"target": "unused", "out_dir": str(tmp_path),
+                           "synth": {"num": 6, "batch": 6, "system_prompts": systems, "openers": openers}})
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    seen_prompts = []
+
+    class Engine:
+        config = SimpleNamespace(eos_token_ids=[end])
+
+        def generate(self, prompts, params):
+            seen_prompts.extend(prompts)
+            return [SimpleNamespace(output_ids=tokenizer.encode(f" a line number {i}?") + [end], finish_reason="stop")
+                    for i in range(len(prompts))]
+
+    synthesize(recipe, Engine(), tokenizer, progress=False)
+    expected = [user_turn_prefix(tokenizer, s) + tokenizer.encode(o) for s in systems for o in openers]
+    assert seen_prompts[:6] == expected
+    questions = [c.first_user() for c in read_conversations(tmp_path / "data" / "synth-r0.jsonl")]
+    assert questions == ["a line number 0?", "Write a line number 1?", "Explain a line number 2?",
+                         "a line number 3?", "Write a line number 4?", "Explain a line number 5?"]
+
+
 def test_vocab_counts_only_assistant_tokens(samples):
     m = build_mapping(samples, vocab_size=320, draft_vocab_size=40)
     counts = torch.zeros(320, dtype=torch.long)

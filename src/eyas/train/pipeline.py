@@ -127,12 +127,12 @@ class Pipeline:
 
     # -- stages -----------------------------------------------------------------------------------
     def synth(self) -> dict:
-        from eyas.train.synth import question_prefixes, synthesize
+        from eyas.train.synth import question_starts, synthesize
 
         cfg = self.recipe.synth
         if cfg.num == 0:
             return {"skipped": "[synth] num = 0"}
-        longest = max(map(len, question_prefixes(self.tokenizer, cfg)))
+        longest = max(len(ids) for ids, _ in question_starts(self.tokenizer, cfg))
         engine = self.engine(cfg.batch, longest + cfg.max_tokens + 8)
         out = synthesize(self.recipe, engine, self.tokenizer, self.dist.rank, self.dist.world, self.progress)
         self._report_profile(engine, "synth")

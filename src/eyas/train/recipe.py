@@ -58,12 +58,16 @@ class SynthConfig:
     # System turns the question is written under, taken in turn ("" = the template's own); each steers the
     # target toward one kind of task. Only the question is kept: replies are regenerated without it.
     system_prompts: list[str] = field(default_factory=list)
+    # Words the user's turn starts with, taken in turn ("" = none): the target writes the rest of the
+    # question, so "Write", "Explain", "Solve" ... turn chat questions into the tasks users give.
+    openers: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         if self.num < 0:
             raise EyasError(f"[synth] num must be >= 0, got {self.num}")
-        if not all(isinstance(x, str) for x in self.system_prompts):
-            raise EyasError("[synth] system_prompts must be a list of strings")
+        for key in ("system_prompts", "openers"):
+            if not all(isinstance(x, str) for x in getattr(self, key)):
+                raise EyasError(f"[synth] {key} must be a list of strings")
         _positive("synth", max_tokens=self.max_tokens, batch=self.batch, max_rounds=self.max_rounds)
         if not 0 <= self.min_ascii_ratio <= 1:
             raise EyasError(f"[synth] min_ascii_ratio must be in [0, 1], got {self.min_ascii_ratio}")

@@ -10,6 +10,11 @@ With `[synth] system_prompts`, row i of a round is written under system prompt i
 asked for "a question" mostly asks one kind, and a system turn naming a kind of task (code, math, writing,
 role-play, ...) moves it toward that kind. The system turn is not kept; the regeneration answers the
 question under the template's default, as users' requests arrive.
+
+With `[synth] openers`, the user's turn also starts with a word of the list (every system prompt with every
+opener, taken in turn), and the kept question is the opener and what the target wrote after it. A small
+target left alone asks chat questions ("I'm planning a trip, can you help?"); started with "Write",
+"Explain" or "Implement" it writes the kind of task that evaluation sets and users give.
 """
 
 from __future__ import annotations
@@ -32,9 +37,16 @@ def keep_question(text: str, finish_reason: str | None, cfg) -> bool:
             and ascii_ratio(text) >= cfg.min_ascii_ratio)
 
 
-def question_prefixes(tokenizer, cfg) -> list[list[int]]:
-    """The user-turn prefixes rows are written under: one per [synth] system prompt, or the template's own."""
-    return [user_turn_prefix(tokenizer, system) for system in cfg.system_prompts or [""]]
+def question_starts(tokenizer, cfg) -> list[tuple[list[int], str]]:
+    """What rows are written under, taken in turn: (prompt tokens, the question's opening text). One per
+    [synth] system prompt (or the template's own system turn) and opener (or none)."""
+    starts = []
+    for system in cfg.system_prompts or [""]:
+        prefix = user_turn_prefix(tokenizer, system)
+        for opener in cfg.openers or [""]:
+            opening = tokenizer(opener, add_special_tokens=False)["input_ids"] if opener else []
+            starts.append((prefix + opening, opener))
+    return starts
 
 
 def synthesize(recipe, engine, tokenizer, rank: int = 0, world: int = 1, progress: bool = True) -> dict:
@@ -45,7 +57,7 @@ def synthesize(recipe, engine, tokenizer, rank: int = 0, world: int = 1, progres
     seen = {normalize(c.first_user()) for c in existing}
     want = cfg.num // world + (1 if rank < cfg.num % world else 0)
     have = len(existing)
-    prefixes = question_prefixes(tokenizer, cfg)
+    starts = question_starts(tokenizer, cfg)
     stops = end_of_turn_ids(tokenizer, engine.config.eos_token_ids)
     stats = {"generated": 0, "generated_tokens": 0, "kept": 0, "dropped_filter": 0, "dropped_duplicate": 0}
     bar = tqdm(total=want, initial=min(have, want), desc="synth", unit="prompt", disable=not progress)
@@ -61,12 +73,12 @@ def synthesize(recipe, engine, tokenizer, rank: int = 0, world: int = 1, progres
         torch.manual_seed(base)
         params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens,
                                 stop_token_ids=stops)
-        seqs = engine.generate([prefixes[i % len(prefixes)] for i in range(n)], params)
+        seqs = engine.generate([starts[i % len(starts)][0] for i in range(n)], params)
         rows = []
-        for s in seqs:
+        for i, s in enumerate(seqs):
             stats["generated"] += 1
             stats["generated_tokens"] += len(s.output_ids)
-            text = tokenizer.decode(s.output_ids, skip_special_tokens=True).strip()
+            text = (starts[i % len(starts)][1] + tokenizer.decode(s.output_ids, skip_special_tokens=True)).strip()
             if not keep_question(text, s.finish_reason, cfg):
                 stats["dropped_filter"] += 1
                 continue
