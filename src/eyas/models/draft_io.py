@@ -152,7 +152,7 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, layout: str = "sglang", 
         tensors[_from_ours(k, layout)] = v if k in ("d2t", "t2d") else v.to(dtype).contiguous()
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
     try:
-        save_tensors(tensors, tmp / "model.safetensors")
+        save_tensors(tensors, tmp / "model.safetensors", metadata={"format": "pt"})  # as save_pretrained writes
     except EyasError:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
