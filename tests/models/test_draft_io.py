@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from eyas.config import DraftConfig, ModelConfig
 from eyas.engine.kv_cache import KVCache
@@ -40,6 +41,8 @@ def test_layouts_round_trip_to_identical_logits(tmp_path, layout):
     assert torch.equal(back.d2t, draft.d2t) and torch.equal(back.t2d, draft.t2d)
     assert torch.equal(draft_logits(back), draft_logits(draft))
     cfg = json.loads((tmp_path / layout / "config.json").read_text())
+    with safe_open(str(tmp_path / layout / "model.safetensors"), "pt") as f:
+        assert f.metadata() == {"format": "pt"}  # transformers' loaders check it when present
     if layout == "sglang":
         assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     if layout == "speculators":
