@@ -307,7 +307,7 @@ def main():
                     help="speed: also each eyas engine without programmatic dependent launch (EYAS_PDL=0), beside it")
     ap.add_argument("--rotary-in-attention", action="store_true",
                     help="speed: also each eyas engine with the rotary and cache write inside the attention kernel "
-                         "(EYAS_ROTARY_IN_ATTENTION=1), beside it")
+                         "(EYAS_ROTARY_IN_ATTENTION=1; by default only from a query width of 2,048), beside it")
     ap.add_argument("--verify-fused", action="store_true",
                     help="speed: also chain and tree with their verify's projections fused (EYAS_FUSED_MAX_ROWS 4, 8)")
     ap.add_argument("--out", default="bench_smollm2.json")

@@ -26,6 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from eyas.layers.attention import ROTARY_IN_ATTENTION_MIN_WIDTH
 from timing import kernel_table, median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 USER_NCCL = dict(NCCL_PROTO="LL", NCCL_ALGO="Ring", NCCL_P2P_LEVEL="SYS", NCCL_MAX_NCHANNELS="16",
@@ -202,8 +203,8 @@ def main():
                     help="each TP size with the split merge in the attention kernel and without "
                          "(EYAS_MERGE_IN_KERNEL=0), twice")
     ap.add_argument("--rotary-in-attention", action="store_true",
-                    help="each TP size also with the rotary and cache write inside the attention kernel "
-                         "(EYAS_ROTARY_IN_ATTENTION=1), twice")
+                    help="each TP size also with the rotary and cache write placed the other way than the "
+                         "default for its query width (EYAS_ROTARY_IN_ATTENTION=0 from 2,048 on, else 1), twice")
     ap.add_argument("--fused-o-proj", action="store_true",
                     help="each TP size also with a small model's attention output projection through the fused "
                          "kernels' tiles at 1-2 rows (EYAS_FUSED_O_PROJ=1), twice")
@@ -226,8 +227,11 @@ def main():
             switches.append(("pdl_off+merge_kernel", {**switches[0][1], **switches[1][1]}))
         if args.fused_wide:
             switches.append(("fused_wide", {"EYAS_FUSED_WIDE": "1"}))
-        if args.rotary_in_attention:
-            switches.append(("rotary_in_attention", {"EYAS_ROTARY_IN_ATTENTION": "1"}))
+        if args.rotary_in_attention:  # the default follows the query width per rank (rotary_in_attention())
+            width = shape["hidden_size"] // tp
+            switches.append(("rotary_separate", {"EYAS_ROTARY_IN_ATTENTION": "0"})
+                            if width >= ROTARY_IN_ATTENTION_MIN_WIDTH else
+                            ("rotary_in_attention", {"EYAS_ROTARY_IN_ATTENTION": "1"}))
         if args.fused_o_proj:
             switches.append(("fused_o_proj", {"EYAS_FUSED_O_PROJ": "1"}))
         if switches:  # each switch beside the default, in turn, twice: A B (C D) A B (C D)

@@ -77,6 +77,22 @@ def test_rotary_inside_attention_gives_the_reference_tokens(wide_target_dir, mon
     assert not calls
 
 
+def test_rotary_moves_into_attention_from_wide_queries_unless_forced(monkeypatch):
+    """By default the attention kernel rotates q and k itself from ROTARY_IN_ATTENTION_MIN_WIDTH on (an 8B
+    model's 32 x 128), not at SmolLM2's 9 x 64; EYAS_ROTARY_IN_ATTENTION=0 or 1 forces either way."""
+    from eyas.layers.attention import ROTARY_IN_ATTENTION_MIN_WIDTH, rotary_in_attention
+
+    smollm2, llama_8b = torch.zeros(1, 1, 9, 64), torch.zeros(1, 1, 32, 128)
+    at, below = ROTARY_IN_ATTENTION_MIN_WIDTH // 64, ROTARY_IN_ATTENTION_MIN_WIDTH // 64 - 1
+    monkeypatch.delenv("EYAS_ROTARY_IN_ATTENTION", raising=False)
+    assert rotary_in_attention(llama_8b) and not rotary_in_attention(smollm2)
+    assert rotary_in_attention(torch.zeros(1, 4, at, 64)) and not rotary_in_attention(torch.zeros(1, 4, below, 64))
+    monkeypatch.setenv("EYAS_ROTARY_IN_ATTENTION", "0")
+    assert not rotary_in_attention(llama_8b)
+    monkeypatch.setenv("EYAS_ROTARY_IN_ATTENTION", "1")
+    assert rotary_in_attention(smollm2)
+
+
 def test_kernels_run_when_forced(monkeypatch):
     """Guards the test above against silently comparing the reference with itself."""
     from eyas.kernels import enabled

@@ -208,16 +208,17 @@ def test_store_kv_matches_cache_write(device, dtype):
     assert torch.equal(kv.k.cpu(), ref.k) and torch.equal(kv.v.cpu(), ref.v)
 
 
-@pytest.mark.parametrize("T,G,mode,starts,visible,splits,dtype", [
-    (1, 3, "causal", [700, 11, 300], None, 3, torch.bfloat16),  # decode: each row's new column in its last split
-    (1, 3, "causal", [700, 11, 300], None, 3, torch.float32),
-    (8, 3, "causal", [124, 40, 7], None, 3, torch.float32),     # a chain's verify; row 0's columns straddle 2 splits
-    (8, 3, "causal", [300, 11, 250], None, 2, torch.float32),   # 24 query rows in blocks of 16 (below): two row
-                                                                # blocks write the same columns
-    (5, 2, "tree", [690, 11, 300], None, 3, torch.bfloat16),    # a tree verify
-    (4, 3, "tree", [690, 19, 300], [682, 11, 292], 1, torch.float32),  # a draft step: after the visible columns
+@pytest.mark.parametrize("T,G,mode,starts,visible,splits,dtype,D", [
+    (1, 3, "causal", [700, 11, 300], None, 3, torch.bfloat16, 64),  # decode: each row's new column in its last split
+    (1, 3, "causal", [700, 11, 300], None, 3, torch.float32, 64),
+    (8, 3, "causal", [124, 40, 7], None, 3, torch.float32, 64),     # a chain's verify; row 0's columns span 2 splits
+    (8, 3, "causal", [300, 11, 250], None, 2, torch.float32, 64),   # 24 query rows in blocks of 16 (below): two row
+                                                                    # blocks write the same columns
+    (5, 2, "tree", [690, 11, 300], None, 3, torch.bfloat16, 64),    # a tree verify
+    (4, 3, "tree", [690, 19, 300], [682, 11, 292], 1, torch.float32, 64),  # a draft step: after the visible columns
+    (1, 4, "causal", [700, 11, 300], None, 3, torch.bfloat16, 128),  # an 8B shape's heads, where it is the default
 ])
-def test_rotary_inside_the_kernel(device, T, G, mode, starts, visible, splits, dtype, monkeypatch):
+def test_rotary_inside_the_kernel(device, T, G, mode, starts, visible, splits, dtype, D, monkeypatch):
     """slot_attention(rotary=...) on unrotated q and new k/v gives the bits of rotate_and_store then
     slot_attention: the same output and the same caches."""
     import eyas.kernels.slot_attention as kernels
@@ -227,7 +228,7 @@ def test_rotary_inside_the_kernel(device, T, G, mode, starts, visible, splits, d
     monkeypatch.setattr(kernels, "MAX_BLOCK_M", 16)  # several row blocks from 6 tokens of 3 heads on
 
     gen = torch.Generator().manual_seed(T * 100 + G)
-    B, D, max_len = len(SLOTS), 64, 720
+    B, max_len = len(SLOTS), 720
     slots, starts_t = torch.tensor(SLOTS, device=device), torch.tensor(starts, device=device)
     rope = RotaryEmbedding(D, 10000.0, None, 1024).to(device)
     positions = (starts_t[:, None] + torch.arange(T, device=device)[None]) % 1024

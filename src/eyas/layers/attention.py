@@ -86,15 +86,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch:
 def rotate_and_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, rotary,
                       layer: int, batch: AttentionBatch, scale: float):
     """Rotary embedding of q and k, then `attend`. On the kernel path the rotation and the cache write are
-    one launch (eyas.kernels.rotary.rotate_and_store), the same bits; with EYAS_ROTARY_IN_ATTENTION=1 the
-    attention kernel does both itself, one launch fewer per layer (on an H200: 4-5% faster on an 8B shape, 2-6%
-    slower on SmolLM2, the same tokens; docs/BENCHMARKS.md)."""
+    one launch (eyas.kernels.rotary.rotate_and_store), the same bits, or the attention kernel does both
+    itself, one launch fewer per layer (`rotary_in_attention`)."""
     if _kernel_fits(q, batch) and enabled(k, v) and q.dtype == k.dtype == v.dtype == batch.kv.k.dtype:
         from eyas.kernels.rotary import rotate_and_store
         from eyas.kernels.slot_attention import slot_attention
 
         k_cache, v_cache = batch.kv.k[layer], batch.kv.v[layer]
-        if os.environ.get("EYAS_ROTARY_IN_ATTENTION") == "1":
+        if rotary_in_attention(q):
             return slot_attention(q, k_cache, v_cache, batch.slots, batch.starts, scale, new_mask=batch.new_mask,
                                   visible=batch.visible, kv_len=batch.kv_len,
                                   rotary=(k, v, rotary.cos, rotary.sin, positions, batch.write_pos))
@@ -104,6 +103,22 @@ def rotate_and_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positio
                               visible=batch.visible, kv_len=batch.kv_len)
     q, k = rotary(q, k, positions)
     return attend(q, k, v, layer, batch, scale)
+
+
+# Query width (heads x head dim, per rank) from which the attention kernel rotates q and k itself by default.
+# On an H200 (docs/BENCHMARKS.md, fifteenth and sixteenth sessions) that made an 8B shape's decode step (width
+# 4,096) 3.5-5% faster in both sessions, and SmolLM2's (width 576) 2-6% slower: there the kernel's extra
+# work outweighs the launch it saves. Widths in between were not measured.
+ROTARY_IN_ATTENTION_MIN_WIDTH = 2048
+
+
+def rotary_in_attention(q: torch.Tensor) -> bool:
+    """Whether the attention kernel rotates q and k and writes the cache itself: EYAS_ROTARY_IN_ATTENTION=1
+    or 0 forces it; by default, from ROTARY_IN_ATTENTION_MIN_WIDTH on. q: [B, T, H, D]."""
+    forced = os.environ.get("EYAS_ROTARY_IN_ATTENTION")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return q.shape[-2] * q.shape[-1] >= ROTARY_IN_ATTENTION_MIN_WIDTH
 
 
 def _kernel_fits(q: torch.Tensor, batch: AttentionBatch) -> bool:
