@@ -84,30 +84,38 @@ def test_a_template_without_system_turns_is_one_clear_error(tokenizer):
         user_turn_prefix(tok, "Ask about math.")
 
 
-def test_synth_takes_the_system_prompts_in_turn_and_keeps_only_the_question(tokenizer, tmp_path):
-    from types import SimpleNamespace
+class QuestionEngine:
+    """Stands in for the Engine in synth: records the prompts it is given and writes `text` and the row's
+    number (counted over every call) as each question, ended by the end-of-turn token."""
 
+    def __init__(self, tokenizer, text: str):
+        from types import SimpleNamespace
+
+        self.tokenizer, self.text, self.prompts = tokenizer, text, []
+        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.config = SimpleNamespace(eos_token_ids=[self.end])
+
+    def generate(self, prompts, params):
+        from types import SimpleNamespace
+
+        first = len(self.prompts)
+        self.prompts.extend(prompts)
+        return [SimpleNamespace(output_ids=self.tokenizer.encode(f"{self.text} {first + i}?") + [self.end],
+                                finish_reason="stop") for i in range(len(prompts))]
+
+
+def test_synth_takes_the_system_prompts_in_turn_and_keeps_only_the_question(tokenizer, tmp_path):
     from eyas.train.recipe import parse_recipe
     from eyas.train.synth import synthesize
 
     systems = ["", "The user asks for code.", "The user asks a math question."]
     recipe = parse_recipe({"target": "unused", "out_dir": str(tmp_path),
                            "synth": {"num": 7, "batch": 4, "system_prompts": systems}})
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    seen_prompts = []
-
-    class Engine:
-        config = SimpleNamespace(eos_token_ids=[end])
-
-        def generate(self, prompts, params):
-            seen_prompts.extend(prompts)
-            return [SimpleNamespace(output_ids=tokenizer.encode(f"Question number {len(seen_prompts) + i}?") + [end],
-                                    finish_reason="stop") for i in range(len(prompts))]
-
-    out = synthesize(recipe, Engine(), tokenizer, progress=False)
+    engine = QuestionEngine(tokenizer, "Question number")
+    out = synthesize(recipe, engine, tokenizer, progress=False)
     assert out["prompts"] == 7
     prefixes = [user_turn_prefix(tokenizer, s) for s in systems]
-    assert seen_prompts[:6] == prefixes * 2
+    assert engine.prompts[:6] == prefixes * 2
     rows = read_conversations(tmp_path / "data" / "synth-r0.jsonl")
     assert len(rows) == 7
     assert all(c.messages == [{"role": "user", "content": c.first_user()}] for c in rows)
@@ -115,28 +123,16 @@ def test_synth_takes_the_system_prompts_in_turn_and_keeps_only_the_question(toke
 
 
 def test_synth_starts_questions_with_the_openers_under_every_system_prompt(tokenizer, tmp_path):
-    from types import SimpleNamespace
-
     from eyas.train.recipe import parse_recipe
     from eyas.train.synth import synthesize
 
     systems, openers = ["", "The user asks for code."], ["", "Write", "Explain"]
     recipe = parse_recipe({"target": "unused", "out_dir": str(tmp_path),
                            "synth": {"num": 6, "batch": 6, "system_prompts": systems, "openers": openers}})
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    seen_prompts = []
-
-    class Engine:
-        config = SimpleNamespace(eos_token_ids=[end])
-
-        def generate(self, prompts, params):
-            seen_prompts.extend(prompts)
-            return [SimpleNamespace(output_ids=tokenizer.encode(f" a line number {i}?") + [end], finish_reason="stop")
-                    for i in range(len(prompts))]
-
-    synthesize(recipe, Engine(), tokenizer, progress=False)
+    engine = QuestionEngine(tokenizer, " a line number")
+    synthesize(recipe, engine, tokenizer, progress=False)
     expected = [user_turn_prefix(tokenizer, s) + tokenizer.encode(o) for s in systems for o in openers]
-    assert seen_prompts[:6] == expected
+    assert engine.prompts[:6] == expected
     questions = [c.first_user() for c in read_conversations(tmp_path / "data" / "synth-r0.jsonl")]
     assert questions == ["a line number 0?", "Write a line number 1?", "Explain a line number 2?",
                          "a line number 3?", "Write a line number 4?", "Explain a line number 5?"]
