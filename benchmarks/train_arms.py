@@ -76,9 +76,13 @@ def run(what: str, cmd: list[str], log: Path, env: dict | None = None):
 def on_device(device: str, sharing: int = 1) -> tuple[str, dict]:
     """The --device a child process gets, and its environment: cuda:N runs as the only GPU it sees, and
     each of the `sharing` children running at once gets its share of the host's cores (unless
-    OMP_NUM_THREADS is set): two stages each running a thread per core slowed one another ~5x."""
+    OMP_NUM_THREADS is set): two stages each running a thread per core slowed one another ~5x. The
+    children import eyas from this checkout's src/, so they run where eyas is not installed (a job
+    started without the PYTHONPATH of its parent shell once failed at its first stage)."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // sharing)))
+    src, paths = str(ROOT / "src"), [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in paths if p != src])
     if device.startswith("cuda:"):
         env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
         return "cuda", env

@@ -31,6 +31,16 @@ def test_parse_arm(arms):
             arms.parse_arm(bad)
 
 
+def test_children_see_one_gpu_and_import_eyas_from_the_checkout(arms, monkeypatch):
+    src = str(SCRIPT.parents[1] / "src")
+    monkeypatch.setenv("PYTHONPATH", f"/elsewhere:{src}")
+    device, env = arms.on_device("cuda:1", sharing=2)
+    assert device == "cuda" and env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert env["PYTHONPATH"] == f"{src}:/elsewhere"  # first, once
+    monkeypatch.delenv("PYTHONPATH")
+    assert arms.on_device("cpu")[1]["PYTHONPATH"] == src
+
+
 def test_jobs_spread_over_devices_one_at_a_time_per_device(arms):
     seen, running, lock = [], {}, threading.Lock()
 
