@@ -7,7 +7,7 @@ steps of one or two sequences: verify passes and prefills keep cuBLAS) of at mos
 small models, where launches dominate; large ones keep cuBLAS unless EYAS_FUSED_WIDE=1), everything shares
 one dtype, and EYAS_FUSED_LINEAR is not "0" (the switch that benchmarks flip to measure the fusion).
 The target's layers take column- and row-parallel linears; the EAGLE-3 draft's steps (models/eagle3.py) take
-plain weights through `linear_rows` and `silu_mul_linear_weight`.
+plain weights through `linear_rows`, and `norm_linear` / `silu_mul_linear` through eagle3.FusedLinear.
 """
 
 from __future__ import annotations
@@ -78,12 +78,3 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return fused(x, weight)
     return F.linear(x, weight)
 
-
-def silu_mul_linear_weight(weight: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
-    """F.linear(silu(gate) * up, weight) for a plain weight (the draft's nn.Linear down projection, which
-    has no all-reduce to finish), one kernel at decode."""
-    if _fits(gate_up, gate_up.shape[-1] // 2, weight):
-        from eyas.kernels.fused_linear import silu_mul_linear as fused
-
-        return fused(gate_up, weight)
-    return F.linear(silu_mul(gate_up), weight)

@@ -22,7 +22,7 @@ from torch import nn
 from eyas.config import DraftConfig
 from eyas.dist.parallel import SINGLE
 from eyas.layers.attention import AttentionBatch, rotate_and_attend
-from eyas.layers.fused_linear import linear_rows, norm_linear, silu_mul_linear_weight
+from eyas.layers.fused_linear import linear_rows, norm_linear, silu_mul_linear
 from eyas.layers.norm import RMSNorm
 from eyas.layers.rotary import RotaryEmbedding
 from eyas.models.mla import MLAttention
@@ -43,14 +43,18 @@ def fuse_linears(owner: nn.Module, linears: list[nn.Linear], name: str):
 
 @dataclass(frozen=True)
 class FusedLinear:
-    """A bias-free linear over a fused weight buffer, as norm_linear takes a linear (`weight`, `bias`, a call).
-    Built per call: moving the module or changing its dtype replaces the buffer."""
+    """A bias-free linear over a draft weight, as the fused layers take a linear (`weight`, `bias`, a call, and
+    `finish`, which has no all-reduce to do here). Built per call: moving the module or changing its dtype
+    replaces the weight."""
 
     weight: torch.Tensor
     bias: None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
+
+    def finish(self, y: torch.Tensor) -> torch.Tensor:
+        return y
 
 
 class DraftAttention(nn.Module):
@@ -122,7 +126,7 @@ class DraftMLP(nn.Module):
     def down(self, gate_up):
         """The MLP from its fused gate/up projection's output on: activation and down projection, one kernel at
         decode."""
-        return silu_mul_linear_weight(self.down_proj.weight, gate_up)
+        return silu_mul_linear(FusedLinear(self.down_proj.weight), gate_up)
 
 
 class MidLayer(nn.Module):
