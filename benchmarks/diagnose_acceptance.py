@@ -192,8 +192,7 @@ def diagnose(args) -> dict:
         r, t = teacher_forced_accuracy(preds, x, start)
         right, total = [a + b for a, b in zip(right, r)], [a + b for a, b in zip(total, t)]
         rows += chain_starts(guess_hits(preds[: args.steps], x), ids, start, args.steps, t2d)
-    return {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "texts": len(texts), "reply_tokens": total[0],
+    return {"texts": len(texts), "reply_tokens": total[0],
             "accuracy_k": [round(a / max(1, b), 4) for a, b in zip(right, total)],
             "simulated_accept_length": generated / max(1, passes),
             "simulated_accept_length_vocabulary_oracle": oracle_generated / max(1, oracle_passes),
@@ -228,12 +227,13 @@ def main(argv=None) -> int:
 
 
 def run_and_report(script: str, work, args) -> int:
-    """work(args)'s result printed as JSON and written to args.out (if given): 0; or, for bad input the work
-    finds (EyasError, OSError), one line `SCRIPT: error: ...`: 1. vocab_coverage.py ends the same way."""
+    """work(args)'s result, after the arguments, printed as JSON and written to args.out (if given): 0; or, for
+    bad input the work finds (EyasError, OSError), one line `SCRIPT: error: ...`: 1. vocab_coverage.py ends
+    the same way."""
     from eyas.errors import EyasError
 
     try:
-        result = work(args)
+        result = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, **work(args)}
     except (EyasError, OSError) as e:
         print(f"{script}: error: {e}", file=sys.stderr)
         return 1

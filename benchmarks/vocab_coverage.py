@@ -80,8 +80,7 @@ def coverage(args) -> dict:
             evaluated = float(t2d[eval_ids].float().mean())
             rows.append(dict(size=size, source=source, evaluation_coverage=round(evaluated, 4),
                              training_reply_coverage=round(trained, 4)))
-    return {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "conversations": conversations, "evaluation_replies": len(replies), "evaluation_tokens": eval_ids.numel(),
+    return {"conversations": conversations, "evaluation_replies": len(replies), "evaluation_tokens": eval_ids.numel(),
             "rows": rows, "seconds": round(time.perf_counter() - t0, 1)}
 
 
