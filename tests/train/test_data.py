@@ -138,6 +138,22 @@ def test_synth_starts_questions_with_the_openers_under_every_system_prompt(token
                          "a line number 3?", "Write a line number 4?", "Explain a line number 5?"]
 
 
+def test_synth_writes_plain_questions_between_the_opened_ones(tokenizer, tmp_path):
+    from eyas.train.recipe import parse_recipe
+    from eyas.train.synth import synthesize
+
+    recipe = parse_recipe({"target": "unused", "out_dir": str(tmp_path),
+                           "synth": {"num": 6, "batch": 6, "openers": ["Write", "Explain"], "plain_per_opener": 2}})
+    engine = QuestionEngine(tokenizer, " a line number")
+    synthesize(recipe, engine, tokenizer, progress=False)
+    prefix = user_turn_prefix(tokenizer, "")
+    assert engine.prompts[:6] == [prefix + tokenizer.encode("Write"), prefix, prefix,
+                                  prefix + tokenizer.encode("Explain"), prefix, prefix]
+    questions = [c.first_user() for c in read_conversations(tmp_path / "data" / "synth-r0.jsonl")]
+    assert questions == ["Write a line number 0?", "a line number 1?", "a line number 2?",
+                         "Explain a line number 3?", "a line number 4?", "a line number 5?"]
+
+
 def test_vocab_counts_only_assistant_tokens(samples):
     m = build_mapping(samples, vocab_size=320, draft_vocab_size=40)
     counts = torch.zeros(320, dtype=torch.long)

@@ -90,6 +90,8 @@ def test_draft_that_does_not_fit_the_target(tiny_target, samples, tmp_path):
     ({"target": "demo", "synth": {"system_prompts": ["Ask about code.", 3]}}, "system_prompts must be a list of strings"),
     ({"target": "demo", "synth": {"system_prompts": "Ask about code."}}, "must be a list"),
     ({"target": "demo", "synth": {"openers": ["Write", None]}}, "openers must be a list of strings"),
+    ({"target": "demo", "synth": {"plain_per_opener": -1}}, "plain_per_opener must be >= 0"),
+    ({"target": "demo", "synth": {"plain_per_opener": 1.5}}, "plain_per_opener must be int"),
     ({"target": "demo", "train": {"repeat_weight": -0.5}}, "repeat_weight must be >= 0"),
     ({"target": "demo", "train": {"repeat_ngram": 0}}, "repeat_ngram must be positive"),
     ({"target": "demo", "train": {"teacher_temperature": 0}}, "teacher_temperature must be > 0"),

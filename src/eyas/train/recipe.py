@@ -61,6 +61,7 @@ class SynthConfig:
     # Words the user's turn starts with, taken in turn ("" = none): the target writes the rest of the
     # question, so "Write", "Explain", "Solve" ... turn chat questions into the tasks users give.
     openers: list[str] = field(default_factory=list)
+    plain_per_opener: int = 0     # questions with no opener written after each opened one, taken in turn
 
     def __post_init__(self):
         if self.num < 0:
@@ -69,6 +70,8 @@ class SynthConfig:
             if not all(isinstance(x, str) for x in getattr(self, key)):
                 raise EyasError(f"[synth] {key} must be a list of strings")
         _positive("synth", max_tokens=self.max_tokens, batch=self.batch, max_rounds=self.max_rounds)
+        if self.plain_per_opener < 0:
+            raise EyasError(f"[synth] plain_per_opener must be >= 0, got {self.plain_per_opener}")
         if not 0 <= self.min_ascii_ratio <= 1:
             raise EyasError(f"[synth] min_ascii_ratio must be in [0, 1], got {self.min_ascii_ratio}")
 

@@ -14,7 +14,8 @@ question under the template's default, as users' requests arrive.
 With `[synth] openers`, the user's turn also starts with a word of the list (every system prompt with every
 opener, taken in turn), and the kept question is the opener and what the target wrote after it. A small
 target left alone asks chat questions ("I'm planning a trip, can you help?"); started with "Write",
-"Explain" or "Implement" it writes the kind of task that evaluation sets and users give.
+"Explain" or "Implement" it writes the kind of task that evaluation sets and users give. `plain_per_opener`
+= n writes n questions with no opener after each opened one, so both kinds stay in the data.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ def keep_question(text: str, finish_reason: str | None, cfg) -> bool:
 def question_starts(tokenizer, cfg) -> list[tuple[list[int], str]]:
     """What rows are written under, taken in turn: (prompt tokens, the question's opening text). One per
     [synth] system prompt (or the template's own system turn) and opener (or none)."""
+    openings = [o for opener in cfg.openers for o in [opener] + [""] * cfg.plain_per_opener] or [""]
     starts = []
     for system in cfg.system_prompts or [""]:
         prefix = user_turn_prefix(tokenizer, system)
-        for opener in cfg.openers or [""]:
+        for opener in openings:
             opening = tokenizer(opener, add_special_tokens=False)["input_ids"] if opener else []
             starts.append((prefix + opening, opener))
     return starts
