@@ -29,7 +29,7 @@ def _worker(rank: int, world: int, port: int, target_dir: str, out: str):
     tr.fit()
     torch.save({"state": tr.draft.state_dict(), "first_batch": first_batch, "step": tr.step},
                os.path.join(out, f"rank{rank}.pt"))
-    torch.distributed.destroy_process_group()
+    info.close()
 
 
 def _free_port() -> int:

@@ -32,6 +32,13 @@ class DistInfo:
         if self.world > 1:
             dist.barrier()
 
+    def close(self):
+        """Meet the other ranks, then tear the group down: a rank that exits while another still talks to it
+        makes gloo abort that one ("terminate called without an active exception")."""
+        if self.world > 1 and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
     def device(self, device: str) -> str:
         """`cuda` becomes this rank's own GPU."""
         return f"cuda:{self.local_rank}" if device == "cuda" and self.world > 1 else device

@@ -288,6 +288,7 @@ class Pipeline:
             recorder.finish("interrupted" if isinstance(e, KeyboardInterrupt) else "failed", results)
             raise
         recorder.finish("ok", results)
+        self.dist.close()
         return results
 
 
