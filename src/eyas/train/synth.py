@@ -40,7 +40,8 @@ def keep_question(text: str, finish_reason: str | None, cfg) -> bool:
 
 def question_starts(tokenizer, cfg) -> list[tuple[list[int], str]]:
     """What rows are written under, taken in turn: (prompt tokens, the question's opening text). One per
-    [synth] system prompt (or the template's own system turn) and opener (or none)."""
+    [synth] system prompt (or the template's own system turn) and opener (or none), each opener followed by
+    `plain_per_opener` starts with none."""
     openings = [o for opener in cfg.openers for o in [opener] + [""] * cfg.plain_per_opener] or [""]
     starts = []
     for system in cfg.system_prompts or [""]:
