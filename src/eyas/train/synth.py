@@ -76,12 +76,13 @@ def synthesize(recipe, engine, tokenizer, rank: int = 0, world: int = 1, progres
         torch.manual_seed(base)
         params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens,
                                 stop_token_ids=stops)
-        seqs = engine.generate([starts[i % len(starts)][0] for i in range(n)], params)
+        chosen = [starts[i % len(starts)] for i in range(n)]
+        seqs = engine.generate([ids for ids, _ in chosen], params)
         rows = []
-        for i, s in enumerate(seqs):
+        for (_, opening), s in zip(chosen, seqs):
             stats["generated"] += 1
             stats["generated_tokens"] += len(s.output_ids)
-            text = (starts[i % len(starts)][1] + tokenizer.decode(s.output_ids, skip_special_tokens=True)).strip()
+            text = (opening + tokenizer.decode(s.output_ids, skip_special_tokens=True)).strip()
             if not keep_question(text, s.finish_reason, cfg):
                 stats["dropped_filter"] += 1
                 continue
