@@ -15,6 +15,8 @@ Sections, all in one process so the numbers are side by side:
              launches per cycle, host wall time, GPU busy time, and the eyas profiler's per-phase GPU times
   scaling    tokens/s at batch 1, 8, 32, 64 (--batches): plain, chain 3/1/4 always, chain with the adaptive policy;
              the smallest batch from which always speculating is slower than plain
+  sweep      batch-1 tokens/s and acceptance of each speculative setting in --specs (steps/topk[/draft tokens],
+             SGLang's meaning) beside plain decode on the same prompts: which chain and which tree are fastest
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from eyas.models.tokenizer import encode_messages, load_tokenizer
 from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 CHAIN, TREE = SpecConfig(3, 1), SpecConfig(5, 4, 8)
+SWEEP_SPECS = "2/1,3/1,4/1,5/1,6/1,7/1,3/2/4,4/2/6,5/2/8,4/4/8,5/4/8,6/4/8,6/4/12,8/4/12,6/8/16"
 DEVICE = "cuda"  # --device cpu runs the same code slowly, as a smoke test of the script itself
 NEW_TOKENS = 256  # per request, as the issues measure (MT-bench, HumanEval); --new-tokens changes it
 
@@ -291,6 +294,41 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None):
     return dict(rows=out, always_speculating_slower_from=min(slower) if slower else None)
 
 
+def parse_specs(text: str) -> list[SpecConfig]:
+    """'3/1,5/4/8' -> [SpecConfig(3, 1), SpecConfig(5, 4, 8)]; a bad entry exits with a one-line error."""
+    specs = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        parts = item.split("/")
+        if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+            raise SystemExit(f"bench_smollm2: --specs entry {item!r} is not steps/topk[/draft tokens]")
+        specs.append(SpecConfig(*map(int, parts)))
+    return specs
+
+
+def spec_name(spec: SpecConfig) -> str:
+    return f"{spec.steps}/{spec.topk}/{spec.draft_tokens}"
+
+
+def sweep(model_path, prompts, draft, specs):
+    """Plain decode, then each setting, one engine at a time on the same prompts: tok/s, acceptance, and
+    the speed-up over the plain row of this run."""
+    plain, eng = eyas_speed(model_path, prompts, "bf16")
+    del eng
+    rows = []
+    for spec in specs:
+        out, eng = eyas_speed(model_path, prompts, "bf16", draft, spec)
+        del eng
+        phases = {k: v["mean_ms"] for k, v in out["profile"]["phases"].items()}
+        rows.append(dict(spec=spec_name(spec), tok_s=out["tok_s"], accept_length=out["accept_length"],
+                         over_plain=out["tok_s"] / plain["tok_s"], phase_ms=phases,
+                         accept_rate_by_position=out["profile"]["accept_rate_by_position"]))
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "accept_rate_by_position"}), flush=True)
+    chains = [r for r in rows if r["spec"].split("/")[1] == "1"]
+    trees = [r for r in rows if r["spec"].split("/")[1] != "1"]
+    best = lambda rs: max(rs, key=lambda r: r["tok_s"])["spec"] if rs else None  # noqa: E731
+    return dict(plain_tok_s=plain["tok_s"], rows=rows, best_chain=best(chains), best_tree=best(trees))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--draft", default="random")
@@ -310,11 +348,13 @@ def main():
                          "(EYAS_ROTARY_IN_ATTENTION=1; by default only from a query width of 2,048), beside it")
     ap.add_argument("--verify-fused", action="store_true",
                     help="speed: also chain and tree with their verify's projections fused (EYAS_FUSED_MAX_ROWS 4, 8)")
+    ap.add_argument("--specs", default=SWEEP_SPECS, help="sweep: settings as steps/topk[/draft tokens], comma-separated")
     ap.add_argument("--out", default="bench_smollm2.json")
     args = ap.parse_args()
     global DEVICE, NEW_TOKENS
     DEVICE, NEW_TOKENS = args.device, args.new_tokens
     sections = set(args.sections.split(","))
+    specs = parse_specs(args.specs) if "sweep" in sections else []
     path = demo_model_path()
     tok = load_tokenizer(path)
     results = dict(kernels=os.environ.get("EYAS_KERNELS", "1"),
@@ -386,6 +426,9 @@ def main():
         for r in results["scaling"]["rows"]:
             print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}), flush=True)
         print("always speculating is slower than plain from batch", results["scaling"]["always_speculating_slower_from"])
+    if "sweep" in sections:
+        results["sweep"] = sweep(path, prompts[:args.prompts], draft, specs)
+        print("fastest chain", results["sweep"]["best_chain"], "fastest tree", results["sweep"]["best_tree"])
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)
 
