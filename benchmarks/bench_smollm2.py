@@ -6,7 +6,8 @@ Sections, all in one process so the numbers are side by side:
   speed      batch-1 greedy decode of 256 new tokens on MT-bench prompts: eyas plain, eyas + draft (chain 3/1/4
              and tree 5/4/8), HF `generate` with a static cache, HF prompt-lookup decoding (bf16; HF runs in
              a child process, each prompt once untimed first so that its compilation is not timed); eyas
-             plain and chain again with EYAS_FUSED_LINEAR=0, built after the first two
+             plain and chain again with EYAS_FUSED_LINEAR=0, built after the first two; with --also-specs, a
+             row per listed setting and plain once more, built last
   phases     one target decode step vs a verify pass of 4 and 8 tokens vs one draft step (CUDA events)
   lossless   fp32 (TF32 off): speculative greedy == plain greedy on the MT-bench first turns, chain and tree
   bf16       share of identical outputs in bf16; every divergence's top-2 logit gap in the plain run
@@ -348,6 +349,8 @@ def main():
                          "(EYAS_ROTARY_IN_ATTENTION=1; by default only from a query width of 2,048), beside it")
     ap.add_argument("--verify-fused", action="store_true",
                     help="speed: also chain and tree with their verify's projections fused (EYAS_FUSED_MAX_ROWS 4, 8)")
+    ap.add_argument("--also-specs", default="",
+                    help="speed: rows for these settings too (steps/topk[/draft tokens]), then plain again, last")
     ap.add_argument("--specs", default=SWEEP_SPECS, help="sweep: settings as steps/topk[/draft tokens], comma-separated")
     ap.add_argument("--out", default="bench_smollm2.json")
     args = ap.parse_args()
@@ -394,6 +397,10 @@ def main():
             speed("eyas_tree_rot", draft, TREE, env=("EYAS_ROTARY_IN_ATTENTION", "1"))
         if args.verify_fused:
             speed("eyas_tree_fused8", draft, TREE, env=("EYAS_FUSED_MAX_ROWS", "8"))
+        for spec in parse_specs(args.also_specs):  # e.g. the sweep's fastest chain and tree
+            speed(f"eyas_{spec_name(spec)}", draft, spec)
+        if args.also_specs:  # plain again, built last: an order effect of the script would show as a gap
+            speed("eyas_plain_last")
         if args.hf_prompts > 0:
             sp["hf_static"] = hf_speed_isolated(path, prompts[:args.hf_prompts])
             sp["hf_prompt_lookup"] = hf_speed_isolated(path, prompts[:args.hf_prompts], lookup=True)
