@@ -45,22 +45,18 @@ def _torch_references(monkeypatch):
     monkeypatch.setenv("EYAS_KERNELS", "0")
 
 
-@pytest.fixture(params=[(0, False), (32, False), (64, False), (32, True), (64, True)],
-                ids=["whole-rows", "k-chunks-32", "k-chunks-64", "dot-32", "dot-64"])
+@pytest.fixture(params=[0, 32, 64], ids=["whole-rows", "k-chunks-32", "k-chunks-64"])
 def chunk_k(request, monkeypatch, device):
-    """The interpreter's tile: whole rows, K in chunks (96 = 3 x 32, or 64 + a partial 32), or, from
-    DOT_MIN_ROWS rows, the tensor-core tiles (rows padded to 16, K in chunks). On a GPU the warm-up's
-    timing picks the tile, so the parameter changes nothing there."""
+    """The interpreter's tile: whole rows, or K in chunks (96 = 3 x 32, or 64 + a partial 32). On a GPU the
+    warm-up's timing picks the tile, so the parameter changes nothing there."""
     import eyas.kernels.fused_linear as kernels
 
-    chunk, dot = request.param
-    monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", chunk)
-    monkeypatch.setattr(kernels, "_INTERPRETER_DOT", dot)
-    return chunk
+    monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", request.param)
+    return request.param
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [(1, 1), (2, 1), (1, 2), (1, 3), (2, 4)])
+@pytest.mark.parametrize("rows", [(1, 1), (2, 1), (1, 2), (2, 4)])
 @pytest.mark.parametrize("with_delta,with_bias", [(True, False), (False, True)])
 def test_norm_linear_matches_add_norm_then_linear(device, dtype, rows, with_delta, with_bias, chunk_k):
     x = rand((*rows, K), dtype, device, 0)
@@ -85,7 +81,7 @@ def test_silu_mul_linear_matches_silu_mul_then_linear(device, dtype, rows, chunk
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [(1, 1), (1, 2), (1, 4), (2, 4)])
+@pytest.mark.parametrize("rows", [(1, 1), (1, 2), (2, 4)])
 def test_linear_rows_matches_linear(device, dtype, rows, chunk_k):
     x = rand((*rows, K), dtype, device, 0)
     w = rand((N, K), dtype, device, 1, K ** -0.5)
@@ -183,25 +179,10 @@ def test_tile_pruning_keeps_every_tile_of_decode_rows():
     assert all(c == 0 for _, c, _ in every - eight)
 
 
-def test_tensor_core_tiles_from_three_rows_up_to_max_k():
-    """A verify's 3-8 rows up to MAX_K features also time the tensor-core tiles, with chunks no wider than K;
-    decode's 1-2 rows and wide projections never do."""
-    from eyas.kernels.fused_linear import _CONFIGS, DOT_CONFIGS, DOT_MIN_ROWS, _prune
-
-    def dots(**args):
-        return {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"]) for c in _prune(_CONFIGS, args) if c.kwargs["DOT"]}
-
-    assert DOT_MIN_ROWS == 3
-    assert dots(M=1, K=576) == dots(M=2, I=1536) == dots(M=8, K=4096) == set()
-    every = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"]) for c in DOT_CONFIGS}
-    assert dots(M=4, I=1536) == dots(M=8, K=576) == every
-    assert dots(M=3, K=96) == {(n, c) for n, c in every if c <= 128}
-
-
 def test_wide_rows_take_the_wide_chunks_only():
     """Past MAX_K (an 8B model's 4,096 and 14,336 features) only the 256-1,024-column chunks are timed,
     those of up to 65,536 products at 8 rows."""
-    from eyas.kernels.fused_linear import _CONFIGS, DOT_CONFIGS, WIDE_CONFIGS, _prune
+    from eyas.kernels.fused_linear import _CONFIGS, WIDE_CONFIGS, _prune
 
     def tiles(**args):
         return {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in _prune(_CONFIGS, args)}
@@ -214,8 +195,7 @@ def test_wide_rows_take_the_wide_chunks_only():
 
     copies = [copy.deepcopy(c) for c in _CONFIGS]
     assert len(_prune(copies, {"M": 1, "K": 4096})) == len(WIDE_CONFIGS)
-    assert len(_prune(copies, {"M": 8, "K": 4096})) < len(WIDE_CONFIGS)
-    assert len(_prune(copies, {"M": 1, "K": 576})) == len(_CONFIGS) - len(WIDE_CONFIGS) - len(DOT_CONFIGS)
+    assert len(_prune(copies, {"M": 1, "K": 576})) == len(_CONFIGS) - len(WIDE_CONFIGS)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -32,10 +32,6 @@ the copy bandwidth, and the fusion would save the norm's and the activation's la
 reduces. On an H200 (2026-12-01) they lost all the same (0.53-0.95x of the unfused pair at 1-2 rows; the
 8B-shaped decode step 16-18% slower), so the layers fuse them only with EYAS_FUSED_WIDE=1 (max_k()).
 
-From DOT_MIN_ROWS rows (a verify's) the timing also weighs tensor-core tiles: the rows padded to the 16 that
-`tl.dot` takes, K in chunks of 64-512 whose weights load while the previous chunk is multiplied, the norm's
-or activation's rows recomputed per chunk from L2 (built 2026-12-01 against the whole-row tiles' losses above).
-
 The kernels take up to KERNEL_ROWS rows; the layers fuse up to max_rows() (MAX_ROWS unless
 EYAS_FUSED_MAX_ROWS says more): on an H200 (2026-12-01) the timing still chose whole-row tiles at 4 and 8
 rows of SmolLM2's shapes, which lost to cuBLAS at 4 rows on gate/up and down (0.82-0.83x) and at 8 rows on
@@ -71,22 +67,6 @@ def max_k() -> int:
     return WIDE_MAX_K if os.environ.get("EYAS_FUSED_WIDE") == "1" else MAX_K
 
 
-DOT_ROWS: tl.constexpr = tl.constexpr(16)  # rows of a tensor-core tile: the smallest M that tl.dot takes
-
-
-@triton.jit
-def _dot_acc(x, w, acc, DOT: tl.constexpr):
-    """acc + x @ w^T: x [DOT_ROWS, C], w [BLOCK_N, C], one dtype. DOT 1: on tensor cores, fp32 inputs kept
-    fp32 (no TF32), so an fp32 model's outputs differ from torch's only by the order of the sums. DOT 2: the
-    same sums from inputs converted to fp32 first (exact), for Triton's CPU interpreter, whose bf16 dot is
-    wrong (it multiplies the raw bits)."""
-    if DOT == 2 or x.dtype == tl.float32:
-        acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-    else:
-        acc = tl.dot(x, tl.trans(w), acc)
-    return acc
-
-
 @triton.jit
 def _residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA: tl.constexpr):
     """fp32 values of h = x + delta (rounded as torch's add) at [rows, cols] of the [M, K] inputs, and the mask."""
@@ -101,41 +81,15 @@ def _residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA: tl.constexpr):
 @triton.jit
 def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, K, eps,
                         HAS_NORM: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, DOT: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr,
                         USE_PDL: tl.constexpr):
     signal_dependents(USE_PDL)
     dtype: tl.constexpr = x_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     n_idx = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    rows = tl.arange(0, DOT_ROWS if DOT else BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
     n_ok = n_idx < N
-    if DOT:  # tensor cores: the rows padded to DOT_ROWS, K in chunks, the weights loaded a chunk ahead
-        cols = tl.arange(0, CHUNK_K)
-        w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & (cols < K)[None, :], other=0.0)
-        wait_for_previous(USE_PDL)
-        if HAS_NORM:
-            sum_sq = tl.zeros([DOT_ROWS], tl.float32)
-            for k0 in range(0, K, CHUNK_K):
-                h, offs, mask = _residual_chunk(x_ptr, d_ptr, rows, k0 + cols, M, K, HAS_DELTA)
-                if HAS_DELTA:
-                    if pid_n == 0:
-                        tl.store(h_ptr + offs, h.to(dtype), mask=mask)
-                sum_sq += tl.sum(h * h, axis=1)
-            inv_rms = tl.rsqrt(sum_sq / K + eps)
-        y = tl.zeros([DOT_ROWS, BLOCK_N], tl.float32)
-        for k0 in range(0, K, CHUNK_K):
-            nxt = k0 + CHUNK_K + cols
-            w_next = tl.load(w_ptr + n_idx[:, None] * K + nxt[None, :], mask=n_ok[:, None] & (nxt < K)[None, :],
-                             other=0.0)
-            h, offs, mask = _residual_chunk(x_ptr, d_ptr, rows, k0 + cols, M, K, HAS_DELTA)
-            if HAS_NORM:
-                nw = tl.load(nw_ptr + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
-                xn = rounded(nw[None, :] * rounded(h * inv_rms[:, None], dtype), dtype)
-            else:
-                xn = h
-            y = _dot_acc(xn.to(dtype), w, y, DOT)
-            w = w_next
-    elif CHUNK_K == 0:  # whole rows: one load of each, one product, one reduction
+    if CHUNK_K == 0:  # whole rows: one load of each, one product, one reduction
         cols = tl.arange(0, BLOCK_K)
         col_ok = cols < K
         # The weights first: no kernel writes them, so with PDL their load overlaps the previous kernel.
@@ -196,24 +150,12 @@ def _silu_mul_chunk(gu_ptr, rows, cols, M, I):
 
 @triton.jit
 def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, DOT: tl.constexpr, USE_PDL: tl.constexpr):
+                            BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, USE_PDL: tl.constexpr):
     signal_dependents(USE_PDL)
-    dtype: tl.constexpr = gu_ptr.dtype.element_ty
     n_idx = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    rows = tl.arange(0, DOT_ROWS if DOT else BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
     n_ok = n_idx < N
-    if DOT:
-        cols = tl.arange(0, CHUNK_K)
-        w = tl.load(w_ptr + n_idx[:, None] * I + cols[None, :], mask=n_ok[:, None] & (cols < I)[None, :], other=0.0)
-        wait_for_previous(USE_PDL)
-        y = tl.zeros([DOT_ROWS, BLOCK_N], tl.float32)
-        for k0 in range(0, I, CHUNK_K):
-            nxt = k0 + CHUNK_K + cols
-            w_next = tl.load(w_ptr + n_idx[:, None] * I + nxt[None, :], mask=n_ok[:, None] & (nxt < I)[None, :],
-                             other=0.0)
-            y = _dot_acc(_silu_mul_chunk(gu_ptr, rows, k0 + cols, M, I).to(dtype), w, y, DOT)
-            w = w_next
-    elif CHUNK_K == 0:
+    if CHUNK_K == 0:
         cols = tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + n_idx[:, None] * I + cols[None, :], mask=n_ok[:, None] & (cols < I)[None, :], other=0.0)
         wait_for_previous(USE_PDL)
@@ -229,6 +171,7 @@ def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_M: tl.constexpr
             y += tl.sum(act[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
             nxt = k0 + CHUNK_K + cols
             w = tl.load(w_ptr + n_idx[:, None] * I + nxt[None, :], mask=n_ok[:, None] & (nxt < I)[None, :], other=0.0)
+    dtype: tl.constexpr = gu_ptr.dtype.element_ty
     tl.store(y_ptr + rows[:, None] * N + n_idx[None, :], y.to(dtype), mask=(rows < M)[:, None] & n_ok[None, :])
 
 
@@ -237,37 +180,26 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # On a GPU the tile is timed at first use of each (rows, N, K), which the engine's warm-up runs before any
 # CUDA graph is captured: whole rows (CHUNK_K 0) with small output tiles, or K in chunks with wider ones.
 # Wide rows (K > MAX_K) are timed over chunks of 256-1,024 columns alone.
-SMALL_CONFIGS = ([triton.Config({"BLOCK_N": n, "CHUNK_K": 0, "DOT": 0}, num_warps=w) for n in (2, 4, 8, 16)
-                  for w in (4, 8)]
-                 + [triton.Config({"BLOCK_N": n, "CHUNK_K": c, "DOT": 0}, num_warps=4) for n in (8, 16, 32)
-                    for c in (64, 128)])
-WIDE_CONFIGS = [triton.Config({"BLOCK_N": n, "CHUNK_K": c, "DOT": 0}, num_warps=w)
+SMALL_CONFIGS = ([triton.Config({"BLOCK_N": n, "CHUNK_K": 0}, num_warps=w) for n in (2, 4, 8, 16) for w in (4, 8)]
+                 + [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=4) for n in (8, 16, 32) for c in (64, 128)])
+WIDE_CONFIGS = [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=w)
                 for n in (4, 8, 16) for c in (256, 512, 1024) for w in (4, 8)]
-# Tensor-core tiles for DOT_MIN_ROWS and more rows up to MAX_K features (a verify's 4-8 tokens): the rows
-# padded to 16, K in chunks, each chunk's weights loaded while the previous one is multiplied; at most
-# 16,384 weights per chunk.
-DOT_CONFIGS = [triton.Config({"BLOCK_N": n, "CHUNK_K": c, "DOT": 1}, num_warps=4)
-               for n in (16, 32, 64) for c in (64, 128, 256, 512) if n * c <= 16384]
-DOT_MIN_ROWS = 3
-_CONFIGS = SMALL_CONFIGS + WIDE_CONFIGS + DOT_CONFIGS
+_CONFIGS = SMALL_CONFIGS + WIDE_CONFIGS
 _WIDE_CHUNK = 256  # the smallest chunk of a wide tile
 _PRODUCT_LIMIT = 65536  # rows x output columns x input columns of one product: every tile of 1-2 rows fits
 
 
 def _prune(configs, named_args, **kwargs):
-    """Up to MAX_K input features the small tiles, and from DOT_MIN_ROWS rows the tensor-core ones; past
-    MAX_K the wide ones. Of the small and wide tiles, those whose [rows, BLOCK_N, K or CHUNK_K] product fits:
-    the others spill registers by the kilobyte. Sized from the runtime arguments M and K (I), which every
-    Triton version hands over in named_args."""
-    rows = named_args["M"]
-    m = triton.next_power_of_2(rows)
+    """The small tiles up to MAX_K input features, the wide ones past it; of those, the tiles whose [rows,
+    BLOCK_N, K or CHUNK_K] product fits: the others spill registers by the kilobyte. Sized from the runtime
+    arguments M and K (I), which every Triton version hands over in named_args."""
+    m = triton.next_power_of_2(named_args["M"])
     k = triton.next_power_of_2(named_args["K"] if "K" in named_args else named_args["I"])
-    # by value: the autotuner may hand over copies of the configs
-    kind = [c for c in configs if not c.kwargs["DOT"] and (c.kwargs["CHUNK_K"] >= _WIDE_CHUNK) == (k > MAX_K)]
+    kind = [c for c in configs if (c.kwargs["CHUNK_K"] >= _WIDE_CHUNK) == (k > MAX_K)]  # by value: the
+    # autotuner may hand over copies of the configs
     fit = [c for c in kind
            if m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= _PRODUCT_LIMIT and c.kwargs["CHUNK_K"] < k]
-    dot = [c for c in configs if c.kwargs["DOT"] and rows >= DOT_MIN_ROWS and k <= MAX_K and c.kwargs["CHUNK_K"] <= k]
-    return fit + dot or kind[:1] or configs[:1]
+    return fit or kind[:1] or configs[:1]
 
 
 def _graph_bench(kernel_call, quantiles):
@@ -308,15 +240,12 @@ def _launch(kernel, m: int, n: int, k: int, *args, **meta):
     if args[0].is_cuda:
         _tuned[kernel][lambda c: (triton.cdiv(n, c["BLOCK_N"]),)](*args, **meta)
     else:  # Triton's CPU interpreter (tests) steps through every program: the fewer, the faster
-        dot = _INTERPRETER_DOT and m >= DOT_MIN_ROWS and k <= MAX_K
-        chunk = (_INTERPRETER_CHUNK_K or 64) if dot else _INTERPRETER_CHUNK_K
-        kernel[(triton.cdiv(n, _INTERPRETER_BLOCK_N),)](*args, BLOCK_N=_INTERPRETER_BLOCK_N, CHUNK_K=chunk,
-                                                        DOT=2 if dot else 0, **meta)
+        kernel[(triton.cdiv(n, _INTERPRETER_BLOCK_N),)](*args, BLOCK_N=_INTERPRETER_BLOCK_N,
+                                                        CHUNK_K=_INTERPRETER_CHUNK_K, **meta)
 
 
 _INTERPRETER_BLOCK_N = 64
 _INTERPRETER_CHUNK_K = 0  # whole rows; the tests set a chunk size to run the K loop
-_INTERPRETER_DOT = False  # the tests set it to run the tensor-core tiles where the GPU's timing may pick them
 
 
 def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
