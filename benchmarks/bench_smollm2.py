@@ -17,7 +17,8 @@ Sections, all in one process so the numbers are side by side:
   scaling    tokens/s at batch 1, 8, 32, 64 (--batches): plain, chain 3/1/4 always, chain with the adaptive policy;
              the smallest batch from which always speculating is slower than plain
   sweep      batch-1 tokens/s and acceptance of each speculative setting in --specs (steps/topk[/draft tokens],
-             SGLang's meaning) beside plain decode on the same prompts: which chain and which tree are fastest
+             SGLang's meaning) beside plain decode on the same prompts, every engine built first, then timed in
+             --rounds rounds of alternating order: which chain and which tree are fastest
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from eyas.bench.datasets import load_prompts
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.profile import Profiler
+from eyas.errors import EyasError
 from eyas.layers.sampling import SamplingParams
 from eyas.models.demo import demo_model_path
 from eyas.models.tokenizer import encode_messages, load_tokenizer
@@ -81,11 +83,16 @@ def env_set(name: str, value: str):
 
 
 
-def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=None):
-    new_tokens = new_tokens or NEW_TOKENS
+def eyas_engine(model_path, dtype, warm_prompt, draft=None, spec=None):
+    """An engine for one sequence, warmed up (its CUDA graphs captured) on a short generation."""
     eng = Engine(str(model_path), dtype=dtype, device=DEVICE, draft=draft, spec=spec, max_batch=1, max_len=2048)
-    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-    eng.generate([prompts[0]], SamplingParams(max_tokens=32, ignore_eos=True))  # warm-up + graph capture
+    eng.generate([warm_prompt], SamplingParams(max_tokens=32, ignore_eos=True))
+    return eng
+
+
+def timed_run(eng, prompts, new_tokens=None):
+    """Tokens/s of the prompts one after another (batch 1, ignore EOS), and the verify passes."""
+    params = SamplingParams(max_tokens=new_tokens or NEW_TOKENS, ignore_eos=True)
     toks, secs, passes = 0, 0.0, 0
     for p in prompts:
         sync()
@@ -95,14 +102,26 @@ def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=Non
         secs += time.perf_counter() - t0
         toks += len(s.output_ids)
         passes += s.verify_passes
-    out = dict(tok_s=toks / secs, tokens=toks, seconds=secs)
+    return dict(tok_s=toks / secs, tokens=toks, seconds=secs, passes=passes)
+
+
+def cycle_phases(eng, prompt, new_tokens=None):
+    """The eyas profiler's summary over one more generation: a separate pass, since its CUDA events cost
+    host time that the timed runs must not pay."""
+    eng.profiler = Profiler(DEVICE)
+    eng.generate([prompt], SamplingParams(max_tokens=new_tokens or NEW_TOKENS, ignore_eos=True))
+    summary = eng.profiler.summary()
+    eng.profiler = None
+    return summary
+
+
+def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=None):
+    eng = eyas_engine(model_path, dtype, prompts[0], draft, spec)
+    run = timed_run(eng, prompts, new_tokens)
+    out = dict(tok_s=run["tok_s"], tokens=run["tokens"], seconds=run["seconds"])
     if draft is not None:
-        out["accept_length"] = (toks - len(prompts)) / passes
-        # The phase table comes from a separate pass: its CUDA events cost host time the timed runs must not pay.
-        eng.profiler = Profiler(DEVICE)
-        eng.generate([prompts[0]], params)
-        out["profile"] = eng.profiler.summary()
-        eng.profiler = None
+        out["accept_length"] = (run["tokens"] - len(prompts)) / run["passes"]
+        out["profile"] = cycle_phases(eng, prompts[0], new_tokens)
     return out, eng
 
 
@@ -302,7 +321,10 @@ def parse_specs(text: str) -> list[SpecConfig]:
         parts = item.split("/")
         if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
             raise SystemExit(f"bench_smollm2: --specs entry {item!r} is not steps/topk[/draft tokens]")
-        specs.append(SpecConfig(*map(int, parts)))
+        try:
+            specs.append(SpecConfig(*map(int, parts)))
+        except EyasError as e:
+            raise SystemExit(f"bench_smollm2: --specs entry {item!r}: {e}") from None
     return specs
 
 
@@ -310,24 +332,39 @@ def spec_name(spec: SpecConfig) -> str:
     return f"{spec.steps}/{spec.topk}/{spec.draft_tokens}"
 
 
-def sweep(model_path, prompts, draft, specs):
-    """Plain decode, then each setting, one engine at a time on the same prompts: tok/s, acceptance, and
-    the speed-up over the plain row of this run."""
-    plain, eng = eyas_speed(model_path, prompts, "bf16")
-    del eng
+def sweep(model_path, prompts, draft, specs, rounds=2):
+    """Plain decode and each setting on the same prompts, every engine built first and kept, then timed in
+    `rounds` rounds, each in the opposite order of the one before (A B C, C B A, ...): an effect of build
+    or timing order would show as a spread between rounds instead of as a difference between settings.
+    Per setting: median tok/s over the rounds, every round's, acceptance, the speed-up over plain's median,
+    and the cycle's phases from a separate profiled pass."""
+    import statistics
+
+    names = ["plain"] + [spec_name(s) for s in specs]
+    engines = [eyas_engine(model_path, "bf16", prompts[0])] + [eyas_engine(model_path, "bf16", prompts[0], draft, s)
+                                                               for s in specs]
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    order = list(range(len(names)))
+    for r in range(rounds):
+        for i in (order if r % 2 == 0 else order[::-1]):
+            runs[names[i]].append(timed_run(engines[i], prompts))
+    median = {n: statistics.median(x["tok_s"] for x in runs[n]) for n in names}
     rows = []
-    for spec in specs:
-        out, eng = eyas_speed(model_path, prompts, "bf16", draft, spec)
-        del eng
-        phases = {k: v["mean_ms"] for k, v in out["profile"]["phases"].items()}
-        rows.append(dict(spec=spec_name(spec), tok_s=out["tok_s"], accept_length=out["accept_length"],
-                         over_plain=out["tok_s"] / plain["tok_s"], phase_ms=phases,
-                         accept_rate_by_position=out["profile"]["accept_rate_by_position"]))
+    for name, eng in zip(names[1:], engines[1:]):
+        run = runs[name][0]
+        phases = cycle_phases(eng, prompts[0])
+        rows.append(dict(spec=name, tok_s=median[name], tok_s_rounds=[x["tok_s"] for x in runs[name]],
+                         accept_length=(run["tokens"] - len(prompts)) / run["passes"],
+                         over_plain=median[name] / median["plain"],
+                         phase_ms={k: v["mean_ms"] for k, v in phases["phases"].items()},
+                         accept_rate_by_position=phases["accept_rate_by_position"]))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "accept_rate_by_position"}), flush=True)
+    del engines
     chains = [r for r in rows if r["spec"].split("/")[1] == "1"]
     trees = [r for r in rows if r["spec"].split("/")[1] != "1"]
     best = lambda rs: max(rs, key=lambda r: r["tok_s"])["spec"] if rs else None  # noqa: E731
-    return dict(plain_tok_s=plain["tok_s"], rows=rows, best_chain=best(chains), best_tree=best(trees))
+    return dict(plain_tok_s=median["plain"], plain_tok_s_rounds=[x["tok_s"] for x in runs["plain"]], rounds=rounds,
+                rows=rows, best_chain=best(chains), best_tree=best(trees))
 
 
 def main():
@@ -352,6 +389,7 @@ def main():
     ap.add_argument("--also-specs", default="",
                     help="speed: rows for these settings too (steps/topk[/draft tokens]), then plain again, last")
     ap.add_argument("--specs", default=SWEEP_SPECS, help="sweep: settings as steps/topk[/draft tokens], comma-separated")
+    ap.add_argument("--rounds", type=int, default=2, help="sweep: timing rounds over all engines, alternating order")
     ap.add_argument("--out", default="bench_smollm2.json")
     args = ap.parse_args()
     global DEVICE, NEW_TOKENS
@@ -434,7 +472,7 @@ def main():
             print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}), flush=True)
         print("always speculating is slower than plain from batch", results["scaling"]["always_speculating_slower_from"])
     if "sweep" in sections:
-        results["sweep"] = sweep(path, prompts[:args.prompts], draft, specs)
+        results["sweep"] = sweep(path, prompts[:args.prompts], draft, specs, args.rounds)
         print("fastest chain", results["sweep"]["best_chain"], "fastest tree", results["sweep"]["best_tree"])
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)

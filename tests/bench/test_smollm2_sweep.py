@@ -1,0 +1,55 @@
+"""bench_smollm2's sweep: settings parsed with SGLang's meaning, bad ones refused in one line; every engine
+is built before any is timed, and the rounds alternate their order, so the reported speed is the median."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_smollm2 as bench  # noqa: E402
+
+
+def test_specs_take_sglang_meaning():
+    specs = bench.parse_specs("3/1, 5/4/8,4/2")
+    assert [bench.spec_name(s) for s in specs] == ["3/1/4", "5/4/8", "4/2/9"]
+
+
+@pytest.mark.parametrize("text", ["3/x", "3", "3/1/4/5", "0/1", "5/4/99"])
+def test_bad_specs_are_one_line(text):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_specs(text)
+    message = str(e.value)
+    assert "\n" not in message and message
+
+
+def test_engines_are_built_first_and_timed_in_alternating_rounds(monkeypatch):
+    events = []
+    speeds = {"plain": [100.0, 120.0, 110.0], "3/1/4": [150.0, 130.0, 170.0], "5/4/8": [90.0, 95.0, 80.0]}
+
+    def engine(model_path, dtype, warm_prompt, draft=None, spec=None):
+        name = bench.spec_name(spec) if spec else "plain"
+        events.append(("build", name))
+        return name
+
+    def timed_run(eng, prompts, new_tokens=None):
+        events.append(("time", eng))
+        tok_s = speeds[eng][sum(1 for kind, n in events if kind == "time" and n == eng) - 1]
+        return dict(tok_s=tok_s, tokens=11 * len(prompts), seconds=1.0, passes=5 * len(prompts))
+
+    def phases(eng, prompt, new_tokens=None):
+        return dict(phases={"verify": dict(mean_ms=1.0)}, accept_rate_by_position={0: 0.7})
+
+    monkeypatch.setattr(bench, "eyas_engine", engine)
+    monkeypatch.setattr(bench, "timed_run", timed_run)
+    monkeypatch.setattr(bench, "cycle_phases", phases)
+    res = bench.sweep("model", [[1, 2], [3]], "draft", bench.parse_specs("3/1,5/4/8"), rounds=3)
+
+    assert [e for e in events[:3]] == [("build", "plain"), ("build", "3/1/4"), ("build", "5/4/8")]
+    timed = [n for kind, n in events if kind == "time"]
+    assert timed == ["plain", "3/1/4", "5/4/8", "5/4/8", "3/1/4", "plain", "plain", "3/1/4", "5/4/8"]
+    assert res["plain_tok_s"] == 110.0 and res["plain_tok_s_rounds"] == [100.0, 120.0, 110.0]
+    chain, tree = res["rows"]
+    assert chain["tok_s"] == 150.0 and chain["over_plain"] == pytest.approx(150 / 110)
+    assert tree["tok_s"] == 90.0 and tree["accept_length"] == pytest.approx((22 - 2) / 10)
+    assert res["best_chain"] == "3/1/4" and res["best_tree"] == "5/4/8"
