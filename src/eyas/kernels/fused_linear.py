@@ -202,19 +202,8 @@ def _prune(configs, named_args, **kwargs):
     return fit or kind[:1] or configs[:1]
 
 
-def _graph_bench(kernel_call, quantiles):
-    """The autotuner's timing of one tile: its launches replayed in a CUDA graph, as the engine runs them.
-    Triton's default times eager launches, whose host overhead of several us buries these 2-10 us kernels:
-    on an H200 (2026-12-01) it picked a 4-row gate/up tile that took 10.7 us where an earlier pick had taken
-    6.0 (benchmarks/bench_fused_linear.py, docs/BENCHMARKS.md)."""
-    from triton.testing import do_bench_cudagraph
-
-    return do_bench_cudagraph(kernel_call, rep=10, quantiles=quantiles)
-
-
 _tuned = {
-    kernel: triton.autotune(_CONFIGS, key=["M", "N", key], prune_configs_by={"early_config_prune": _prune},
-                            do_bench=_graph_bench)(kernel)
+    kernel: triton.autotune(_CONFIGS, key=["M", "N", key], prune_configs_by={"early_config_prune": _prune})(kernel)
     for kernel, key in ((_norm_linear_kernel, "K"), (_silu_mul_linear_kernel, "I"))
 }
 
