@@ -314,17 +314,17 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None):
     return dict(rows=out, always_speculating_slower_from=min(slower) if slower else None)
 
 
-def parse_specs(text: str) -> list[SpecConfig]:
+def parse_specs(text: str, flag: str = "--specs") -> list[SpecConfig]:
     """'3/1,5/4/8' -> [SpecConfig(3, 1), SpecConfig(5, 4, 8)]; a bad entry exits with a one-line error."""
     specs = []
     for item in filter(None, (t.strip() for t in text.split(","))):
         parts = item.split("/")
         if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
-            raise SystemExit(f"bench_smollm2: --specs entry {item!r} is not steps/topk[/draft tokens]")
+            raise SystemExit(f"bench_smollm2: {flag} entry {item!r} is not steps/topk[/draft tokens]")
         try:
             specs.append(SpecConfig(*map(int, parts)))
         except EyasError as e:
-            raise SystemExit(f"bench_smollm2: --specs entry {item!r}: {e}") from None
+            raise SystemExit(f"bench_smollm2: {flag} entry {item!r}: {e}") from None
     return specs
 
 
@@ -396,6 +396,9 @@ def main():
     DEVICE, NEW_TOKENS = args.device, args.new_tokens
     sections = set(args.sections.split(","))
     specs = parse_specs(args.specs) if "sweep" in sections else []
+    also_specs = parse_specs(args.also_specs, "--also-specs")  # bad input fails now, not after the first rows
+    if args.rounds < 1:
+        raise SystemExit(f"bench_smollm2: --rounds must be at least 1, got {args.rounds}")
     path = demo_model_path()
     tok = load_tokenizer(path)
     results = dict(kernels=os.environ.get("EYAS_KERNELS", "1"),
@@ -435,9 +438,9 @@ def main():
             speed("eyas_tree_rot", draft, TREE, env=("EYAS_ROTARY_IN_ATTENTION", "1"))
         if args.verify_fused:
             speed("eyas_tree_fused8", draft, TREE, env=("EYAS_FUSED_MAX_ROWS", "8"))
-        for spec in parse_specs(args.also_specs):  # e.g. the sweep's fastest chain and tree
+        for spec in also_specs:  # e.g. the sweep's fastest chain and tree
             speed(f"eyas_{spec_name(spec)}", draft, spec)
-        if args.also_specs:  # plain again, built last: an order effect of the script would show as a gap
+        if also_specs:  # plain again, built last: an order effect of the script would show as a gap
             speed("eyas_plain_last")
         if args.hf_prompts > 0:
             sp["hf_static"] = hf_speed_isolated(path, prompts[:args.hf_prompts])
