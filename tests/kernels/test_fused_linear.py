@@ -47,11 +47,18 @@ def _torch_references(monkeypatch):
 
 @pytest.fixture(params=[0, 32, 64], ids=["whole-rows", "k-chunks-32", "k-chunks-64"])
 def chunk_k(request, monkeypatch, device):
-    """The interpreter's tile: whole rows, or K in chunks (96 = 3 x 32, or 64 + a partial 32). On a GPU the
-    warm-up's timing picks the tile, so the parameter changes nothing there."""
+    """The tile: whole rows, or K in chunks (96 = 3 x 32, or 64 + a partial 32). In the interpreter through
+    its module setting; on a GPU as the autotuner's only configuration, so that each case compiles and runs
+    that tile instead of timing every tile (which took most of the kernel tests' 317 s on an H200)."""
+    import triton
+
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", request.param)
+    if device == "cuda":
+        tile = triton.Config({"BLOCK_N": 16 if request.param else 8, "CHUNK_K": request.param}, num_warps=4)
+        for tuner in kernels._tuned.values():
+            monkeypatch.setattr(tuner, "configs", [tile])
     return request.param
 
 
