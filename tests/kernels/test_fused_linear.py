@@ -49,7 +49,8 @@ def _torch_references(monkeypatch):
 def chunk_k(request, monkeypatch, device):
     """The tile: whole rows, or K in chunks (96 = 3 x 32, or 64 + a partial 32). In the interpreter through
     its module setting; on a GPU as the autotuner's only configuration, so that each case compiles and runs
-    that tile instead of timing every tile (which took most of the kernel tests' 317 s on an H200)."""
+    that tile, deterministically, instead of timing every tile for every case (the kernel tests took 317 s on
+    an H200 that way)."""
     import triton
 
     import eyas.kernels.fused_linear as kernels
