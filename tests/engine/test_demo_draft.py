@@ -25,18 +25,10 @@ def plain(demo_dir, prompts):
     return [s.output_ids for s in engine.generate(prompts, SamplingParams(max_tokens=48))]
 
 
-@pytest.mark.skipif(bundled_draft() is None, reason="no bundled draft in assets/")
-@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(5, 4, 8)], ids=["chain", "tree"])
-def test_trained_draft_is_lossless_and_accepts(demo_dir, prompts, plain, spec):
-    engine = Engine(str(demo_dir), dtype="fp32", max_batch=2, max_len=512, draft=str(bundled_draft()), spec=spec)
-    seqs = engine.generate(prompts, SamplingParams(max_tokens=48))
-    assert [s.output_ids for s in seqs] == plain
-    assert sum(len(s.output_ids) - 1 for s in seqs) / sum(s.verify_passes for s in seqs) > 1.2
-
-
-def _draft_states(demo_dir, prompts, monkeypatch, pattern=None):
-    """Run with a forced plain/speculative pattern; returns outputs and the draft's log-probs at the
-    start of every speculative cycle, keyed by (prompt, cached length)."""
+def _draft_states(demo_dir, prompts, pattern=None):
+    """Run the chain with a forced plain/speculative pattern (None: speculate at every step); returns the
+    sequences and the draft's log-probs at the start of every speculative cycle, keyed by (prompt, cached
+    length)."""
     engine = Engine(str(demo_dir), dtype="fp32", max_batch=2, max_len=512, draft=str(bundled_draft()),
                     spec=SpecConfig(3, 1))
     if pattern is not None:
@@ -49,7 +41,7 @@ def _draft_states(demo_dir, prompts, monkeypatch, pattern=None):
                 upcoming[0] = next(it)
             return choice
 
-        monkeypatch.setattr(engine.spec.policy, "speculate", forced)
+        engine.spec.policy.speculate = forced  # this engine's own policy: nothing to undo
     states, cycle = {}, engine.spec._speculative_cycle
 
     def recorded(seqs):
@@ -57,21 +49,41 @@ def _draft_states(demo_dir, prompts, monkeypatch, pattern=None):
             states[(s.id, s.cached)] = s.draft_state.logp.clone()
         cycle(seqs)
 
-    monkeypatch.setattr(engine.spec, "_speculative_cycle", recorded)
+    engine.spec._speculative_cycle = recorded
     seqs = engine.generate(prompts, SamplingParams(max_tokens=48))
-    return [s.output_ids for s in seqs], states
+    return seqs, states
+
+
+@pytest.fixture(scope="module")
+def always(demo_dir, prompts):
+    """The chain speculating at every step, its draft states recorded: the lossless test's chain run and the
+    catch-up test's reference are the same run, made once."""
+    return _draft_states(demo_dir, prompts)
 
 
 @pytest.mark.skipif(bundled_draft() is None, reason="no bundled draft in assets/")
-def test_draft_catches_up_after_plain_steps(demo_dir, prompts, plain, monkeypatch):
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(5, 4, 8)], ids=["chain", "tree"])
+def test_trained_draft_is_lossless_and_accepts(demo_dir, prompts, plain, spec, request):
+    if spec == SpecConfig(3, 1):
+        seqs, _ = request.getfixturevalue("always")
+    else:
+        engine = Engine(str(demo_dir), dtype="fp32", max_batch=2, max_len=512, draft=str(bundled_draft()), spec=spec)
+        seqs = engine.generate(prompts, SamplingParams(max_tokens=48))
+    assert [s.output_ids for s in seqs] == plain
+    assert sum(len(s.output_ids) - 1 for s in seqs) / sum(s.verify_passes for s in seqs) > 1.2
+
+
+@pytest.mark.skipif(bundled_draft() is None, reason="no bundled draft in assets/")
+def test_draft_catches_up_after_plain_steps(demo_dir, prompts, plain, always, monkeypatch):
     """Plain steps defer the draft; the catch-up pass (several pairs at once, also forced mid-stretch by a
-    small LAG_FLUSH) must leave the draft exactly where speculating all along leaves it at the same length."""
+    small LAG_FLUSH) must leave the draft exactly where speculating all along leaves it at the same length.
+    (LAG_FLUSH only acts on plain steps, so the all-speculative reference does not depend on it.)"""
     import eyas.engine.speculative as speculative
 
     monkeypatch.setattr(speculative, "LAG_FLUSH", 5)
-    always, ref = _draft_states(demo_dir, prompts, monkeypatch)
-    mixed, got = _draft_states(demo_dir, prompts, monkeypatch, [False] * 7 + [True] * 3)
-    assert always == plain and mixed == plain
+    seqs, ref = always
+    mixed_seqs, got = _draft_states(demo_dir, prompts, [False] * 7 + [True] * 3)
+    assert [s.output_ids for s in seqs] == plain and [s.output_ids for s in mixed_seqs] == plain
     common = [k for k in got if k in ref and k[1] > len(prompts[k[0]])]  # past the first cycle after prefill
     assert len(common) >= 3
     for k in common:
