@@ -32,10 +32,17 @@ def gguf_src() -> Path:
 @pytest.fixture(scope="module")
 def reference(gguf_src):
     """transformers' own GGUF loading (needs `accelerate`): the independent reading we compare against."""
+    import functools
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = dict(gguf_file=gguf_src.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf_src.parent, dtype=torch.float32, **kwargs).eval()
+    with pytest.MonkeyPatch.context() as m:
+        # transformers asks gguf for the same (arch, layers) -> tensor-name table once per submodule, ~400
+        # times, each built from scratch (a third of this fixture's time); the table is a pure function of
+        # its arguments, so the same loader reads the same weights when it is built once.
+        m.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
+        model = AutoModelForCausalLM.from_pretrained(gguf_src.parent, dtype=torch.float32, **kwargs).eval()
     return model, AutoTokenizer.from_pretrained(gguf_src.parent, **kwargs)
 
 
