@@ -360,8 +360,8 @@ def sweep(model_path, prompts, draft, specs, rounds=2):
                          accept_rate_by_position=phases["accept_rate_by_position"]))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "accept_rate_by_position"}), flush=True)
     del engines
-    chains = [r for r in rows if r["spec"].split("/")[1] == "1"]
-    trees = [r for r in rows if r["spec"].split("/")[1] != "1"]
+    chains = [r for r, spec in zip(rows, specs) if spec.topk == 1]
+    trees = [r for r, spec in zip(rows, specs) if spec.topk > 1]
     best = lambda rs: max(rs, key=lambda r: r["tok_s"])["spec"] if rs else None  # noqa: E731
     return dict(plain_tok_s=median["plain"], plain_tok_s_rounds=[x["tok_s"] for x in runs["plain"]], rounds=rounds,
                 rows=rows, best_chain=best(chains), best_tree=best(trees))
