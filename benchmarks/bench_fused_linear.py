@@ -89,7 +89,7 @@ def measure(name: str, kind: str, k: int, n: int, rows: int) -> dict:
     diff = (reference - fused_fn().float()).abs().max().item()
     scale = reference.abs().max().item()
     t_unfused, t_fused = graphed_us(unfused), graphed_us(fused_fn)
-    best = fused._tuned[kernel].best_config
+    best = fused.tile_for(kernel.fn.__name__, rows, n, k)
     mb = w.numel() * w.element_size() / 1e6
     return dict(proj=name, k=k, n=n, rows=rows, unfused_us=round(t_unfused, 2), fused_us=round(t_fused, 2),
                 speedup=round(t_unfused / t_fused, 3), weight_gb_s_fused=round(mb / t_fused * 1e3, 1),

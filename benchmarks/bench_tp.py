@@ -47,17 +47,17 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() / (ms / 1e3)
 
 
-def worker(rank, tp, port, queue, graphs=True, shape=LLAMA_8B):
+def worker(rank, tp, port, queue, graphs=True, shape=LLAMA_8B, context=CONTEXT):
     """Report results, or the traceback: a silent failure in one rank would leave the others (and us) waiting."""
     try:
-        _worker(rank, tp, port, queue, graphs, shape)
+        _worker(rank, tp, port, queue, graphs, shape, context)
     except BaseException:
         import traceback
         queue.put({"rank": rank, "error": traceback.format_exc()})
         raise
 
 
-def _worker(rank, tp, port, queue, graphs, shape):
+def _worker(rank, tp, port, queue, graphs, shape, context):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=tp, device_id=torch.device("cuda", rank))
@@ -79,19 +79,19 @@ def _worker(rank, tp, port, queue, graphs, shape):
             p.normal_(0, 0.02)
     model.eval().requires_grad_(False)
     runner = ModelRunner(model, 1, 2048, "cuda")
-    ids = torch.randint(0, cfg.vocab_size, (1, CONTEXT), device="cuda")
-    runner.forward(ids, torch.arange(CONTEXT, device="cuda")[None], [0], [0])  # prefill eagerly
+    ids = torch.randint(0, cfg.vocab_size, (1, context), device="cuda")
+    runner.forward(ids, torch.arange(context, device="cuda")[None], [0], [0])  # prefill eagerly
     if graphs:
         runner.graphs = CudaGraphs(runner)
     res = {}
     for T in (1, 3, 4, 8):
         x = torch.randint(0, cfg.vocab_size, (1, T), device="cuda")
-        pos = torch.arange(CONTEXT, CONTEXT + T, device="cuda")[None]
+        pos = torch.arange(context, context + T, device="cuda")[None]
         mask = None if T == 1 else torch.tril(torch.ones(T, T, dtype=torch.bool, device="cuda"))[None]
-        res[f"T{T}_ms"] = median_ms(lambda: model.logits(runner.forward(x, pos, [0], [CONTEXT], new_mask=mask).hidden))
+        res[f"T{T}_ms"] = median_ms(lambda: model.logits(runner.forward(x, pos, [0], [context], new_mask=mask).hidden))
     if rank == 0 and tp == 1 and graphs:  # where a decode step's GPU time goes, kernel by kernel
-        x, pos = torch.randint(0, cfg.vocab_size, (1, 1), device="cuda"), torch.tensor([[CONTEXT]], device="cuda")
-        res["decode_kernels"] = kernel_table(lambda: model.logits(runner.forward(x, pos, [0], [CONTEXT]).hidden))
+        x, pos = torch.randint(0, cfg.vocab_size, (1, 1), device="cuda"), torch.tensor([[context]], device="cuda")
+        res["decode_kernels"] = kernel_table(lambda: model.logits(runner.forward(x, pos, [0], [context]).hidden))
     res["draft_step_ms"] = draft_step_ms(cfg)
     if tp > 1:  # what a draft on rank 0 alone would add per cycle: sending the 8 tree tokens to the others
         tree = torch.zeros(1, 8, dtype=torch.long, device="cuda")
@@ -103,7 +103,7 @@ def _worker(rank, tp, port, queue, graphs, shape):
     if rank == 0:
         # A decode step reads every weight once, except the embedding table (one row per token).
         params = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
-        kv_bytes = 2 * cfg.num_layers * (cfg.num_kv_heads // tp) * CONTEXT * cfg.head_dim * 2
+        kv_bytes = 2 * cfg.num_layers * (cfg.num_kv_heads // tp) * context * cfg.head_dim * 2
         res.update(weight_bytes_per_rank=params, kv_bytes_per_rank=kv_bytes, copy_bw=copy_bandwidth(),
                    nccl=".".join(map(str, torch.cuda.nccl.version())))
     res["env"] = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
@@ -151,14 +151,14 @@ def draft_step_ms(cfg, device="cuda") -> float:
         return median_ms(graph.replay)
 
 
-def run_config(tp, env, graphs=True, timeout_s=240, shape=LLAMA_8B):
+def run_config(tp, env, graphs=True, timeout_s=240, shape=LLAMA_8B, context=CONTEXT):
     saved = dict(os.environ)
     os.environ.update(env)
     try:
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         port = 29500 + int(time.time() * 1000) % 1000
-        procs = [ctx.Process(target=worker, args=(r, tp, port, q, graphs, shape)) for r in range(tp)]
+        procs = [ctx.Process(target=worker, args=(r, tp, port, q, graphs, shape, context)) for r in range(tp)]
         for p in procs:
             p.start()
         results = []
@@ -208,11 +208,19 @@ def main():
     ap.add_argument("--fused-o-proj", action="store_true",
                     help="each TP size also with a small model's attention output projection through the fused "
                          "kernels' tiles at 1-2 rows (EYAS_FUSED_O_PROJ=1), twice")
+    ap.add_argument("--short-row-splits", action="store_true",
+                    help="each TP size also with rows of up to 512 columns attended in one pass "
+                         "(EYAS_SHORT_ROW_SPLITS=0), twice")
     ap.add_argument("--shape", choices=("llama-8b", "smollm2"), default="llama-8b")
     ap.add_argument("--fused-wide", action="store_true",
                     help="each TP size also with the norm / activation fused into the wide projections "
                          "(EYAS_FUSED_WIDE=1), twice")
+    ap.add_argument("--context", type=int, default=CONTEXT,
+                    help="cached tokens before the timed steps (default 512: past the attention's short-row bound, "
+                         "512 columns)")
     args = ap.parse_args()
+    if not 1 <= args.context <= 2000:
+        raise SystemExit(f"bench_tp: --context {args.context} is not in 1..2000")
     if args.shape == "smollm2":
         from bench_join import SMOLLM2  # benchmarks/bench_join.py: SmolLM2-135M's config
         shape = SMOLLM2
@@ -232,17 +240,20 @@ def main():
             switches.append(("rotary_separate", {"EYAS_ROTARY_IN_ATTENTION": "0"})
                             if width >= ROTARY_IN_ATTENTION_MIN_WIDTH else
                             ("rotary_in_attention", {"EYAS_ROTARY_IN_ATTENTION": "1"}))
+        if args.short_row_splits:
+            switches.append(("short_rows_one_pass", {"EYAS_SHORT_ROW_SPLITS": "0"}))
         if args.fused_o_proj:
             switches.append(("fused_o_proj", {"EYAS_FUSED_O_PROJ": "1"}))
         if switches:  # each switch beside the default, in turn, twice: A B (C D) A B (C D)
             variants = ([("default", {})] + switches) * 2
         for name, env in variants:
-            r = run_config(tp, env, graphs=not args.no_graphs, shape=shape)
+            r = run_config(tp, env, graphs=not args.no_graphs, shape=shape, context=args.context)
             r["variant"] = name  # default, user_nccl (our user's NCCL settings), or a switch's name
             rows.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "worker_env"}), flush=True)
             print("  worker env:", json.dumps(r.get("worker_env")), flush=True)
-    json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape, rows=rows),
+    json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape, context=args.context,
+                   rows=rows),
               open(args.out, "w"), indent=2)
 
 

@@ -48,7 +48,7 @@ def _torch_references(monkeypatch):
 @pytest.fixture(params=[0, 32, 64], ids=["whole-rows", "k-chunks-32", "k-chunks-64"])
 def chunk_k(request, monkeypatch, device):
     """The tile: whole rows, or K in chunks (96 = 3 x 32, or 64 + a partial 32). In the interpreter through
-    its module setting; on a GPU as the autotuner's only configuration, so that each case compiles and runs
+    its module setting; on a GPU as the only candidate tile, so that each case compiles and runs
     that tile, deterministically, instead of timing every tile for every case (the kernel tests took 317 s on
     an H200 that way)."""
     import triton
@@ -57,9 +57,11 @@ def chunk_k(request, monkeypatch, device):
 
     monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", request.param)
     if device == "cuda":
+        from eyas.kernels import tile_choice
+
         tile = triton.Config({"BLOCK_N": 16 if request.param else 8, "CHUNK_K": request.param}, num_warps=4)
-        for tuner in kernels._tuned.values():
-            monkeypatch.setattr(tuner, "configs", [tile])
+        monkeypatch.setattr(kernels, "_candidates", lambda m, k: [tile])
+        monkeypatch.setattr(tile_choice, "_picked", {})
     return request.param
 
 
@@ -228,8 +230,8 @@ def test_wide_rows_in_chunks(device, dtype, monkeypatch):
 
 
 def test_layers_fuse_wide_rows_when_asked(device, monkeypatch):
-    """EYAS_FUSED_WIDE=1: the layers fuse projections past MAX_K too, and the output projection alone (a
-    plain GEMV) only then; the row-parallel bias is added after the kernel."""
+    """EYAS_FUSED_WIDE=1: the layers fuse projections past MAX_K too, the output projection (a plain GEMV)
+    included; the row-parallel bias is added after the kernel."""
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "MAX_K", 64)  # K = 96 and INTER = 80 are then wide
@@ -252,14 +254,15 @@ def test_layers_fuse_wide_rows_when_asked(device, monkeypatch):
         out = layer.project_rows(row, attn_out)
         assert len(calls) == 3
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
-        monkeypatch.setattr(kernels, "MAX_K", 2048)  # not wide: the output projection keeps cuBLAS
+        monkeypatch.setattr(kernels, "MAX_K", 2048)  # not wide: the output projection keeps cuBLAS ...
+        monkeypatch.setenv("EYAS_FUSED_O_PROJ", "0")  # ... when the narrow one's fusion is off
         layer.project_rows(row, attn_out)
         assert len(calls) == 3
 
 
-def test_narrow_output_projection_fuses_only_when_asked(device, monkeypatch):
-    """EYAS_FUSED_O_PROJ=1: a small model's output projection (K <= MAX_K) runs the GEMV tiles at 1-2 rows,
-    bias added after; without it, or at more rows than max_rows(), cuBLAS."""
+def test_narrow_output_projection_fuses_unless_told_not_to(device, monkeypatch):
+    """A small model's output projection (K <= MAX_K) runs the GEMV tiles at 1-2 rows, bias added after;
+    with EYAS_FUSED_O_PROJ=0, or at more rows than max_rows(), cuBLAS."""
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", 0)
@@ -272,10 +275,10 @@ def test_narrow_output_projection_fuses_only_when_asked(device, monkeypatch):
     attn_out = rand((1, 2, INTER), torch.float32, device, 8)
     with torch.no_grad():
         ref = row(attn_out)
-        monkeypatch.delenv("EYAS_FUSED_O_PROJ", raising=False)
+        monkeypatch.setenv("EYAS_FUSED_O_PROJ", "0")
         layer.project_rows(row, attn_out)
         assert not calls
-        monkeypatch.setenv("EYAS_FUSED_O_PROJ", "1")
+        monkeypatch.delenv("EYAS_FUSED_O_PROJ")
         out = layer.project_rows(row, attn_out)
         assert len(calls) == 1
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)

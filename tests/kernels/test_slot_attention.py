@@ -131,7 +131,7 @@ def test_split_k_long_row(device, dtype):
 def test_split_merge_inside_the_kernel(device, monkeypatch, mode):
     """The default: the last split program of each row block merges; the same output as the merge
     kernel's, bit for bit (the same arithmetic), the counters back at zero after every launch, and a second
-    launch over them right."""
+    launch over them right. A short row in the same launch runs one pass, as a launch without splits would."""
     import eyas.kernels.slot_attention as kernels
 
     gen = torch.Generator().manual_seed(7)
@@ -144,11 +144,14 @@ def test_split_merge_inside_the_kernel(device, monkeypatch, mode):
     if mode == "tree":
         extra = dict(new_mask=_new_mask(B, T, T, torch.zeros(B, dtype=torch.long), gen).to(device), visible=starts)
 
-    def attention():
-        return slot_attention(q, k_cache, v_cache, slots, starts, D ** -0.5, kv_len=714, splits=3, **extra)
+    def attention(splits=3):
+        return slot_attention(q, k_cache, v_cache, slots, starts, D ** -0.5, kv_len=714, splits=splits, **extra)
 
+    # Row 0 (714 columns) runs its 3 splits; row 1 (274, below one_pass_columns) one pass, as a 1-split launch.
+    assert 250 + T <= kernels.one_pass_columns(D) < 690
+    reference = attention(splits=1)
     monkeypatch.setenv("EYAS_MERGE_IN_KERNEL", "0")  # the merge kernel
-    reference = attention()
+    reference[0] = attention()[0]
     monkeypatch.delenv("EYAS_MERGE_IN_KERNEL")
     monkeypatch.setattr(kernels, "_counters", {})
     monkeypatch.setattr(kernels, "_combine_splits_kernel", None)  # the second kernel must not run
@@ -174,10 +177,18 @@ def test_outgrown_counters_stay_allocated(monkeypatch):
     assert kernels.merge_in_kernel(q, 10) is None
 
 
-def test_choose_splits():
-    assert choose_splits(4, 512) == 1
-    assert choose_splits(4, 4096) == 16
-    assert choose_splits(256, 4096) == 1
+def test_choose_splits(monkeypatch):
+    assert choose_splits(4, 4096) == 16  # long rows: up to 16 splits of >= 256 columns
+    assert choose_splits(3, 2048) == 8
+    assert choose_splits(256, 4096) == 1  # enough programs already
+    assert choose_splits(3, 512) == 4  # short rows: splits of >= SPLIT_COLUMNS while programs are few
+    assert choose_splits(24, 512) == 4
+    assert choose_splits(48, 512) == 3
+    assert choose_splits(3, 64) == 1
+    assert choose_splits(128, 512) == 1
+    monkeypatch.setenv("EYAS_SHORT_ROW_SPLITS", "0")
+    assert choose_splits(3, 512) == 1
+    assert choose_splits(3, 2048) == 8
 
 
 def test_head_dim_not_power_of_two_is_refused(device):

@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from eyas.kernels import tile_choice
 from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
 
@@ -177,8 +178,9 @@ def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_M: tl.constexpr
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-# On a GPU the tile is timed at first use of each (rows, N, K), which the engine's warm-up runs before any
-# CUDA graph is captured: whole rows (CHUNK_K 0) with small output tiles, or K in chunks with wider ones.
+# On a GPU the tile is timed at first use of each (rows, N, K) by eyas.kernels.tile_choice, which the engine's
+# warm-up runs before any CUDA graph is captured: whole rows (CHUNK_K 0) with small output tiles, or K in
+# chunks with wider ones.
 # Wide rows (K > MAX_K) are timed over chunks of 256-1,024 columns alone.
 SMALL_CONFIGS = ([triton.Config({"BLOCK_N": n, "CHUNK_K": 0}, num_warps=w) for n in (2, 4, 8, 16) for w in (4, 8)]
                  + [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=4) for n in (8, 16, 32) for c in (64, 128)])
@@ -202,10 +204,9 @@ def _prune(configs, named_args, **kwargs):
     return fit or kind[:1] or configs[:1]
 
 
-_tuned = {
-    kernel: triton.autotune(_CONFIGS, key=["M", "N", key], prune_configs_by={"early_config_prune": _prune})(kernel)
-    for kernel, key in ((_norm_linear_kernel, "K"), (_silu_mul_linear_kernel, "I"))
-}
+def _candidates(m: int, k: int) -> list:
+    """The tiles timed for m rows of k input features (_prune over _CONFIGS)."""
+    return _prune(_CONFIGS, {"M": m, "K": k})
 
 
 def _check(what: str, x: torch.Tensor, weight: torch.Tensor, k: int):
@@ -223,14 +224,31 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return rows if rows.is_contiguous() else rows.contiguous()
 
 
-def _launch(kernel, m: int, n: int, k: int, *args, **meta):
+def _launch(kernel, m: int, n: int, k: int, weight_at: int, *args, **meta):
+    """Launch `kernel` over args (args[weight_at] the weights) with the tile eyas.kernels.tile_choice picked
+    for this kernel, switches and shape."""
     pdl = pdl_args(args[0])
     meta.update(BLOCK_M=triton.next_power_of_2(m), BLOCK_K=triton.next_power_of_2(k), **pdl)
-    if args[0].is_cuda:
-        _tuned[kernel][lambda c: (triton.cdiv(n, c["BLOCK_N"]),)](*args, **meta)
-    else:  # Triton's CPU interpreter (tests) steps through every program: the fewer, the faster
+    if not args[0].is_cuda:  # Triton's CPU interpreter (tests) steps through every program: the fewer, the faster
         kernel[(triton.cdiv(n, _INTERPRETER_BLOCK_N),)](*args, BLOCK_N=_INTERPRETER_BLOCK_N,
                                                         CHUNK_K=_INTERPRETER_CHUNK_K, **meta)
+        return
+
+    def run(tile, weight):
+        call = list(args)
+        call[weight_at] = weight
+        kernel[(triton.cdiv(n, tile.kwargs["BLOCK_N"]),)](*call, **tile.kwargs, num_warps=tile.num_warps,
+                                                          num_stages=tile.num_stages, **meta)
+
+    key = (kernel.fn.__name__, m, n, k, args[0].dtype, args[0].device, tuple(sorted(meta.items())))
+    run(tile_choice.choose(key, _candidates(m, k), run, args[weight_at]), args[weight_at])
+
+
+def tile_for(kernel_name: str, m: int, n: int, k: int):
+    """The tile picked for `kernel_name` ("_norm_linear_kernel" or "_silu_mul_linear_kernel") at m x n x k,
+    or None before its first launch on a GPU (for reports)."""
+    got = tile_choice.picked(lambda key: key[:4] == (kernel_name, m, n, k))
+    return got[-1][1] if got else None
 
 
 _INTERPRETER_BLOCK_N = 64
@@ -254,7 +272,7 @@ def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.
     h = torch.empty_like(xr) if delta is not None else xr
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     b = bias if bias is not None else weight
-    _launch(_norm_linear_kernel, m, n, k, xr, dr, norm_weight.contiguous(), weight.contiguous(), b, h, y, m, n, k,
+    _launch(_norm_linear_kernel, m, n, k, 3, xr, dr, norm_weight.contiguous(), weight.contiguous(), b, h, y, m, n, k,
             eps, HAS_NORM=True, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None)
     return h.view(x.shape), y.view(*x.shape[:-1], n)
 
@@ -269,7 +287,7 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     m, n = xr.shape[0], weight.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     w = weight.contiguous()
-    _launch(_norm_linear_kernel, m, n, k, xr, xr, w, w, w, xr, y, m, n, k, 0.0,
+    _launch(_norm_linear_kernel, m, n, k, 3, xr, xr, w, w, w, xr, y, m, n, k, 0.0,
             HAS_NORM=False, HAS_DELTA=False, HAS_BIAS=False)
     return y.view(*x.shape[:-1], n)
 
@@ -283,5 +301,5 @@ def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     rows = _rows(gate_up)
     m, n = rows.shape[0], weight.shape[0]
     y = torch.empty((m, n), dtype=gate_up.dtype, device=gate_up.device)
-    _launch(_silu_mul_linear_kernel, m, n, inter, rows, weight.contiguous(), y, m, n, inter)
+    _launch(_silu_mul_linear_kernel, m, n, inter, 1, rows, weight.contiguous(), y, m, n, inter)
     return y.view(*gate_up.shape[:-1], n)

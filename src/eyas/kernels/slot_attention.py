@@ -85,7 +85,7 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
                            KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, TREE: tl.constexpr, PARTIAL: tl.constexpr,
                            DOT_F32: tl.constexpr, MERGE: tl.constexpr, ROTARY: tl.constexpr,
-                           USE_PDL: tl.constexpr):
+                           ONE_PASS_COLS: tl.constexpr, SPLIT_COLS: tl.constexpr, USE_PDL: tl.constexpr):
     signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     b = tl.program_id(0)
@@ -108,8 +108,13 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
     else:
         n_cols = start + T
     n_cols = tl.minimum(n_cols, cap)
+    splits = SPLITS
+    if MERGE:  # this row's own split count: one pass up to ONE_PASS_COLS columns, else SPLIT_COLS per split
+        splits = tl.where(n_cols <= ONE_PASS_COLS, 1, tl.minimum(SPLITS, tl.cdiv(n_cols, SPLIT_COLS)))
+        if split >= splits:
+            return
     # This split's share of the row's columns, in whole blocks; trailing splits of short rows are empty.
-    per = ((n_cols + SPLITS - 1) // SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    per = ((n_cols + splits - 1) // splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N
     lo = split * per
     hi = tl.minimum(lo + per, n_cols)
 
@@ -172,22 +177,31 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
         m_i = m_new
 
     if PARTIAL:
-        row = ((b64 * KV_HEADS + hk) * SPLITS + split) * M_PAD + offs_m
-        tl.store(part_m + row, m_i)
-        tl.store(part_l + row, l_i)
-        tl.store(part_acc + row[:, None] * D + offs_d[None, :], acc)
-        if MERGE:  # the row block's last split program to finish merges, instead of a second kernel
-            tl.debug_barrier()  # every thread's partial stores, before the counter is released
-            m_blocks = tl.num_programs(2) // SPLITS
-            counter = counters + (b * KV_HEADS + hk) * m_blocks + mblk
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-                _merge_splits(out, part_m, part_l, part_acc, b, hk, mblk, T, SPLITS, M_PAD, KV_HEADS, G, D,
-                              BLOCK_M, ".cg")
-                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
+        if splits > 1:
+            row = ((b64 * KV_HEADS + hk) * SPLITS + split) * M_PAD + offs_m
+            tl.store(part_m + row, m_i)
+            tl.store(part_l + row, l_i)
+            tl.store(part_acc + row[:, None] * D + offs_d[None, :], acc)
+            if MERGE:  # the row block's last split program to finish merges, instead of a second kernel
+                tl.debug_barrier()  # every thread's partial stores, before the counter is released
+                m_blocks = tl.num_programs(2) // SPLITS
+                counter = counters + (b * KV_HEADS + hk) * m_blocks + mblk
+                if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
+                    _merge_splits(out, part_m, part_l, part_acc, b, hk, mblk, T, SPLITS, splits, M_PAD, KV_HEADS,
+                                  G, D, BLOCK_M, ".cg")
+                    tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
+        else:  # a row short enough for one pass, in a split launch
+            _store_rows(out, acc, l_i, b64, T, t, h, offs_d, m_ok, KV_HEADS, G, D)
     else:
-        o = acc / tl.where(l_i > 0, l_i, 1.)[:, None]
-        o_ptrs = out + (b64 * T + t[:, None]) * (KV_HEADS * G * D) + h[:, None] * D + offs_d[None, :]
-        tl.store(o_ptrs, o.to(out.dtype.element_ty), mask=m_ok[:, None])
+        _store_rows(out, acc, l_i, b64, T, t, h, offs_d, m_ok, KV_HEADS, G, D)
+
+
+@triton.jit
+def _store_rows(out, acc, l_i, b64, T, t, h, offs_d, m_ok, KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
+    """The finished rows of one pass over every column: acc / l into out [B, T, H * D]."""
+    o = acc / tl.where(l_i > 0, l_i, 1.)[:, None]
+    o_ptrs = out + (b64 * T + t[:, None]) * (KV_HEADS * G * D) + h[:, None] * D + offs_d[None, :]
+    tl.store(o_ptrs, o.to(out.dtype.element_ty), mask=m_ok[:, None])
 
 
 @triton.jit
@@ -202,11 +216,11 @@ def _rotated(x_ptrs, partner_ptrs, cos_row, sin_row, offs, sign, mask, dtype: tl
 
 
 @triton.jit
-def _merge_splits(out, part_m, part_l, part_acc, b, hk, mblk, T, SPLITS, M_PAD, KV_HEADS: tl.constexpr,
+def _merge_splits(out, part_m, part_l, part_acc, b, hk, mblk, T, SPLITS, used, M_PAD, KV_HEADS: tl.constexpr,
                   G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, CACHE: tl.constexpr):
-    """Row block mblk of (b, hk): the SPLITS partial (max, sum, acc) merged into the output rows. CACHE is
-    the partials' load modifier: ".cg" (from L2, where other programs' stores are) inside the attention
-    kernel, "" in the merge kernel."""
+    """Row block mblk of (b, hk): the partial (max, sum, acc) of its first `used` of SPLITS splits merged
+    into the output rows. CACHE is the partials' load modifier: ".cg" (from L2, where other programs'
+    stores are) inside the attention kernel, "" in the merge kernel."""
     offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < T * G
     t = offs_m // G
@@ -215,12 +229,12 @@ def _merge_splits(out, part_m, part_l, part_acc, b, hk, mblk, T, SPLITS, M_PAD, 
     base = (b.to(tl.int64) * KV_HEADS + hk) * SPLITS * M_PAD + offs_m
 
     m_g = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in range(SPLITS):
+    for s in range(used):
         m_g = tl.maximum(m_g, tl.load(part_m + base + s * M_PAD, cache_modifier=CACHE))
     m_use = tl.where(m_g == float("-inf"), 0., m_g)
     l_g = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for s in range(SPLITS):
+    for s in range(used):
         row = base + s * M_PAD
         w = tl.exp2(tl.load(part_m + row, cache_modifier=CACHE) - m_use)   # empty splits (max -inf) weigh nothing
         l_g += w * tl.load(part_l + row, cache_modifier=CACHE)
@@ -237,7 +251,7 @@ def _combine_splits_kernel(out, part_m, part_l, part_acc, T, SPLITS, M_PAD,
     signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     _merge_splits(out, part_m, part_l, part_acc, tl.program_id(0), tl.program_id(1), tl.program_id(2), T, SPLITS,
-                  M_PAD, KV_HEADS, G, D, BLOCK_M, "")
+                  SPLITS, M_PAD, KV_HEADS, G, D, BLOCK_M, "")
 
 
 _counters: dict[torch.device, torch.Tensor] = {}
@@ -262,11 +276,37 @@ def merge_in_kernel(q: torch.Tensor, blocks: int) -> torch.Tensor | None:
     return have
 
 
+def attention_block_n(head_dim: int) -> int:
+    """Cache columns per loop step: 64 (32 past a head dim of 128); EYAS_ATTN_BLOCK_N sets it (a power of two
+    from 16), for timing."""
+    forced = os.environ.get("EYAS_ATTN_BLOCK_N")
+    if forced:
+        if not forced.isdigit() or int(forced) < 16 or int(forced) & (int(forced) - 1):
+            raise ValueError(f"EYAS_ATTN_BLOCK_N={forced!r} is not a power of two from 16")
+        return int(forced)
+    return 64 if head_dim <= 128 else 32
+
+
+SPLIT_COLUMNS = 128  # columns per split at least, of a row that the kernel splits itself (with MERGE)
+
+
+def one_pass_columns(head_dim: int) -> int:
+    """Rows up to this many columns run in one pass even in a split launch (with MERGE): below it a split's
+    partial stores and merge cost more than the blocks they save. Measured on an H200 at batch 1
+    (benchmarks/bench_slot_attention.py): one pass wins up to ~384 columns at head dim 64, ~192 at 128."""
+    return 384 if head_dim <= 64 else 192
+
+
 def choose_splits(programs: int, columns: int) -> int:
-    """Column splits per row: enough programs for ~128 SMs once rows are long (> 512 columns),
-    each split keeping at least 256 columns."""
+    """Column splits per row, for `programs` (batch x kv heads x row blocks) over rows of up to `columns`:
+    enough programs for ~128 SMs, each split keeping at least 256 columns of a long row (> 512 columns)
+    and SPLIT_COLUMNS of a short one. With the merge in the kernel this is an upper bound: each row takes
+    its own count from its length (one_pass_columns, SPLIT_COLUMNS). EYAS_SHORT_ROW_SPLITS=0 launches rows
+    of up to 512 columns in one pass."""
     if columns <= 512:
-        return 1
+        if os.environ.get("EYAS_SHORT_ROW_SPLITS") == "0":
+            return 1
+        return max(1, min(triton.cdiv(128, programs), columns // SPLIT_COLUMNS, 16))
     return max(1, min(triton.cdiv(128, programs), columns // 256, 16))
 
 
@@ -298,7 +338,7 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     cap = max_len if kv_len is None else min(kv_len, max_len)
     block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(T * G)))
     m_blocks = triton.cdiv(T * G, block_m)
-    block_n = 64 if D <= 128 else 32
+    block_n = attention_block_n(D)
     if splits is None:
         splits = choose_splits(B * kv_heads * m_blocks, cap)
     tree = new_mask is not None
@@ -343,7 +383,8 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides, *rot_strides,
         T, W, cap, scale * LOG2E, splits, m_pad,
         KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, TREE=tree, PARTIAL=splits > 1,
-        MERGE=counters is not None, ROTARY=rotary is not None,
+        MERGE=counters is not None, ROTARY=rotary is not None, ONE_PASS_COLS=one_pass_columns(D),
+        SPLIT_COLS=SPLIT_COLUMNS,
         DOT_F32=not q.is_cuda,  # Triton's interpreter (CPU tensors) multiplies the raw bits of bf16 dot operands
         num_warps=num_warps, num_stages=2, **options)
     if splits > 1 and counters is None:

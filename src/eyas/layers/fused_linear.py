@@ -47,13 +47,13 @@ def norm_linear(norm: RMSNorm, linear, h: torch.Tensor,
 
 def project_rows(linear, x: torch.Tensor) -> torch.Tensor:
     """linear(x) for a row-parallel `linear` (the attention's output projection). Wider than MAX_K and with
-    EYAS_FUSED_WIDE=1, through the kernels' wide tiles (no split-K reduce); up to MAX_K (small models) and with
-    EYAS_FUSED_O_PROJ=1, through their decode GEMV tiles, which launch under PDL while attention finishes;
+    EYAS_FUSED_WIDE=1, through the kernels' wide tiles (no split-K reduce); up to MAX_K (small models) through
+    their decode GEMV tiles, which launch under PDL while attention finishes (EYAS_FUSED_O_PROJ=0: cuBLAS);
     otherwise cuBLAS."""
     from eyas.kernels.fused_linear import MAX_K
 
     wide = x.shape[-1] > MAX_K
-    if (wide or os.environ.get("EYAS_FUSED_O_PROJ") == "1") and _fits(x, x.shape[-1], linear.weight):
+    if (wide or os.environ.get("EYAS_FUSED_O_PROJ") != "0") and _fits(x, x.shape[-1], linear.weight):
         from eyas.kernels.fused_linear import linear_rows
 
         return linear.finish(linear_rows(x, linear.weight))

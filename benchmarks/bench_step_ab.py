@@ -1,0 +1,152 @@
+"""Decode and verify steps of one model under several kernel switches, side by side in one process.
+
+Separate processes on the benchmark host differ by 5-15% for identical settings (docs/BENCHMARKS.md), more
+than most single changes move a step. Here one random-weight model (SmolLM2's or an 8B Llama's shape, bf16,
+batch 1) gets one set of CUDA graphs per variant, each captured with that variant's environment (the kernels
+read their switches at launch, so a captured graph keeps them), and the variants are then replayed in
+`--rounds` rounds, each round in the opposite order of the one before. Reported per variant and query count
+T: the median over rounds of the median ms of `--reps` steps, every round's figure, and the ratio to the
+first variant. `step` is the runner's forward and the logits as the engine calls them (host work included:
+the GPU waits for it at batch 1), `replay` the forward's CUDA graph replayed back to back (the GPU's time).
+
+    python3 benchmarks/bench_step_ab.py --shape smollm2 --context 300 \\
+        --variants "default:;rot:EYAS_ROTARY_IN_ATTENTION=1;oproj:EYAS_FUSED_O_PROJ=1" --out step_ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+
+import torch
+
+from bench_join import SMOLLM2
+from bench_tp import LLAMA_8B
+from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
+
+SHAPES = {"smollm2": SMOLLM2, "llama-8b": LLAMA_8B}
+MAX_LEN = 2048
+REPLAYS = 10  # graph replays per timed sample of the GPU-only figure
+
+
+def parse_variants(text: str) -> list[tuple[str, dict]]:
+    """'name:K=V,K=V;name2:' -> [(name, {K: V}), ...]; an empty setting list is the environment as it is."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, sep, settings = part.partition(":")
+        if not sep or not name:
+            raise SystemExit(f"bench_step_ab: variant {part!r} is not NAME:[K=V,...]")
+        env = {}
+        for kv in filter(None, settings.split(",")):
+            k, eq, v = kv.partition("=")
+            if not eq or not k.startswith("EYAS_"):
+                raise SystemExit(f"bench_step_ab: setting {kv!r} of {name} is not EYAS_NAME=VALUE")
+            env[k] = v
+        out.append((name, env))
+    if len({n for n, _ in out}) != len(out) or not out:
+        raise SystemExit("bench_step_ab: give one or more variants with distinct names")
+    return out
+
+
+def build(shape: dict, context: int):
+    from eyas.config import ModelConfig
+    from eyas.dist.parallel import TPContext
+    from eyas.engine.runner import ModelRunner
+    from eyas.models.llama import CausalLM
+
+    cfg = ModelConfig.from_hf(shape)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = CausalLM(cfg, TPContext(), max_positions=MAX_LEN)
+    model = model.to_empty(device="cuda").to(torch.bfloat16)
+    model.model.rotary.reset_buffers()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    model.eval().requires_grad_(False)
+    runner = ModelRunner(model, 1, MAX_LEN, "cuda")
+    ids = torch.randint(0, cfg.vocab_size, (1, context), device="cuda")
+    runner.forward(ids, torch.arange(context, device="cuda")[None], [0], [0])  # prefill, eagerly
+    return cfg, model, runner
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", choices=tuple(SHAPES), default="smollm2")
+    ap.add_argument("--context", type=int, default=300, help="cached tokens before each timed step")
+    ap.add_argument("--tokens", default="1,4", help="query tokens per step (1: decode; more: a chain's verify)")
+    ap.add_argument("--variants", required=True, help="NAME:[EYAS_K=V,...];... the first is the reference")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", default="step_ab.json")
+    args = ap.parse_args()
+    variants = parse_variants(args.variants)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    if not 1 <= args.context <= MAX_LEN - max(tokens) or args.rounds < 1:
+        raise SystemExit(f"bench_step_ab: --context must be in 1..{MAX_LEN - max(tokens)}, --rounds >= 1")
+    from eyas.engine.graphs import CudaGraphs
+
+    cfg, model, runner = build(SHAPES[args.shape], args.context)
+    steps = {}
+    for T in tokens:
+        x = torch.randint(0, cfg.vocab_size, (1, T), device="cuda")
+        pos = torch.arange(args.context, args.context + T, device="cuda")[None]
+        mask = None if T == 1 else torch.tril(torch.ones(T, T, dtype=torch.bool, device="cuda"))[None]
+        steps[T] = (x, pos, mask)
+    graphs = {}
+    saved = dict(os.environ)
+    for name, env in variants:  # capture every variant's graphs under its own environment
+        os.environ.update(env)
+        try:
+            graphs[name] = CudaGraphs(runner)
+            runner.graphs = graphs[name]
+            for T, (x, pos, mask) in steps.items():
+                runner.forward(x, pos, [0], [args.context], new_mask=mask)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    def one(name, T):
+        x, pos, mask = steps[T]
+        runner.graphs = graphs[name]
+        return model.logits(runner.forward(x, pos, [0], [args.context], new_mask=mask).hidden)
+
+    def replays(name, T):
+        """REPLAYS back-to-back replays of the forward's graph alone: the GPU's time, no host work between."""
+        graph = next(g for key, g in graphs[name].graphs.items() if key[1] == T).graph
+        for _ in range(REPLAYS):
+            graph.replay()
+
+    times = {(kind, n, T): [] for kind in ("step", "replay") for n, _ in variants for T in tokens}
+    order = [n for n, _ in variants]
+    for r in range(args.rounds):
+        for name in (order if r % 2 == 0 else order[::-1]):
+            for T in tokens:
+                times["step", name, T].append(median_ms(lambda: one(name, T), reps=args.reps))
+                times["replay", name, T].append(median_ms(lambda: replays(name, T), reps=args.reps) / REPLAYS)
+    rows = []
+    for kind in ("step", "replay"):
+        for T in tokens:
+            ref = statistics.median(times[kind, order[0], T])
+            for name, env in variants:
+                got = times[kind, name, T]
+                med = statistics.median(got)
+                rows.append(dict(kind=kind, variant=name, env=env, T=T, median_ms=round(med, 4),
+                                 over_first=round(med / ref, 4), rounds_ms=[round(t, 4) for t in got]))
+                print(f"{kind:6s} T={T} {name:16s} {med:.4f} ms  x{med / ref:.3f}  rounds {min(got):.4f}-"
+                      f"{max(got):.4f}", flush=True)
+    from eyas.kernels import tile_choice
+
+    tiles = [dict(kernel=k[0], m=k[1], n=k[2], k=k[3], tile=dict(t.kwargs, num_warps=t.num_warps))
+             for k, t in tile_choice.picked(lambda key: True)]
+    for t in tiles:
+        print("tile", json.dumps(t))
+    json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape,
+                   context=args.context, rounds=args.rounds, reps=args.reps, rows=rows, tiles=tiles),
+              open(args.out, "w"), indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""The tile choice's logic on the CPU (its CUDA-graph timing runs on GPUs only: tests/kernels/test_fused_linear.py)."""
+
+import math
+
+import pytest
+import torch
+
+from eyas.kernels import tile_choice
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    monkeypatch.setattr(tile_choice, "_picked", {})
+
+
+def test_copies_outgrow_twice_the_l2_cache():
+    l2 = 50 * 2 ** 20
+    assert copies_times_bytes(3_538_944, l2) >= 2 * l2  # SmolLM2's gate/up, bf16
+    assert tile_choice.copies_for(663_552, l2) == 159    # its o projection: 159 x 0.66 MB > 100 MB
+    assert tile_choice.copies_for(10 ** 9, l2) == 2      # larger than the cache: still two launches back to back
+    assert tile_choice.copies_for(1, l2) == tile_choice.MAX_COPIES
+
+
+def copies_times_bytes(weight_bytes, l2):
+    return tile_choice.copies_for(weight_bytes, l2) * weight_bytes
+
+
+def test_fastest_takes_the_least_time_and_the_earliest_of_equals():
+    assert tile_choice.fastest(["a", "b", "c"], [3.0, 1.5, 1.5]) == "b"
+    assert tile_choice.fastest(["a", "b"], [math.inf, 2.0]) == "b"
+    with pytest.raises(RuntimeError, match="no tile ran"):
+        tile_choice.fastest(["a", "b"], [math.inf, math.inf])
+    with pytest.raises(ValueError):
+        tile_choice.fastest(["a", "b"], [1.0])
+
+
+def test_choose_times_once_per_key_and_keeps_the_pick():
+    calls = []
+
+    def timer(candidates, launch, weight):
+        calls.append(list(candidates))
+        return [2.0, 1.0, 3.0]
+
+    w = torch.zeros(4)
+    assert tile_choice.choose(("k", 1), ["a", "b", "c"], None, w, timer) == "b"
+    assert tile_choice.choose(("k", 1), ["a", "b", "c"], None, w, timer) == "b"
+    assert calls == [["a", "b", "c"]]
+    assert tile_choice.choose(("k", 2), ["x"], None, w, timer) == "x"  # one candidate: nothing to time
+    assert len(calls) == 1
+    assert tile_choice.picked(lambda key: key[0] == "k") == [(("k", 1), "b"), (("k", 2), "x")]
