@@ -69,17 +69,25 @@ def draft_arg(args, model_path):
 
 
 @contextlib.contextmanager
-def env_set(name: str, value: str):
-    """os.environ[name] = value while engines are built and run (CUDA graphs keep what they captured under it)."""
-    before = os.environ.get(name)
-    os.environ[name] = value
+def env_set(name: str, value: str, *more: str):
+    """os.environ[name] = value (and more name, value pairs) while engines are built and run (CUDA graphs keep
+    what they captured under it)."""
+    pairs = dict(zip((name, *more[::2]), (value, *more[1::2])))
+    before = {k: os.environ.get(k) for k in pairs}
+    os.environ.update(pairs)
     try:
         yield
     finally:
-        if before is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = before
+        for k, v in before.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
+# The attention's short rows in one pass and cuBLAS for SmolLM2's output projection: the decode step before
+# the twentieth session (2026-12-01), for --old-step rows beside the default's.
+OLD_STEP = ("EYAS_SHORT_ROW_SPLITS", "0", "EYAS_FUSED_O_PROJ", "0")
 
 
 
@@ -386,6 +394,9 @@ def main():
                          "(EYAS_ROTARY_IN_ATTENTION=1; by default only from a query width of 2,048), beside it")
     ap.add_argument("--verify-fused", action="store_true",
                     help="speed: also chain and tree with their verify's projections fused (EYAS_FUSED_MAX_ROWS 4, 8)")
+    ap.add_argument("--old-step", action="store_true",
+                    help="plain and chain also with the attention's short rows in one pass and cuBLAS for the output "
+                         "projection (EYAS_SHORT_ROW_SPLITS=0 EYAS_FUSED_O_PROJ=0)")
     ap.add_argument("--also-specs", default="",
                     help="speed: rows for these settings too (steps/topk[/draft tokens]), then plain again, last")
     ap.add_argument("--specs", default=SWEEP_SPECS, help="sweep: settings as steps/topk[/draft tokens], comma-separated")
@@ -422,6 +433,9 @@ def main():
         if args.rotary_in_attention:  # one launch fewer per layer (eyas.kernels.slot_attention, rotary=)
             speed("eyas_plain_rot", env=("EYAS_ROTARY_IN_ATTENTION", "1"))
         speed("eyas_chain", draft, CHAIN)
+        if args.old_step:
+            speed("eyas_plain_old_step", env=OLD_STEP)
+            speed("eyas_chain_old_step", draft, CHAIN, env=OLD_STEP)
         if args.pdl:
             speed("eyas_chain_pdl_off", draft, CHAIN, env=("EYAS_PDL", "0"))
         if args.rotary_in_attention:
