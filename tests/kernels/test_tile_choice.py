@@ -42,9 +42,15 @@ def test_choose_times_once_per_key_and_keeps_the_pick():
         return [2.0, 1.0, 3.0]
 
     w = torch.zeros(4)
-    assert tile_choice.choose(("k", 1), ["a", "b", "c"], None, w, timer) == "b"
-    assert tile_choice.choose(("k", 1), ["a", "b", "c"], None, w, timer) == "b"
-    assert calls == [["a", "b", "c"]]
-    assert tile_choice.choose(("k", 2), ["x"], None, w, timer) == "x"  # one candidate: nothing to time
+    listed = []
+
+    def candidates():
+        listed.append(1)
+        return ["a", "b", "c"]
+
+    assert tile_choice.choose(("k", 1), candidates, None, w, timer) == "b"
+    assert tile_choice.choose(("k", 1), candidates, None, w, timer) == "b"
+    assert calls == [["a", "b", "c"]] and len(listed) == 1  # a kept pick lists no candidates again
+    assert tile_choice.choose(("k", 2), lambda: ["x"], None, w, timer) == "x"  # one candidate: nothing to time
     assert len(calls) == 1
     assert tile_choice.picked(lambda key: key[0] == "k") == [(("k", 1), "b"), (("k", 2), "x")]

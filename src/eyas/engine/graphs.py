@@ -8,6 +8,8 @@ An eager run and a graph run give identical tokens (tests/engine/test_graphs.py 
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from eyas.layers.attention import AttentionBatch, kernel_reads_cache
@@ -15,6 +17,7 @@ from eyas.models.llama import ModelOutput
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 MAX_GRAPH_TOKENS = 64
+CAPTURE_ATTEMPTS = 2  # captures of one graph before its error is raised (capture())
 
 
 def kv_bucket(need: int, max_len: int) -> int:
@@ -37,18 +40,31 @@ def graph_kv_len(kv, need: int) -> int:
 SHORT_ROWS = 512  # slot_attention.choose_splits keeps rows up to this many columns in one pass
 
 
-def capture(fn, pool):
-    """Warm `fn` up on a side stream (allocator, lazily built kernels), then capture it; returns (graph, outputs)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        outputs = fn()
-    return graph, outputs
+def capture(fn, pool, attempts: int = CAPTURE_ATTEMPTS):
+    """Warm `fn` up on a side stream (allocator, lazily built kernels), then capture it; returns (graph, outputs).
+
+    A capture the driver invalidates (cudaErrorStreamCaptureInvalidated: some call that a capture forbids ran
+    meanwhile) leaves no graph but no damage either: it is warmed up and captured again, up to `attempts`
+    times in all, with a line on stderr each time; then the error is raised. On an H200 one capture after
+    several engines had come and gone in one process failed so, once, and never when repeated
+    (docs/BENCHMARKS.md, 2026-12-01)."""
+    for attempt in range(1, attempts + 1):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=pool):
+                outputs = fn()
+            return graph, outputs
+        except RuntimeError as e:  # torch.AcceleratorError and Triton's launch errors are RuntimeErrors
+            if attempt == attempts or "capture" not in str(e):
+                raise
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            print(f"eyas: a CUDA graph capture failed ({first}); capturing it again", file=sys.stderr, flush=True)
 
 
 class _Graph:

@@ -241,7 +241,7 @@ def _launch(kernel, m: int, n: int, k: int, weight_at: int, *args, **meta):
                                                           num_stages=tile.num_stages, **meta)
 
     key = (kernel.fn.__name__, m, n, k, args[0].dtype, args[0].device, tuple(sorted(meta.items())))
-    run(tile_choice.choose(key, _candidates(m, k), run, args[weight_at]), args[weight_at])
+    run(tile_choice.choose(key, lambda: _candidates(m, k), run, args[weight_at]), args[weight_at])
 
 
 def tile_for(kernel_name: str, m: int, n: int, k: int):

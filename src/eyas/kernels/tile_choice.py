@@ -41,12 +41,15 @@ def fastest(candidates: Sequence, times: Sequence[float]):
     return candidates[best]
 
 
-def choose(key: tuple, candidates: Sequence, launch: Callable, weight: torch.Tensor, timer: Callable | None = None):
-    """The tile for `key`: kept from an earlier call, the only candidate, or the fastest as `timer`
-    (graph_times) measures them. launch(candidate, weight) launches the kernel once with that tile."""
+def choose(key: tuple, candidates: Callable[[], Sequence], launch: Callable, weight: torch.Tensor,
+           timer: Callable | None = None):
+    """The tile for `key`: kept from an earlier call, else the only one of candidates(), or the fastest as
+    `timer` (graph_times) measures them. launch(candidate, weight) launches the kernel once with that tile.
+    A kept pick costs one dict lookup: eager launches pay this on every call."""
     got = _picked.get(key)
     if got is not None:
         return got
+    candidates = candidates()
     if len(candidates) == 1:
         pick = candidates[0]
     elif weight.is_cuda and torch.cuda.is_current_stream_capturing():
