@@ -30,14 +30,14 @@ def kv_bucket(need: int, max_len: int) -> int:
 def graph_kv_len(kv, need: int) -> int:
     """Cache columns a forward attends over. The torch attention pays for every column, so its graphs
     come in doubling buckets. The slot-attention kernel reads each row over its own length, so with it
-    only two bounds matter: up to SHORT_ROWS columns (one pass per row) and the whole row (split-K for
-    long rows); a growing context then captures at most one new graph per shape."""
+    only two bounds matter: up to SHORT_ROWS columns (up to 4 splits) and the whole row (up to 16); a
+    growing context then captures at most one new graph per shape."""
     if kernel_reads_cache(kv):
         return min(SHORT_ROWS, kv.max_len) if need <= SHORT_ROWS else kv.max_len
     return kv_bucket(need, kv.max_len)
 
 
-SHORT_ROWS = 512  # slot_attention.choose_splits keeps rows up to this many columns in one pass
+SHORT_ROWS = 512  # the bound of slot_attention.choose_splits' short rows
 
 
 def capture(fn, pool, attempts: int = CAPTURE_ATTEMPTS):

@@ -11,13 +11,16 @@ Softmax is fp32 with online (flash) rescaling. With `splits` > 1 the column rang
 that many pieces processed by separate programs (flash-decoding), whose partial (max, sum, acc) are merged
 by the last split program of each row block to finish (it learns it is last from a per-block counter,
 which it then zeroes): at batch 1 with a few kv heads a single pass would occupy a handful of SMs. With
+that in-kernel merge, `splits` is an upper bound: each row takes its own count from its length as the kernel
+runs (one pass up to one_pass_columns(), else pieces of SPLIT_COLUMNS or more), so one captured graph serves
+rows of every length, and programs past a row's count end at once. With
 EYAS_MERGE_IN_KERNEL=0 a second small kernel merges instead (one more launch per layer; on an H200 the
 8B-shaped decode step was slower so in 7 of 8 pairings, by up to 1.5%: docs/BENCHMARKS.md).
 With `rotary`, the kernel also does what eyas.kernels.rotary.rotate_and_store does before it, saving that
 launch: each program rotates its query rows as it loads them, and rotates and stores the new keys and values
 of the columns it will read itself, so no program waits for another (a new column may fall in any split).
-Everything is decided on the host from shapes and the python int `kv_len`, so no host sync happens and
-both functions can be captured in a CUDA graph.
+What the host decides comes from shapes and the python int `kv_len` (the rest from each row's length, in
+the kernel), so no host sync happens and both functions can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
