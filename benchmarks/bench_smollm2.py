@@ -394,6 +394,8 @@ def main():
                          "(EYAS_ROTARY_IN_ATTENTION=1; by default only from a query width of 2,048), beside it")
     ap.add_argument("--verify-fused", action="store_true",
                     help="speed: also chain and tree with their verify's projections fused (EYAS_FUSED_MAX_ROWS 4, 8)")
+    ap.add_argument("--decode-ahead", action="store_true",
+                    help="plain also with its steps one ahead of the host (EYAS_DECODE_AHEAD=1)")
     ap.add_argument("--old-step", action="store_true",
                     help="plain and chain also with the attention's short rows in one pass and cuBLAS for the output "
                          "projection (EYAS_SHORT_ROW_SPLITS=0 EYAS_FUSED_O_PROJ=0)")
@@ -433,6 +435,8 @@ def main():
         if args.rotary_in_attention:  # one launch fewer per layer (eyas.kernels.slot_attention, rotary=)
             speed("eyas_plain_rot", env=("EYAS_ROTARY_IN_ATTENTION", "1"))
         speed("eyas_chain", draft, CHAIN)
+        if args.decode_ahead:  # plain greedy steps one ahead of the host (eyas.engine.decode_ahead)
+            speed("eyas_plain_ahead", env=("EYAS_DECODE_AHEAD", "1"))
         if args.old_step:
             speed("eyas_plain_old_step", env=OLD_STEP)
             speed("eyas_chain_old_step", draft, CHAIN, env=OLD_STEP)

@@ -15,6 +15,7 @@ from collections import deque
 import torch
 
 from eyas.dist.parallel import SINGLE, TPContext
+from eyas.engine.decode_ahead import DecodeAhead
 from eyas.engine.profile import NullProfiler
 from eyas.engine.runner import ModelRunner
 from eyas.engine.sequence import Sequence
@@ -42,6 +43,7 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.spec = None
+        self.ahead = DecodeAhead(self)  # plain greedy steps one ahead of the host (EYAS_DECODE_AHEAD=1)
         if draft is not None:
             from eyas.engine.speculative import SpeculativeDecoder
 
@@ -67,6 +69,7 @@ class Engine:
 
     def abort(self, seq: Sequence) -> None:
         """Drop a request wherever it is, freeing its cache slot (a stop string matched, or the client left)."""
+        self.ahead.drain()  # the batch changes: no step may stay in flight for it
         if seq.slot is not None and any(s is seq for s in self.running):
             self._release(seq)
         # Identity, not ==: a Sequence holds tensors, and dataclass equality would compare them.
@@ -86,6 +89,7 @@ class Engine:
         """Admit waiting requests, run one decode step or speculative cycle; returns finished sequences."""
         admitted = []
         if self._should_admit():
+            self.ahead.drain()  # the batch changes
             while self.waiting and self.runner.kv.free_slots:
                 seq = self.waiting.popleft()
                 seq.slot = self.runner.kv.allocate()
@@ -226,7 +230,15 @@ class Engine:
             self.spec.prefill(seqs, out.aux_hidden, lens)
 
     def _decode(self, seqs: list[Sequence]):
-        """One plain decode step; returns the target's output (the speculative decoder reads its features)."""
+        """One plain decode step; returns the target's output (the speculative decoder reads its features),
+        or None when it ran ahead of the host (decode_ahead.py) or a drain left nothing to decode."""
+        if self.ahead.usable(seqs):
+            return self.ahead.step(seqs)
+        if self.ahead.active:
+            self.ahead.drain()
+            seqs = [s for s in seqs if not s.finished]
+            if not seqs:
+                return None
         starts = [s.cached for s in seqs]
         ids, pos = torch.tensor([[s.output_ids[-1] for s in seqs], starts], device=self.device)[:, :, None]
         out = self.runner.forward(ids, pos, [s.slot for s in seqs], starts)

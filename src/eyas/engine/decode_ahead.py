@@ -1,0 +1,205 @@
+"""Plain greedy decoding one step ahead of the host: the GPU runs step k while the host reads step k-1's tokens.
+
+At batch 1 on an H200 a SmolLM2 decode graph replays in ~0.57 ms while a token costs ~0.8 ms end to end
+(docs/BENCHMARKS.md, 2026-12-01): the rest is host work between graphs (inputs copied in, the LM head and the
+argmax launched, the token read back) while the GPU idles. Here each batch bucket has two CUDA graphs that run
+the forward, the LM head and the argmax, and write the next step's inputs (the argmax as the next token, the
+positions and cache lengths one further) into the other graph's input buffers: replayed in turn they decode
+with no host input at all. The host enqueues step k and then reads step k-1's tokens, copied into pinned
+memory, while step k runs. Each graph reads one buffer set and writes the other, so its body is idempotent.
+
+It runs while nothing changes the batch: every sequence greedy, no draft, one GPU, no profiler. A stop (EOS,
+a stop token) is learned one step late: the step already enqueued is then read for the other sequences and
+dropped for the stopped one (its cache write lies past that sequence's end). A step is never enqueued past a
+sequence's max_tokens. Before anything else touches the batch (an admission, an abort, a sampled request, a
+longer attention bound) the engine drains: it reads the steps in flight and leaves this mode.
+EYAS_DECODE_AHEAD=1 turns it on; it is off until it has been measured on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from eyas.engine import graphs as cuda_graphs
+from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
+from eyas.layers.attention import AttentionBatch
+
+
+def decode_ahead_on() -> bool:
+    return os.environ.get("EYAS_DECODE_AHEAD") == "1"
+
+
+@dataclass
+class _Inputs:
+    """One buffer set of a graph pair: what a decode step reads."""
+    ids: torch.Tensor     # [bucket, 1]
+    pos: torch.Tensor     # [bucket, 1]
+    slots: torch.Tensor   # [bucket]
+    starts: torch.Tensor  # [bucket]
+
+
+class _Pair:
+    """Two graphs for one (bucket, kv_len): graph i reads inputs[i] and writes inputs[1 - i] and `tokens`."""
+
+    def __init__(self, runner, target, bucket: int, kv_len: int, pool):
+        dev = runner.device
+
+        def buffers():
+            return _Inputs(torch.zeros((bucket, 1), dtype=torch.long, device=dev),
+                           torch.zeros((bucket, 1), dtype=torch.long, device=dev),
+                           torch.full((bucket,), runner.scratch_slot, dtype=torch.long, device=dev),
+                           torch.zeros((bucket,), dtype=torch.long, device=dev))
+
+        self.inputs = (buffers(), buffers())
+        self.active = torch.zeros((bucket, 1), dtype=torch.long, device=dev)  # 1 for the batch's rows
+        self.tokens = torch.zeros((bucket,), dtype=torch.long, device=dev)
+
+        def body(src: _Inputs, dst: _Inputs):
+            batch = AttentionBatch(kv=runner.kv, slots=src.slots, starts=src.starts, kv_len=kv_len)
+            hidden = runner.model(src.ids, src.pos, batch).hidden
+            tokens = target.logits(hidden[:, -1]).argmax(-1)
+            self.tokens.copy_(tokens)
+            dst.ids.copy_(tokens[:, None])
+            dst.pos.copy_(src.pos + self.active)
+            dst.starts.copy_(src.starts + self.active[:, 0])
+            dst.slots.copy_(src.slots)
+            return self.tokens
+
+        self.graphs = [cuda_graphs.capture(lambda i=i: body(self.inputs[i], self.inputs[1 - i]), pool)[0]
+                       for i in (0, 1)]
+        self.next = 0  # the graph whose inputs hold the next step
+
+    def seed(self, seqs, scratch_slot: int):
+        """The first step's inputs from the host: each sequence's last token at its cache length."""
+        n = len(seqs)
+        src = self.inputs[0]
+        rows = torch.tensor([[s.output_ids[-1] for s in seqs], [s.cached for s in seqs], [s.slot for s in seqs]],
+                            dtype=torch.long)
+        src.ids.zero_()
+        src.pos.zero_()
+        src.starts.zero_()
+        src.slots.fill_(scratch_slot)
+        src.ids[:n, 0].copy_(rows[0])
+        src.pos[:n, 0].copy_(rows[1])
+        src.starts[:n].copy_(rows[1])
+        src.slots[:n].copy_(rows[2])
+        self.active.zero_()
+        self.active[:n] = 1
+        self.next = 0
+
+    def replay(self):
+        self.graphs[self.next].replay()
+        self.next = 1 - self.next
+
+
+class _Flight:
+    """A step enqueued on the device: its tokens, copied to host memory, ready once `event` has passed."""
+
+    def __init__(self, tokens: torch.Tensor, host: torch.Tensor):
+        self.host = host
+        if tokens.is_cuda:
+            self.host.copy_(tokens, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host.copy_(tokens)
+            self.event = None
+
+    def read(self, n: int) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host[:n].tolist()
+
+
+class DecodeAhead:
+    def __init__(self, engine):
+        self.engine = engine
+        self.pairs: dict[tuple[int, int], _Pair] = {}
+        self.seqs: list | None = None   # the batch while this mode runs, in row order
+        self.pair: _Pair | None = None
+        self.flights: list[_Flight] = []
+        self._pair_key: tuple[int, int] | None = None
+        self._enqueued = 0
+        self._host: dict[int, list[torch.Tensor]] = {}  # per bucket: host buffers for the tokens in flight
+
+    @property
+    def active(self) -> bool:
+        return self.seqs is not None
+
+    def usable(self, seqs) -> bool:
+        """Whether this step of `seqs` may run here: the batch this mode holds, or one it may start on."""
+        eng = self.engine
+        runner = eng.runner
+        if not decode_ahead_on() or eng.spec is not None or runner.graphs is None or eng.profiler is not None:
+            return False
+        if eng.target.tp.size != 1 or len(seqs) > runner.graphs.max_batch:
+            return False
+        if any(not s.params.greedy or s.generator is not None for s in seqs):
+            return False
+        if self.active:
+            return len(seqs) == len(self.seqs) and all(a is b for a, b in zip(seqs, self.seqs)) \
+                and self._key(seqs, ahead=len(self.flights)) == self._pair_key
+        return True
+
+    def _key(self, seqs, ahead: int) -> tuple[int, int]:
+        bucket = next(b for b in BATCH_BUCKETS if b >= len(seqs))
+        need = max(s.cached for s in seqs) + ahead + 1
+        return bucket, graph_kv_len(self.engine.runner.kv, need)
+
+    def step(self, seqs):
+        """Enqueue the next step (unless a sequence is about to reach max_tokens), then read the oldest step in
+        flight into the sequences; drain when one stopped."""
+        if not self.active:
+            self._start(seqs)
+        if self._may_enqueue():
+            self._enqueue()
+        self._consume()
+        if any(s.finished for s in self.seqs) or not self.flights:
+            self.drain()
+
+    def _start(self, seqs):
+        runner = self.engine.runner
+        key = self._key(seqs, ahead=0)
+        pair = self.pairs.get(key)
+        if pair is None:
+            pair = self.pairs[key] = _Pair(runner, self.engine.target, key[0], key[1], runner.graphs.pool)
+        pair.seed(seqs, runner.scratch_slot)
+        self.seqs, self.pair, self._pair_key = list(seqs), pair, key
+        self._enqueue()
+
+    def _may_enqueue(self) -> bool:
+        """One more step stays within every sequence's max_tokens and within the captured attention bound."""
+        ahead = len(self.flights)
+        if any(len(s.output_ids) + ahead + 1 > s.params.max_tokens for s in self.seqs):
+            return False
+        return self._key(self.seqs, ahead=ahead) == self._pair_key
+
+    def _enqueue(self):
+        self.pair.replay()
+        bucket = self.pair.tokens.shape[0]
+        hosts = self._host.get(bucket)
+        if hosts is None:
+            pin = self.pair.tokens.is_cuda
+            hosts = self._host[bucket] = [torch.empty(bucket, dtype=torch.long, pin_memory=pin) for _ in range(3)]
+        # a ring of three: at most two steps are in flight, so a new one never takes a buffer not yet read
+        self._enqueued += 1
+        self.flights.append(_Flight(self.pair.tokens, hosts[self._enqueued % 3]))
+
+    def _consume(self):
+        flight = self.flights.pop(0)
+        eos = self.engine.eos_ids
+        for s, t in zip(self.seqs, flight.read(len(self.seqs))):
+            if s.finished:
+                continue  # stopped at an earlier step: this step ran past its end
+            s.cached += 1
+            s.verify_passes += 1
+            s.append([t], eos)
+
+    def drain(self):
+        """Read every step in flight and leave this mode (the batch may change after)."""
+        while self.flights:
+            self._consume()
+        self.seqs = self.pair = None

@@ -1,0 +1,123 @@
+"""Plain greedy decoding one step ahead of the host (eyas.engine.decode_ahead), with CUDA graphs faked on the
+CPU (each graph body runs twice per replay, as fake_cuda_graphs.py explains): the tokens and finish reasons
+equal plain greedy decoding's through stops learned a step late, max_tokens, admissions, aborts and a change
+of attention bound, and the mode really runs steps ahead."""
+
+import pytest
+import torch
+
+import eyas.engine.decode_ahead as ahead_mod
+import eyas.engine.graphs as graphs_mod
+from eyas.engine.engine import Engine
+from eyas.layers.sampling import SamplingParams
+from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
+from tests.helpers import tiny_llama
+
+VOCAB = 32
+
+
+@pytest.fixture
+def model(tmp_path):
+    tiny_llama(tmp_path, vocab=VOCAB, layers=3, hidden=64)
+    return str(tmp_path)
+
+
+@pytest.fixture
+def ahead(monkeypatch, fake_graphs):
+    """An engine factory with decoding ahead on, and a count of the graph pairs' replays."""
+    monkeypatch.setenv("EYAS_DECODE_AHEAD", "1")
+    replays = []
+    real = ahead_mod._Pair.replay
+    monkeypatch.setattr(ahead_mod._Pair, "replay", lambda self: replays.append(1) or real(self))
+
+    def make(path, **kw):
+        return fake_graphs(Engine(path, dtype="fp32", max_len=256, **kw))
+    return make, replays
+
+
+def prompts(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (k,), generator=g).tolist() for k in (5, 17, 9, 30, 12)[:n]]
+
+
+def reference(model, ps, params):
+    eng = Engine(model, dtype="fp32", max_batch=len(ps), max_len=256)
+    return [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)]
+
+
+def test_tokens_equal_plain_greedy_and_steps_run_ahead(model, ahead):
+    make, replays = ahead
+    ps = prompts(4)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (20, 35, 3, 60)]
+    eng = make(model, max_batch=4)
+    got = [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)]
+    assert got == reference(model, ps, params)
+    assert len(replays) >= 60 - 1  # every decode step of the longest ran from the pair
+    assert not eng.ahead.active and not eng.ahead.flights
+
+
+def test_a_stop_learned_a_step_late_drops_that_step_for_it_only(model, ahead):
+    make, replays = ahead
+    ps = prompts(3, seed=1)
+    free = reference(model, ps, [SamplingParams(max_tokens=40, ignore_eos=True)] * 3)
+    stop = free[0][0][6]  # a token the first sequence emits mid-way: it stops there, a step late for the host
+    params = [SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=[stop])] + \
+        [SamplingParams(max_tokens=40, ignore_eos=True)] * 2
+    got = [(s.output_ids, s.finish_reason) for s in make(model, max_batch=4).generate(ps, params)]
+    want = reference(model, ps, params)
+    assert got == want and want[0][1] == "stop" and len(want[0][0]) < 40
+    assert replays
+
+
+def test_admission_and_abort_while_steps_are_in_flight(model, ahead):
+    make, _ = ahead
+    ps = prompts(3, seed=2)
+    alone = reference(model, ps, [SamplingParams(max_tokens=30, ignore_eos=True)] * 3)
+    eng = make(model, max_batch=4)
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    a, b = eng.add(ps[0], params), eng.add(ps[1], params)
+    for _ in range(6):
+        eng.step()
+    assert eng.ahead.active and eng.ahead.flights  # a step in flight when the batch changes
+    c = eng.add(ps[2], params)
+    eng.step()
+    eng.abort(b)
+    while eng.has_work():
+        eng.step()
+    assert a.output_ids == alone[0][0] and c.output_ids == alone[2][0]
+    assert b.finish_reason == "abort" and b.output_ids == alone[1][0][:len(b.output_ids)]
+
+
+def test_a_new_attention_bound_restarts_the_pair(model, ahead, monkeypatch):
+    """Rows crossing the short-row bound need the other graph pair: the mode drains there and starts again."""
+    make, _ = ahead
+    monkeypatch.setattr(graphs_mod, "SHORT_ROWS", 24)
+    ps = prompts(2, seed=3)
+    params = [SamplingParams(max_tokens=25, ignore_eos=True)] * 2
+    eng = make(model, max_batch=2)
+    got = [s.output_ids for s in eng.generate(ps, params)]
+    assert got == [o for o, _ in reference(model, ps, params)]
+    assert {key[1] for key in eng.ahead.pairs} == {24, 256}
+
+
+def test_sampled_requests_and_the_switch_keep_the_usual_path(model, ahead, monkeypatch):
+    make, replays = ahead
+    eng = make(model, max_batch=2)
+    eng.generate(prompts(1), SamplingParams(max_tokens=8, temperature=0.8, seed=1))
+    assert not replays
+    monkeypatch.setenv("EYAS_DECODE_AHEAD", "0")
+    eng.generate(prompts(1), SamplingParams(max_tokens=8))
+    assert not replays
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="real CUDA graphs, pinned memory and events need a GPU")
+def test_on_a_gpu_the_tokens_equal_plain_greedy(model, monkeypatch):
+    ps = prompts(4, seed=4)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (20, 35, 3, 60)]
+    runs = []
+    for on in ("0", "1"):
+        monkeypatch.setenv("EYAS_DECODE_AHEAD", on)
+        eng = Engine(model, dtype="fp32", device="cuda", max_batch=4, max_len=256)
+        runs.append([(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)])
+    assert runs[0] == runs[1]
+    assert eng.ahead.pairs  # the second engine decoded ahead
