@@ -206,8 +206,8 @@ def main():
                     help="each TP size also with the rotary and cache write placed the other way than the "
                          "default for its query width (EYAS_ROTARY_IN_ATTENTION=0 from 2,048 on, else 1), twice")
     ap.add_argument("--fused-o-proj", action="store_true",
-                    help="each TP size also with a small model's attention output projection through the fused "
-                         "kernels' tiles at 1-2 rows (EYAS_FUSED_O_PROJ=1), twice")
+                    help="each TP size also with a small model's attention output projection through cuBLAS instead "
+                         "of the fused kernels' tiles at 1-2 rows (EYAS_FUSED_O_PROJ=0), twice")
     ap.add_argument("--short-row-splits", action="store_true",
                     help="each TP size also with rows of up to 512 columns attended in one pass "
                          "(EYAS_SHORT_ROW_SPLITS=0), twice")
@@ -243,7 +243,7 @@ def main():
         if args.short_row_splits:
             switches.append(("short_rows_one_pass", {"EYAS_SHORT_ROW_SPLITS": "0"}))
         if args.fused_o_proj:
-            switches.append(("fused_o_proj", {"EYAS_FUSED_O_PROJ": "1"}))
+            switches.append(("cublas_o_proj", {"EYAS_FUSED_O_PROJ": "0"}))
         if switches:  # each switch beside the default, in turn, twice: A B (C D) A B (C D)
             variants = ([("default", {})] + switches) * 2
         for name, env in variants:
