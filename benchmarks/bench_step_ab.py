@@ -83,7 +83,12 @@ def main():
     ap.add_argument("--out", default="step_ab.json")
     args = ap.parse_args()
     variants = parse_variants(args.variants)
-    tokens = [int(t) for t in args.tokens.split(",")]
+    try:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        raise SystemExit(f"bench_step_ab: --tokens {args.tokens!r} is not a comma-separated list of counts") from None
+    if min(tokens) < 1 or max(tokens) > 64:
+        raise SystemExit("bench_step_ab: --tokens must be counts from 1 to 64 (a graph's query lengths)")
     if not 1 <= args.context <= MAX_LEN - max(tokens) or args.rounds < 1:
         raise SystemExit(f"bench_step_ab: --context must be in 1..{MAX_LEN - max(tokens)}, --rounds >= 1")
     from eyas.engine.graphs import CudaGraphs
