@@ -63,6 +63,14 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default="slot_attention.json")
     args = ap.parse_args()
+    for name in ("tokens", "columns", "splits", "block_n"):
+        try:
+            values = [int(v) for v in getattr(args, name).split(",")]
+        except ValueError:
+            values = []
+        if not values or min(values) < 1:
+            raise SystemExit(f"bench_slot_attention: --{name.replace('_', '-')} {getattr(args, name)!r} is not a "
+                             "comma-separated list of positive counts")
     rows = []
     for block_n in args.block_n.split(","):
         os.environ["EYAS_ATTN_BLOCK_N"] = block_n
