@@ -23,7 +23,7 @@ import statistics
 import torch
 
 from bench_join import SMOLLM2
-from bench_tp import LLAMA_8B
+from bench_tp import LLAMA_8B, random_runner
 from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 SHAPES = {"smollm2": SMOLLM2, "llama-8b": LLAMA_8B}
@@ -50,28 +50,6 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
     return out
 
 
-def build(shape: dict, context: int):
-    from eyas.config import ModelConfig
-    from eyas.dist.parallel import TPContext
-    from eyas.engine.runner import ModelRunner
-    from eyas.models.llama import CausalLM
-
-    cfg = ModelConfig.from_hf(shape)
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        model = CausalLM(cfg, TPContext(), max_positions=MAX_LEN)
-    model = model.to_empty(device="cuda").to(torch.bfloat16)
-    model.model.rotary.reset_buffers()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02)
-    model.eval().requires_grad_(False)
-    runner = ModelRunner(model, 1, MAX_LEN, "cuda")
-    ids = torch.randint(0, cfg.vocab_size, (1, context), device="cuda")
-    runner.forward(ids, torch.arange(context, device="cuda")[None], [0], [0])  # prefill, eagerly
-    return cfg, model, runner
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", choices=tuple(SHAPES), default="smollm2")
@@ -93,7 +71,9 @@ def main():
         raise SystemExit(f"bench_step_ab: --context must be in 1..{MAX_LEN - max(tokens)}, --rounds >= 1")
     from eyas.engine.graphs import CudaGraphs
 
-    cfg, model, runner = build(SHAPES[args.shape], args.context)
+    from eyas.dist.parallel import TPContext
+
+    cfg, model, runner = random_runner(SHAPES[args.shape], TPContext(), args.context, MAX_LEN)
     steps = {}
     for T in tokens:
         x = torch.randint(0, cfg.vocab_size, (1, T), device="cuda")

@@ -61,26 +61,10 @@ def _worker(rank, tp, port, queue, graphs, shape, context):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=tp, device_id=torch.device("cuda", rank))
-    from eyas.config import ModelConfig
     from eyas.dist.parallel import TPContext
     from eyas.engine.graphs import CudaGraphs
-    from eyas.engine.runner import ModelRunner
-    from eyas.models.llama import CausalLM
 
-    ctx = TPContext(rank, tp, dist.group.WORLD)
-    cfg = ModelConfig.from_hf(shape)
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        model = CausalLM(cfg, ctx, max_positions=2048)
-    model = model.to_empty(device="cuda").to(torch.bfloat16)
-    model.model.rotary.reset_buffers()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02)
-    model.eval().requires_grad_(False)
-    runner = ModelRunner(model, 1, 2048, "cuda")
-    ids = torch.randint(0, cfg.vocab_size, (1, context), device="cuda")
-    runner.forward(ids, torch.arange(context, device="cuda")[None], [0], [0])  # prefill eagerly
+    cfg, model, runner = random_runner(shape, TPContext(rank, tp, dist.group.WORLD), context)
     if graphs:
         runner.graphs = CudaGraphs(runner)
     res = {}
@@ -112,6 +96,29 @@ def _worker(rank, tp, port, queue, graphs, shape, context):
     queue.put(res)
     # No barrier or destroy_process_group: after NCCL collectives were captured in a CUDA graph,
     # destroy_process_group can hang (pytorch/pytorch#115388); exiting frees the communicators.
+
+
+def random_runner(shape: dict, ctx, context: int, max_len: int = 2048):
+    """(config, model, runner): a random-weight bf16 model of HF config `shape` on this rank's GPU (TP context
+    `ctx`), its runner for one sequence, and `context` random tokens prefilled eagerly into its cache."""
+    from eyas.config import ModelConfig
+    from eyas.engine.runner import ModelRunner
+    from eyas.models.llama import CausalLM
+
+    cfg = ModelConfig.from_hf(shape)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = CausalLM(cfg, ctx, max_positions=max_len)
+    model = model.to_empty(device="cuda").to(torch.bfloat16)
+    model.model.rotary.reset_buffers()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02)
+    model.eval().requires_grad_(False)
+    runner = ModelRunner(model, 1, max_len, "cuda")
+    ids = torch.randint(0, cfg.vocab_size, (1, context), device="cuda")
+    runner.forward(ids, torch.arange(context, device="cuda")[None], [0], [0])  # prefill eagerly
+    return cfg, model, runner
 
 
 def draft_step_ms(cfg, device="cuda") -> float:
