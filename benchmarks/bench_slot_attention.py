@@ -20,7 +20,7 @@ import torch
 
 from bench_join import SMOLLM2
 from bench_tp import LLAMA_8B
-from eyas.engine.graphs import SHORT_ROWS, capture
+from eyas.engine.graphs import capture, kernel_kv_len
 from eyas.kernels.slot_attention import choose_splits, slot_attention
 from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
@@ -30,7 +30,7 @@ MAX_LEN = 2048
 
 def graph_bound(columns: int) -> int:
     """The kv_len a decode graph is captured with for rows of this length (eyas.engine.graphs.graph_kv_len)."""
-    return min(SHORT_ROWS, MAX_LEN) if columns <= SHORT_ROWS else MAX_LEN
+    return kernel_kv_len(columns, MAX_LEN)
 
 
 def time_calls(shape: dict, T: int, columns: int, splits: int | None, reps: int) -> float:

@@ -33,8 +33,13 @@ def graph_kv_len(kv, need: int) -> int:
     only two bounds matter: up to SHORT_ROWS columns (up to 4 splits) and the whole row (up to 16); a
     growing context then captures at most one new graph per shape."""
     if kernel_reads_cache(kv):
-        return min(SHORT_ROWS, kv.max_len) if need <= SHORT_ROWS else kv.max_len
+        return kernel_kv_len(need, kv.max_len)
     return kv_bucket(need, kv.max_len)
+
+
+def kernel_kv_len(need: int, max_len: int) -> int:
+    """graph_kv_len over the slot-attention kernel: SHORT_ROWS columns for short rows, else the whole row."""
+    return min(SHORT_ROWS, max_len) if need <= SHORT_ROWS else max_len
 
 
 SHORT_ROWS = 512  # the bound of slot_attention.choose_splits' short rows
