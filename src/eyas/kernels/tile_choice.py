@@ -80,15 +80,9 @@ def graph_times(candidates: Sequence, launch: Callable, weight: torch.Tensor) ->
 
 
 def _replay_us(run: Callable, copies: list[torch.Tensor]) -> float:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run(copies[0])  # compiles, outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for w in copies:
-            run(w)
+    from eyas.engine.graphs import capture  # warms up (compiles) on a side stream, then captures
+
+    graph, _ = capture(lambda: [run(w) for w in copies], None, attempts=1)  # a tile that fails is no candidate
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     samples = []
