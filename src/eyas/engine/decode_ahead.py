@@ -189,14 +189,7 @@ class DecodeAhead:
         self.flights.append(_Flight(self.pair.tokens, hosts[self._enqueued % 3]))
 
     def _consume(self):
-        flight = self.flights.pop(0)
-        eos = self.engine.eos_ids
-        for s, t in zip(self.seqs, flight.read(len(self.seqs))):
-            if s.finished:
-                continue  # stopped at an earlier step: this step ran past its end
-            s.cached += 1
-            s.verify_passes += 1
-            s.append([t], eos)
+        self.engine.take_step(self.seqs, self.flights.pop(0).read(len(self.seqs)))
 
     def drain(self):
         """Read every step in flight and leave this mode (the batch may change after)."""

@@ -242,12 +242,18 @@ class Engine:
         starts = [s.cached for s in seqs]
         ids, pos = torch.tensor([[s.output_ids[-1] for s in seqs], starts], device=self.device)[:, :, None]
         out = self.runner.forward(ids, pos, [s.slot for s in seqs], starts)
-        tokens = self.sample(self.target.logits(out.hidden[:, -1]), seqs).tolist()
+        self.take_step(seqs, self.sample(self.target.logits(out.hidden[:, -1]), seqs).tolist())
+        return out
+
+    def take_step(self, seqs: list[Sequence], tokens: list[int]) -> None:
+        """One decode step's tokens into its sequences (its cache write counted); a sequence that stopped
+        before the step (decoding ahead learns a stop a step late) takes nothing."""
         for s, t in zip(seqs, tokens):
+            if s.finished:
+                continue
             s.cached += 1
             s.verify_passes += 1
             s.append([t], self.eos_ids)
-        return out
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """logits [B, V] -> tokens [B]. Greedy rows take the argmax; sampled rows sharing temperature, top-p
