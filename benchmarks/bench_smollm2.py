@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -88,6 +89,7 @@ def env_set(name: str, value: str, *more: str):
 # The attention's short rows in one pass and cuBLAS for SmolLM2's output projection: the decode step before
 # the twentieth session (2026-12-01), for --old-step rows beside the default's.
 OLD_STEP = ("EYAS_SHORT_ROW_SPLITS", "0", "EYAS_FUSED_O_PROJ", "0")
+AHEAD = ("EYAS_DECODE_AHEAD", "1")
 
 
 
@@ -99,9 +101,11 @@ def eyas_engine(model_path, dtype, warm_prompt, draft=None, spec=None):
 
 
 def timed_run(eng, prompts, new_tokens=None):
-    """Tokens/s of the prompts one after another (batch 1, ignore EOS), and the verify passes."""
+    """Tokens/s of the prompts one after another (batch 1, ignore EOS), the verify passes, and a digest of
+    the tokens (rows of one run that must decode alike compare it)."""
     params = SamplingParams(max_tokens=new_tokens or NEW_TOKENS, ignore_eos=True)
     toks, secs, passes = 0, 0.0, 0
+    digest = hashlib.sha1()
     for p in prompts:
         sync()
         t0 = time.perf_counter()
@@ -110,7 +114,8 @@ def timed_run(eng, prompts, new_tokens=None):
         secs += time.perf_counter() - t0
         toks += len(s.output_ids)
         passes += s.verify_passes
-    return dict(tok_s=toks / secs, tokens=toks, seconds=secs, passes=passes)
+        digest.update(repr(s.output_ids).encode())
+    return dict(tok_s=toks / secs, tokens=toks, seconds=secs, passes=passes, digest=digest.hexdigest())
 
 
 def cycle_phases(eng, prompt, new_tokens=None):
@@ -126,7 +131,7 @@ def cycle_phases(eng, prompt, new_tokens=None):
 def eyas_speed(model_path, prompts, dtype, draft=None, spec=None, new_tokens=None):
     eng = eyas_engine(model_path, dtype, prompts[0], draft, spec)
     run = timed_run(eng, prompts, new_tokens)
-    out = dict(tok_s=run["tok_s"], tokens=run["tokens"], seconds=run["seconds"])
+    out = dict(tok_s=run["tok_s"], tokens=run["tokens"], seconds=run["seconds"], digest=run["digest"])
     if draft is not None:
         out["accept_length"] = (run["tokens"] - len(prompts)) / run["passes"]
         out["profile"] = cycle_phases(eng, prompts[0], new_tokens)
@@ -395,7 +400,8 @@ def main():
     ap.add_argument("--verify-fused", action="store_true",
                     help="speed: also chain and tree with their verify's projections fused (EYAS_FUSED_MAX_ROWS 4, 8)")
     ap.add_argument("--decode-ahead", action="store_true",
-                    help="plain also with its steps one ahead of the host (EYAS_DECODE_AHEAD=1)")
+                    help="plain, chain, tree and --also-specs also one step or cycle ahead of the host "
+                         "(EYAS_DECODE_AHEAD=1), each beside its twin; says whether the tokens matched")
     ap.add_argument("--old-step", action="store_true",
                     help="plain and chain also with the attention's short rows in one pass and cuBLAS for the output "
                          "projection (EYAS_SHORT_ROW_SPLITS=0 EYAS_FUSED_O_PROJ=0)")
@@ -435,8 +441,9 @@ def main():
         if args.rotary_in_attention:  # one launch fewer per layer (eyas.kernels.slot_attention, rotary=)
             speed("eyas_plain_rot", env=("EYAS_ROTARY_IN_ATTENTION", "1"))
         speed("eyas_chain", draft, CHAIN)
-        if args.decode_ahead:  # plain greedy steps one ahead of the host (eyas.engine.decode_ahead)
-            speed("eyas_plain_ahead", env=("EYAS_DECODE_AHEAD", "1"))
+        if args.decode_ahead:  # steps and cycles one ahead of the host (eyas.engine.decode_ahead, spec_ahead)
+            speed("eyas_plain_ahead", env=AHEAD)
+            speed("eyas_chain_ahead", draft, CHAIN, env=AHEAD)
         if args.old_step:
             speed("eyas_plain_old_step", env=OLD_STEP)
             speed("eyas_chain_old_step", draft, CHAIN, env=OLD_STEP)
@@ -450,6 +457,8 @@ def main():
         speed("eyas_plain_unfused", env=("EYAS_FUSED_LINEAR", "0"))
         speed("eyas_chain_unfused", draft, CHAIN, env=("EYAS_FUSED_LINEAR", "0"))
         eng = speed("eyas_tree", draft, TREE)
+        if args.decode_ahead:
+            speed("eyas_tree_ahead", draft, TREE, env=AHEAD)
         if args.pdl:
             speed("eyas_tree_pdl_off", draft, TREE, env=("EYAS_PDL", "0"))
         if args.rotary_in_attention:
@@ -458,6 +467,8 @@ def main():
             speed("eyas_tree_fused8", draft, TREE, env=("EYAS_FUSED_MAX_ROWS", "8"))
         for spec in also_specs:  # e.g. the sweep's fastest chain and tree
             speed(f"eyas_{spec_name(spec)}", draft, spec)
+            if args.decode_ahead:
+                speed(f"eyas_{spec_name(spec)}_ahead", draft, spec, env=AHEAD)
         if also_specs:  # plain again, built last: an order effect of the script would show as a gap
             speed("eyas_plain_last")
         if args.hf_prompts > 0:
@@ -465,6 +476,9 @@ def main():
             sp["hf_prompt_lookup"] = hf_speed_isolated(path, prompts[:args.hf_prompts], lookup=True)
         results["speed"] = sp
         print(json.dumps({k: round(v["tok_s"], 1) for k, v in sp.items()}), flush=True)
+        twins = {k: k[:-len("_ahead")] for k in sp if k.endswith("_ahead")}
+        if twins:  # decoding ahead is lossless: each such row decodes exactly its twin's tokens
+            print(json.dumps({k: sp[k]["digest"] == sp[t]["digest"] for k, t in twins.items()}), flush=True)
         json.dump(results, open(args.out, "w"), indent=2)
         if "phases" in sections:
             results["phases"] = phase_costs(eng)

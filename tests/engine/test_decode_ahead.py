@@ -3,6 +3,8 @@ CPU (each graph body runs twice per replay, as fake_cuda_graphs.py explains): th
 equal plain greedy decoding's through stops learned a step late, max_tokens, admissions, aborts and a change
 of attention bound, and the mode really runs steps ahead."""
 
+import os
+
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
 from tests.helpers import tiny_llama
 
 VOCAB = 32
+CUDA = os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available()  # compiled kernels, no interpreter
 
 
 @pytest.fixture
@@ -110,7 +113,7 @@ def test_sampled_requests_and_the_switch_keep_the_usual_path(model, ahead, monke
     assert not replays
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="real CUDA graphs, pinned memory and events need a GPU")
+@pytest.mark.skipif(not CUDA, reason="real CUDA graphs, pinned memory and events need a GPU (EYAS_TEST_CUDA=1)")
 def test_on_a_gpu_the_tokens_equal_plain_greedy(model, monkeypatch):
     ps = prompts(4, seed=4)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (20, 35, 3, 60)]

@@ -69,7 +69,7 @@ class Engine:
 
     def abort(self, seq: Sequence) -> None:
         """Drop a request wherever it is, freeing its cache slot (a stop string matched, or the client left)."""
-        self.ahead.drain()  # the batch changes: no step may stay in flight for it
+        self.drain_ahead()  # the batch changes: no step may stay in flight for it
         if seq.slot is not None and any(s is seq for s in self.running):
             self._release(seq)
         # Identity, not ==: a Sequence holds tensors, and dataclass equality would compare them.
@@ -82,6 +82,12 @@ class Engine:
         if self.spec:
             self.spec.release(seq)
 
+    def drain_ahead(self) -> None:
+        """Read every step or cycle still in flight ahead of the host (decode_ahead.py, spec_ahead.py)."""
+        self.ahead.drain()
+        if self.spec is not None:
+            self.spec.ahead.drain()
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -89,7 +95,7 @@ class Engine:
         """Admit waiting requests, run one decode step or speculative cycle; returns finished sequences."""
         admitted = []
         if self._should_admit():
-            self.ahead.drain()  # the batch changes
+            self.drain_ahead()  # the batch changes
             while self.waiting and self.runner.kv.free_slots:
                 seq = self.waiting.popleft()
                 seq.slot = self.runner.kv.allocate()

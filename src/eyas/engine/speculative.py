@@ -31,6 +31,7 @@ from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
 from eyas.engine.kv_cache import KVCache
 from eyas.engine.profile import NullProfiler
 from eyas.engine.runner import PREFILL_CHUNK, chunked_length
+from eyas.engine.spec_ahead import SpecAhead
 from eyas.engine.spec_policy import SpecPolicy
 from eyas.engine.tree import accept_greedy, accept_greedy_batched, accept_greedy_chain, accept_sampled
 from eyas.layers.attention import AttentionBatch
@@ -67,6 +68,7 @@ class SpeculativeDecoder:
         self.drafter = Drafter(self.draft, self.target.embed, self.kv, self.spec, engine.device)
         self.draft_fn = self.drafter.chain if k == 1 else self.drafter.tree
         self.last_decision = None  # (batch size, speculated) of the last step, for the server's metrics
+        self.ahead = SpecAhead(self)  # greedy cycles one ahead of the host (EYAS_DECODE_AHEAD=1)
 
     @property
     def lookahead(self) -> int:
@@ -187,6 +189,11 @@ class SpeculativeDecoder:
                 self._settle()  # the other mode's last pass may still be running: not this step's work
             policy.step_started(n, speculate, time.perf_counter())
         self._last_mode = speculate
+        if self.ahead.active and not (speculate and self.ahead.usable(seqs)):
+            self.ahead.drain()  # the host's view of the batch must be current before anything else runs
+            seqs = [s for s in seqs if not s.finished]
+            if not seqs:
+                return
         lagging = [s for s in seqs if s.draft_state.lag_tokens] if speculate else []
         if lagging:  # inside the step, so charged to speculation, the mode that needs it (spec_policy.py)
             self._catch_up(lagging)
@@ -237,7 +244,11 @@ class SpeculativeDecoder:
     def _greedy_cycle(self, seqs):
         """A cycle of greedy sequences. Acceptance and the draft's extend pass run as one more graph right
         after the verify pass, and a tree's KV compaction eagerly on the device, so the GPU runs the whole
-        cycle without waiting for the host, which reads the accepted tokens once, at the end."""
+        cycle without waiting for the host, which reads the accepted tokens once, at the end (or a cycle
+        later, spec_ahead.py)."""
+        if self.ahead.usable(seqs):
+            self.ahead.cycle(seqs)
+            return
         eng, prof = self.engine, self.profiler
         S, B = self.spec.steps, len(seqs)
         c = [s.cached for s in seqs]

@@ -1,0 +1,156 @@
+"""Greedy speculative cycles one ahead of the host: the GPU runs cycle k while the host reads cycle k-1's tokens.
+
+A greedy cycle (speculative.py) already runs on the device from its inputs to its results: the draft, the
+verify pass and the commit graph (acceptance and the draft's extend pass), then one read of the accepted
+tokens. Everything the next cycle needs is on the device by then: its root token (the bonus token), its
+cache length (c + accepted + 1) and the draft's state (the commit graph's outputs). So the next cycle can be
+enqueued before that read, from device tensors, and the host reads cycle k-1's tokens from pinned memory
+while cycle k runs: the host's work per cycle (three graph launches, input copies, the token bookkeeping)
+then hides behind the GPU's instead of adding to it.
+
+The host knows a sequence's length only up to the last cycle it read, so a cycle in flight may have added
+up to steps + 1 tokens: graph bounds are chosen for the longest case, and a cycle is enqueued only while
+even the longest outcome of those in flight leaves the sequence short of max_tokens (its cache writes then
+stay inside what admission reserved). A stop is learned a cycle late: the cycle already enqueued is read
+for the other sequences and dropped for the stopped one (it wrote past that sequence's end only). Before
+anything else touches the batch (an admission, an abort, a plain step, a sampled request) the engine
+drains: it reads every cycle in flight and hands each sequence its draft state back.
+
+Runs for batches of greedy sequences on one GPU, with CUDA graphs, without a profiler or the adaptive
+policy (whose per-step timing needs the host in step with the GPU). EYAS_DECODE_AHEAD=1 turns it on, with
+plain decoding ahead (decode_ahead.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eyas.engine.decode_ahead import decode_ahead_on
+from eyas.engine.draft_state import gather_states, set_states
+from eyas.engine.graphs import BATCH_BUCKETS
+
+
+class _Flight:
+    """A cycle enqueued on the device: its tokens and accepted count per row, copied to host memory."""
+
+    def __init__(self, result: torch.Tensor, host: torch.Tensor):
+        self.host = host
+        if result.is_cuda:
+            self.host.copy_(result, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host.copy_(result)
+            self.event = None
+
+    def read(self, n: int) -> list[list[int]]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host[:n].tolist()
+
+
+class SpecAhead:
+    def __init__(self, spec):
+        self.spec = spec  # the SpeculativeDecoder
+        self.seqs: list | None = None  # the batch while this mode runs, in row order
+        self.flights: list[_Flight] = []
+        self._host: dict[tuple, list[torch.Tensor]] = {}  # per result shape: a ring of pinned buffers
+        self._enqueued = 0
+        # the next cycle's inputs, on the device, padded to the batch bucket
+        self.root = self.c_t = self.slots_t = self.active_rows = self.hidden = self.logp = None
+
+    @property
+    def active(self) -> bool:
+        return self.seqs is not None
+
+    def usable(self, seqs) -> bool:
+        """Whether this cycle of `seqs` may run here: the batch this mode holds, or one it may start on."""
+        spec, eng = self.spec, self.spec.engine
+        if not decode_ahead_on() or spec.graphs is None or eng.profiler is not None or spec.policy.adaptive:
+            return False
+        if not spec.accept_on_device or eng.target.tp.size != 1:
+            return False
+        if any(not s.params.greedy or s.generator is not None or s.draft_state.lag_tokens for s in seqs):
+            return False
+        if self.active:
+            return len(seqs) == len(self.seqs) and all(a is b for a, b in zip(seqs, self.seqs))
+        return True
+
+    def cycle(self, seqs):
+        """Enqueue the next cycle (unless one in flight may reach a sequence's max_tokens), then read the
+        oldest cycle in flight into the sequences; drain when one stopped."""
+        if not self.active:
+            self._start(seqs)
+        if self._may_enqueue():
+            self._enqueue()
+        self._consume()
+        if any(s.finished for s in self.seqs) or not self.flights:
+            self.drain()
+
+    def _start(self, seqs):
+        spec = self.spec
+        dev, B = spec.engine.device, len(seqs)
+        Bp = next(b for b in BATCH_BUCKETS if b >= B)
+        pad = Bp - B
+        hidden, logp = gather_states(seqs)
+        rows = torch.tensor([[s.output_ids[-1] for s in seqs] + [0] * pad, [s.cached for s in seqs] + [0] * pad,
+                             [s.slot for s in seqs] + [spec.engine.runner.scratch_slot] * pad,
+                             [1] * B + [0] * pad], device=dev)  # one host-to-device copy
+        self.root, self.c_t, self.slots_t, self.active_rows = rows[0], rows[1], rows[2], rows[3]
+        self.hidden = torch.cat([hidden, hidden.new_zeros((pad,) + hidden.shape[1:])]) if pad else hidden
+        self.logp = torch.cat([logp, logp.new_zeros((pad,) + logp.shape[1:])]) if pad else logp
+        self.seqs = list(seqs)
+        self._enqueue()
+
+    def _may_enqueue(self) -> bool:
+        """Even if every cycle in flight accepts all it drafted, no sequence reaches max_tokens before the
+        cycle to enqueue: the normal path would run it too, and its cache writes stay in the reserved space."""
+        longest = len(self.flights) * (self.spec.spec.steps + 1)
+        return all(len(s.output_ids) + longest < s.params.max_tokens for s in self.seqs)
+
+    def _enqueue(self):
+        spec, runner = self.spec, self.spec.engine.runner
+        S, k, N = spec.spec.steps, spec.spec.topk, spec.spec.draft_tokens
+        B, scratch = len(self.seqs), runner.scratch_slot
+        c = max(s.cached for s in self.seqs) + len(self.flights) * (S + 1)  # the longest case (docstring)
+        c_t, slots_t = self.c_t, self.slots_t
+        tokens, parents, depth, mask = spec._run("tree", spec.draft_fn, B, spec.kv, c + (S - 1) * k,
+                                                 [self.logp, self.hidden, self.root, c_t, slots_t],
+                                                 [0, 0, 0, 0, scratch], padded=True)
+        tokens, parents, depth = tokens.clone(), parents.clone(), depth.clone()  # see _draft_and_verify
+        argmax, _, aux = spec._run("verify", spec._verify_fn, B, runner.kv, c + N,
+                                   [tokens, depth, mask, c_t, slots_t], [0, 0, True, 0, scratch], padded=True)
+        new, accepted, sel, h, logp = spec._run("commit", spec._commit_fn, B, spec.kv, c + S + 1,
+                                                [tokens, parents, depth, argmax, aux, c_t, slots_t],
+                                                [0, 0, 0, 0, 0, 0, scratch], padded=True)
+        spec._compact_paths(slots_t, c_t, sel, accepted)
+        # The next cycle's inputs, computed on the device (copies: the graphs' outputs are overwritten
+        # by their next replay).
+        self.hidden, self.logp = h.clone(), logp.clone()
+        self.root = new.gather(1, accepted[:, None])[:, 0]
+        self.c_t = c_t + (accepted + 1) * self.active_rows  # padding rows stay at column 0 of the scratch row
+        result = torch.cat([new, accepted[:, None]], dim=1)
+        hosts = self._host.get(tuple(result.shape))
+        if hosts is None:
+            pin = result.is_cuda
+            hosts = self._host[tuple(result.shape)] = [torch.empty(result.shape, dtype=result.dtype, pin_memory=pin)
+                                                      for _ in range(3)]
+        # a ring of three: at most two cycles are in flight, so a new one never takes a buffer not yet read
+        self._enqueued += 1
+        self.flights.append(_Flight(result, hosts[self._enqueued % 3]))
+
+    def _consume(self):
+        rows = self.flights.pop(0).read(len(self.seqs))
+        live = [(s, row) for s, row in zip(self.seqs, rows) if not s.finished]  # a stop learned a cycle late
+        self.spec._advance([s for s, _ in live], [row[:row[-1] + 1] for _, row in live], [row[-1] for _, row in live])
+
+    def drain(self):
+        """Read every cycle in flight, give each sequence its draft state back and leave this mode."""
+        if not self.active:
+            return
+        while self.flights:
+            self._consume()
+        B = len(self.seqs)
+        set_states(self.seqs, self.hidden[:B], self.logp[:B])
+        self.seqs = None
+        self.root = self.c_t = self.slots_t = self.active_rows = self.hidden = self.logp = None

@@ -1,0 +1,193 @@
+"""Greedy speculative cycles one ahead of the host (eyas.engine.spec_ahead), with CUDA graphs faked on the CPU
+(each graph body runs twice per replay, as fake_cuda_graphs.py explains): chain and tree, the tokens and
+finish reasons equal plain greedy decoding's through stops learned a cycle late, max_tokens, admissions,
+aborts and batch buckets with padding rows, and the mode really keeps a cycle in flight."""
+
+import os
+
+import pytest
+import torch
+
+import eyas.engine.spec_ahead as ahead_mod
+from eyas.config import SpecConfig
+from eyas.engine.engine import Engine
+from eyas.layers.sampling import SamplingParams
+from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
+from tests.helpers import random_draft, tiny_llama
+
+VOCAB = 32
+CUDA = os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available()  # compiled kernels, no interpreter
+SPECS = [SpecConfig(3, 1), SpecConfig(3, 2, 5)]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_llama(path, vocab=VOCAB, layers=3, hidden=64, initializer_range=0.3)  # outputs that do not loop
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return random_draft(64, VOCAB, draft_vocab=24)
+
+
+@pytest.fixture
+def ahead(monkeypatch, fake_graphs, model, draft):
+    """An engine factory with decoding ahead on, and what its cycles did: the most in flight at once, and the
+    furthest cache column a cycle wrote (read on the host here, as the engine itself never does)."""
+    monkeypatch.setenv("EYAS_DECODE_AHEAD", "1")
+    most = {"in_flight": 0, "column": 0}
+    real = ahead_mod.SpecAhead._enqueue
+
+    def enqueue(self):
+        live = self.active_rows.bool()
+        most["column"] = max(most["column"], int(self.c_t[live].max()) + self.spec.spec.draft_tokens - 1)
+        real(self)
+        most["in_flight"] = max(most["in_flight"], len(self.flights))
+    monkeypatch.setattr(ahead_mod.SpecAhead, "_enqueue", enqueue)
+
+    def make(spec, max_batch=4):
+        return fake_graphs(Engine(model, dtype="fp32", max_len=256, max_batch=max_batch, draft=draft, spec=spec))
+    return make, most
+
+
+def prompts(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (k,), generator=g).tolist() for k in (5, 17, 9, 30, 12)[:n]]
+
+
+def reference(model, ps, params, max_len=256):
+    eng = Engine(model, dtype="fp32", max_batch=len(ps), max_len=max_len)
+    return [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])
+def test_tokens_equal_plain_greedy_and_cycles_run_ahead(model, ahead, spec):
+    make, most = ahead
+    ps = prompts(3)  # three rows in a bucket of four: a padding row rides along
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (20, 41, 3)]
+    eng = make(spec)
+    got = [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)]
+    assert got == reference(model, ps, params)
+    assert most["in_flight"] == 2  # a cycle was enqueued while the one before was still unread
+    assert not eng.spec.ahead.active and not eng.spec.ahead.flights
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])
+def test_a_stop_learned_a_cycle_late_drops_that_cycle_for_it_only(model, ahead, spec):
+    make, most = ahead
+    ps = prompts(3, seed=1)
+    free = reference(model, ps, [SamplingParams(max_tokens=40, ignore_eos=True)] * 3)
+    stop = free[0][0][9]  # a token the first sequence emits mid-way: it stops there, a cycle late for the host
+    params = [SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=[stop])] + \
+        [SamplingParams(max_tokens=40, ignore_eos=True)] * 2
+    got = [(s.output_ids, s.finish_reason) for s in make(spec).generate(ps, params)]
+    want = reference(model, ps, params)
+    assert got == want and want[0][1] == "stop" and len(want[0][0]) < 40
+    assert most["in_flight"] == 2
+
+
+def oracle_chain(eng, refs: dict[tuple, list[int]], wrong_every: int = 5):
+    """Replace the chain draft's guesses with the reference continuation, wrong at every fifth position
+    (or never, with wrong_every=0): acceptance runs long and varies, so every path of the commit is taken
+    (a random draft rarely accepts)."""
+    spec = eng.spec
+    real = spec.draft_fn
+    table = torch.zeros((eng.runner.kv.num_slots, 512), dtype=torch.long)
+
+    def draft_fn(logp0, hidden0, root, c, slots, kv_len):
+        tokens, parents, depth, mask = real(logp0, hidden0, root, c, slots, kv_len)
+        for seq in eng.running:  # host work inside a graph body: fine where graphs are faked by re-running
+            ref = refs[tuple(seq.prompt_ids)]
+            table[seq.slot, :len(ref)] = torch.tensor(ref)
+        cols = c[:, None] + 1 + torch.arange(tokens.shape[1] - 1)
+        guess = table[slots[:, None], cols.clamp(max=table.shape[1] - 1)]
+        if wrong_every:
+            guess = torch.where(cols % wrong_every == 0, (guess + 1) % VOCAB, guess)
+        return torch.cat([tokens[:, :1], guess], dim=1), parents, depth, mask
+    spec.draft_fn = draft_fn
+
+
+def test_long_acceptance_through_an_oracle_draft(model, ahead):
+    make, most = ahead
+    ps = prompts(3, seed=5)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (30, 50, 44)]
+    want = reference(model, ps, params)
+    eng = make(SpecConfig(4, 1))
+    oracle_chain(eng, {tuple(p): p + out for p, (out, _) in zip(ps, want)})
+    got = eng.generate(ps, params)
+    assert [(s.output_ids, s.finish_reason) for s in got] == want
+    assert min(s.accept_length for s in got) > 2.5 and most["in_flight"] == 2
+
+
+def test_admission_and_abort_while_cycles_are_in_flight(model, ahead):
+    make, _ = ahead
+    ps = prompts(3, seed=2)
+    alone = reference(model, ps, [SamplingParams(max_tokens=40, ignore_eos=True)] * 3)
+    eng = make(SPECS[0])
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    a, b = eng.add(ps[0], params), eng.add(ps[1], params)
+    for _ in range(3):
+        eng.step()
+    assert eng.spec.ahead.active and eng.spec.ahead.flights  # a cycle in flight when the batch changes
+    c = eng.add(ps[2], params)
+    eng.step()
+    eng.abort(b)
+    while eng.has_work():
+        eng.step()
+    assert a.output_ids == alone[0][0] and c.output_ids == alone[2][0]
+    assert b.finish_reason == "abort" and b.output_ids == alone[1][0][:len(b.output_ids)]
+
+
+def test_a_sampled_request_or_the_switch_off_keeps_the_usual_path(model, ahead, monkeypatch):
+    make, most = ahead
+    eng = make(SPECS[0], max_batch=2)
+    eng.generate(prompts(1), SamplingParams(max_tokens=12, temperature=0.8, seed=1))
+    assert most["in_flight"] == 0
+    monkeypatch.setenv("EYAS_DECODE_AHEAD", "0")
+    eng.generate(prompts(1), SamplingParams(max_tokens=12))
+    assert most["in_flight"] == 0
+
+
+def test_plain_steps_of_the_policy_drain_first(model, ahead):
+    """A batch above the speculation limit takes plain steps; when it shrinks speculation resumes ahead."""
+    make, most = ahead
+    ps = prompts(3, seed=3)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (6, 40, 45)]
+    eng = make(SpecConfig(3, 1, max_batch=2))
+    got = [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)]
+    assert got == reference(model, ps, params)
+    assert most["in_flight"] == 2
+
+
+@pytest.mark.skipif(not CUDA, reason="real CUDA graphs, pinned memory and events need a GPU (EYAS_TEST_CUDA=1)")
+@pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])
+def test_on_a_gpu_the_tokens_equal_plain_greedy(model, monkeypatch, spec):
+    ps = prompts(4, seed=4)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (20, 35, 3, 60)]
+    plain = Engine(model, dtype="fp32", device="cuda", max_batch=4, max_len=256)
+    want = [(s.output_ids, s.finish_reason) for s in plain.generate(ps, params)]
+    monkeypatch.setenv("EYAS_DECODE_AHEAD", "1")
+    eng = Engine(model, dtype="fp32", device="cuda", max_batch=4, max_len=256,
+                 draft=random_draft(64, VOCAB, draft_vocab=24), spec=spec)
+    assert [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)] == want
+    assert not eng.spec.ahead.active and eng.spec.ahead._enqueued > 0  # it ran ahead
+
+
+def test_a_request_that_fills_the_context_never_writes_past_it(model, ahead):
+    """prompt + max_tokens + lookahead == max_len, and every guess right, so the last cycle accepts past
+    max_tokens: a cycle enqueued after it would write cache columns past the row's end; none is."""
+    make, most = ahead
+    spec = SpecConfig(4, 1)
+    ps = prompts(2, seed=6)
+    params = [SamplingParams(max_tokens=256 - len(p) - spec.draft_tokens - 1, ignore_eos=True) for p in ps]
+    want = reference(model, ps, params)
+    longer = reference(model, ps, [SamplingParams(max_tokens=p.max_tokens + 8, ignore_eos=True) for p in params],
+                       max_len=512)
+    eng = make(spec, max_batch=2)
+    oracle_chain(eng, {tuple(p): p + out for p, (out, _) in zip(ps, longer)}, wrong_every=0)
+    got = eng.generate(ps, params)
+    assert [(s.output_ids, s.finish_reason) for s in got] == want
+    assert got[1].cached >= len(ps[1]) + params[1].max_tokens + 2  # the last cycle overshot (prompt of 17)
+    assert most["in_flight"] == 2 and most["column"] < 256
