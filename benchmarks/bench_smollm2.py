@@ -89,7 +89,7 @@ def env_set(name: str, value: str, *more: str):
 # The attention's short rows in one pass and cuBLAS for SmolLM2's output projection: the decode step before
 # the twentieth session (2026-12-01), for --old-step rows beside the default's.
 OLD_STEP = ("EYAS_SHORT_ROW_SPLITS", "0", "EYAS_FUSED_O_PROJ", "0")
-AHEAD = ("EYAS_DECODE_AHEAD", "1")
+IN_STEP = ("EYAS_DECODE_AHEAD", "0")  # the host in step with the GPU: the default before 2026-12-01's 21st session
 
 
 
@@ -399,9 +399,9 @@ def main():
                          "(EYAS_ROTARY_IN_ATTENTION=1; by default only from a query width of 2,048), beside it")
     ap.add_argument("--verify-fused", action="store_true",
                     help="speed: also chain and tree with their verify's projections fused (EYAS_FUSED_MAX_ROWS 4, 8)")
-    ap.add_argument("--decode-ahead", action="store_true",
-                    help="plain, chain, tree and --also-specs also one step or cycle ahead of the host "
-                         "(EYAS_DECODE_AHEAD=1), each beside its twin; says whether the tokens matched")
+    ap.add_argument("--in-step", action="store_true",
+                    help="plain, chain, tree and --also-specs also with the host in step with the GPU "
+                         "(EYAS_DECODE_AHEAD=0), each beside its twin; says whether the tokens matched")
     ap.add_argument("--old-step", action="store_true",
                     help="plain and chain also with the attention's short rows in one pass and cuBLAS for the output "
                          "projection (EYAS_SHORT_ROW_SPLITS=0 EYAS_FUSED_O_PROJ=0)")
@@ -441,9 +441,9 @@ def main():
         if args.rotary_in_attention:  # one launch fewer per layer (eyas.kernels.slot_attention, rotary=)
             speed("eyas_plain_rot", env=("EYAS_ROTARY_IN_ATTENTION", "1"))
         speed("eyas_chain", draft, CHAIN)
-        if args.decode_ahead:  # steps and cycles one ahead of the host (eyas.engine.decode_ahead, spec_ahead)
-            speed("eyas_plain_ahead", env=AHEAD)
-            speed("eyas_chain_ahead", draft, CHAIN, env=AHEAD)
+        if args.in_step:  # not a step or cycle ahead of the host (eyas.engine.decode_ahead, spec_ahead)
+            speed("eyas_plain_in_step", env=IN_STEP)
+            speed("eyas_chain_in_step", draft, CHAIN, env=IN_STEP)
         if args.old_step:
             speed("eyas_plain_old_step", env=OLD_STEP)
             speed("eyas_chain_old_step", draft, CHAIN, env=OLD_STEP)
@@ -457,8 +457,8 @@ def main():
         speed("eyas_plain_unfused", env=("EYAS_FUSED_LINEAR", "0"))
         speed("eyas_chain_unfused", draft, CHAIN, env=("EYAS_FUSED_LINEAR", "0"))
         eng = speed("eyas_tree", draft, TREE)
-        if args.decode_ahead:
-            speed("eyas_tree_ahead", draft, TREE, env=AHEAD)
+        if args.in_step:
+            speed("eyas_tree_in_step", draft, TREE, env=IN_STEP)
         if args.pdl:
             speed("eyas_tree_pdl_off", draft, TREE, env=("EYAS_PDL", "0"))
         if args.rotary_in_attention:
@@ -467,8 +467,8 @@ def main():
             speed("eyas_tree_fused8", draft, TREE, env=("EYAS_FUSED_MAX_ROWS", "8"))
         for spec in also_specs:  # e.g. the sweep's fastest chain and tree
             speed(f"eyas_{spec_name(spec)}", draft, spec)
-            if args.decode_ahead:
-                speed(f"eyas_{spec_name(spec)}_ahead", draft, spec, env=AHEAD)
+            if args.in_step:
+                speed(f"eyas_{spec_name(spec)}_in_step", draft, spec, env=IN_STEP)
         if also_specs:  # plain again, built last: an order effect of the script would show as a gap
             speed("eyas_plain_last")
         if args.hf_prompts > 0:
@@ -476,8 +476,8 @@ def main():
             sp["hf_prompt_lookup"] = hf_speed_isolated(path, prompts[:args.hf_prompts], lookup=True)
         results["speed"] = sp
         print(json.dumps({k: round(v["tok_s"], 1) for k, v in sp.items()}), flush=True)
-        twins = {k: k[:-len("_ahead")] for k in sp if k.endswith("_ahead")}
-        if twins:  # decoding ahead is lossless: each such row decodes exactly its twin's tokens
+        twins = {k: k[:-len("_in_step")] for k in sp if k.endswith("_in_step")}
+        if twins:  # decoding ahead is lossless: each row decodes exactly its twin's tokens
             print(json.dumps({k: sp[k]["digest"] == sp[t]["digest"] for k, t in twins.items()}), flush=True)
         json.dump(results, open(args.out, "w"), indent=2)
         if "phases" in sections:

@@ -4,7 +4,7 @@ A capture in the middle of traffic stalls every running request for several forw
 (test_graphs.py) covers a few fixed batches; this one replays a loaded server's traffic, with graphs faked
 (fake_cuda_graphs.py): requests join a running batch as others finish, prompts long enough for the eager
 path and short enough for graphed chunks, rows past the long-row bound, and (adaptive) switches between
-plain steps and speculation.
+plain steps and speculation, greedy requests (decoded ahead of the host) among sampled ones.
 """
 
 import random
@@ -20,7 +20,7 @@ from tests.helpers import random_draft, tiny_llama
 
 def _keys(engine):
     g = engine.runner.graphs
-    return set(g.graphs) | set(g.functions.graphs)
+    return set(g.graphs) | set(g.functions.graphs) | {("ahead",) + key for key in engine.ahead.pairs}
 
 
 @pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, adaptive=True)], ids=["plain", "adaptive"])
@@ -41,7 +41,8 @@ def test_join_heavy_traffic_after_warm_up_captures_nothing(tmp_path, fake_graphs
     def join():
         n = pending.pop(0)
         engine.add([rng.randrange(3, 60) for _ in range(n)],
-                    SamplingParams(max_tokens=rng.choice([8, 60, 200]), ignore_eos=True))
+                    SamplingParams(max_tokens=rng.choice([8, 60, 200]), ignore_eos=True,
+                                   temperature=rng.choice([0.0, 0.0, 0.8])))  # greedy decode ahead, sampled in step
 
     for _ in range(6):
         join()

@@ -43,7 +43,7 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.spec = None
-        self.ahead = DecodeAhead(self)  # plain greedy steps one ahead of the host (EYAS_DECODE_AHEAD=1)
+        self.ahead = DecodeAhead(self)  # plain greedy steps one ahead of the host (off: EYAS_DECODE_AHEAD=0)
         if draft is not None:
             from eyas.engine.speculative import SpeculativeDecoder
 
@@ -144,13 +144,17 @@ class Engine:
         if kernel and SHORT_ROWS + 8 + params.max_tokens + lookahead <= self.max_len:
             lengths.append(SHORT_ROWS + 8)
         # Speculative engines run both modes (the adaptive policy measures nothing on these dummy prompts).
-        for forced in ([True, False] if self.spec else [None]):
+        # Greedy and sampled requests take different graphs: greedy ones decode ahead of the host and accept
+        # on the device, sampled ones step in step with it and accept on the host (extend graphs).
+        sampled = SamplingParams(max_tokens=params.max_tokens, ignore_eos=True, temperature=0.8)
+        passes = [(True, params), (False, params), (True, sampled)] if self.spec else [(None, params), (None, sampled)]
+        for forced, pass_params in passes:
             if self.spec:
                 self.spec.policy.forced = forced
             try:
                 for n in lengths:
                     for b in (b for b in BATCH_BUCKETS if b <= graphs.max_batch):
-                        self.generate([[0] * n] * b, params)
+                        self.generate([[0] * n] * b, pass_params)
             finally:
                 if self.spec:
                     self.spec.policy.forced = None
@@ -238,13 +242,13 @@ class Engine:
     def _decode(self, seqs: list[Sequence]):
         """One plain decode step; returns the target's output (the speculative decoder reads its features),
         or None when it ran ahead of the host (decode_ahead.py) or a drain left nothing to decode."""
-        if self.ahead.usable(seqs):
-            return self.ahead.step(seqs)
-        if self.ahead.active:
-            self.ahead.drain()
+        if self.ahead.active and not self.ahead.usable(seqs):
+            self.ahead.drain()  # e.g. rows crossing an attention bound: start again on their graph pair
             seqs = [s for s in seqs if not s.finished]
             if not seqs:
                 return None
+        if self.ahead.usable(seqs):
+            return self.ahead.step(seqs)
         starts = [s.cached for s in seqs]
         ids, pos = torch.tensor([[s.output_ids[-1] for s in seqs], starts], device=self.device)[:, :, None]
         out = self.runner.forward(ids, pos, [s.slot for s in seqs], starts)

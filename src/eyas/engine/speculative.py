@@ -68,7 +68,7 @@ class SpeculativeDecoder:
         self.drafter = Drafter(self.draft, self.target.embed, self.kv, self.spec, engine.device)
         self.draft_fn = self.drafter.chain if k == 1 else self.drafter.tree
         self.last_decision = None  # (batch size, speculated) of the last step, for the server's metrics
-        self.ahead = SpecAhead(self)  # greedy cycles one ahead of the host (EYAS_DECODE_AHEAD=1)
+        self.ahead = SpecAhead(self)  # greedy cycles one ahead of the host (off: EYAS_DECODE_AHEAD=0)
 
     @property
     def lookahead(self) -> int:
