@@ -295,9 +295,17 @@ SPLIT_COLUMNS = 128  # columns per split at least, of a row that the kernel spli
 
 def one_pass_columns(head_dim: int) -> int:
     """Rows up to this many columns run in one pass even in a split launch (with MERGE): below it a split's
-    partial stores and merge cost more than the blocks they save. Measured on an H200 at batch 1
-    (benchmarks/bench_slot_attention.py): one pass wins up to ~384 columns at head dim 64, ~192 at 128."""
-    return 384 if head_dim <= 64 else 192
+    partial stores and merge cost more than the blocks they save. Timed alone (benchmarks/bench_slot_attention.py,
+    H200, batch 1) one pass won up to ~384 columns at head dim 64, ~192 at 128; but in whole SmolLM2 steps
+    (bench_step_ab.py, graph replays, side by side) splitting every row past 128 columns was faster: decode
+    -2.7% / -6.6% / -10.9% at 200 / 300 / 380 cached tokens, verify of 5 -2.0% / -4.7% / 0.0% (2026-12-01).
+    Head dim 128 keeps 192, not timed so. EYAS_ONE_PASS_COLUMNS sets it, for timing whole steps."""
+    forced = os.environ.get("EYAS_ONE_PASS_COLUMNS")
+    if forced:
+        if not forced.isdigit():
+            raise ValueError(f"EYAS_ONE_PASS_COLUMNS={forced!r} is not a number of columns")
+        return int(forced)
+    return SPLIT_COLUMNS if head_dim <= 64 else 192
 
 
 def choose_splits(programs: int, columns: int) -> int:
