@@ -69,7 +69,7 @@ class SpecAhead:
         spec, eng = self.spec, self.spec.engine
         if not decode_ahead_on() or spec.graphs is None or eng.profiler is not None or spec.policy.adaptive:
             return False
-        if not spec.accept_on_device or eng.target.tp.size != 1:
+        if not spec.accept_on_device or eng.target.tp.size != 1 or len(seqs) > eng.runner.graphs.max_batch:
             return False
         if any(not s.params.greedy or s.generator is not None or s.draft_state.lag_tokens for s in seqs):
             return False
