@@ -191,6 +191,18 @@ def test_choose_splits(monkeypatch):
     assert choose_splits(3, 2048) == 8
 
 
+def test_one_pass_columns(monkeypatch):
+    """Rows past 128 columns split at head dim <= 64 (timed in whole steps), past 192 above; a timing knob."""
+    import eyas.kernels.slot_attention as kernels
+
+    assert kernels.one_pass_columns(64) == kernels.SPLIT_COLUMNS == 128 and kernels.one_pass_columns(128) == 192
+    monkeypatch.setenv("EYAS_ONE_PASS_COLUMNS", "384")
+    assert kernels.one_pass_columns(64) == 384
+    monkeypatch.setenv("EYAS_ONE_PASS_COLUMNS", "many")
+    with pytest.raises(ValueError, match="EYAS_ONE_PASS_COLUMNS"):
+        kernels.one_pass_columns(64)
+
+
 def test_head_dim_not_power_of_two_is_refused(device):
     kv = KVCache(1, 2, 8, 1, 48, torch.float32, device)
     q = torch.zeros((1, 1, 1, 48), device=device)
