@@ -74,7 +74,7 @@ def test_serving_traffic_streams_what_each_request_gets_alone(model, monkeypatch
             assert "r0" not in finished
             worker.apply(Abort("r0"))
     ahead = engine.spec.ahead if spec else engine.ahead
-    assert ahead._enqueued > 0 if spec else ahead.pairs  # the mode ran
+    assert ahead.flights.sent > 0 if spec else ahead.pairs  # the mode ran
     assert not ahead.active
     for rid, prompt, params in requests:
         if not params.greedy:

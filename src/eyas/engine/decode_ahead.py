@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from eyas.engine import graphs as cuda_graphs
+from eyas.engine.flights import Flights
 from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
 from eyas.layers.attention import AttentionBatch
 
@@ -96,35 +97,14 @@ class _Pair:
         self.next = 1 - self.next
 
 
-class _Flight:
-    """A step enqueued on the device: its tokens, copied to host memory, ready once `event` has passed."""
-
-    def __init__(self, tokens: torch.Tensor, host: torch.Tensor):
-        self.host = host
-        if tokens.is_cuda:
-            self.host.copy_(tokens, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            self.host.copy_(tokens)
-            self.event = None
-
-    def read(self, n: int) -> list[int]:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.host[:n].tolist()
-
-
 class DecodeAhead:
     def __init__(self, engine):
         self.engine = engine
         self.pairs: dict[tuple[int, int], _Pair] = {}
         self.seqs: list | None = None   # the batch while this mode runs, in row order
         self.pair: _Pair | None = None
-        self.flights: list[_Flight] = []
+        self.flights = Flights()
         self._pair_key: tuple[int, int] | None = None
-        self._enqueued = 0
-        self._host: dict[int, list[torch.Tensor]] = {}  # per bucket: host buffers for the tokens in flight
 
     @property
     def active(self) -> bool:
@@ -180,17 +160,10 @@ class DecodeAhead:
 
     def _enqueue(self):
         self.pair.replay()
-        bucket = self.pair.tokens.shape[0]
-        hosts = self._host.get(bucket)
-        if hosts is None:
-            pin = self.pair.tokens.is_cuda
-            hosts = self._host[bucket] = [torch.empty(bucket, dtype=torch.long, pin_memory=pin) for _ in range(3)]
-        # a ring of three: at most two steps are in flight, so a new one never takes a buffer not yet read
-        self._enqueued += 1
-        self.flights.append(_Flight(self.pair.tokens, hosts[self._enqueued % 3]))
+        self.flights.send(self.pair.tokens)
 
     def _consume(self):
-        self.engine.take_step(self.seqs, self.flights.pop(0).read(len(self.seqs)))
+        self.engine.take_step(self.seqs, self.flights.pop().read(len(self.seqs)))
 
     def drain(self):
         """Read every step in flight and leave this mode (the batch may change after)."""

@@ -28,35 +28,15 @@ import torch
 
 from eyas.engine.decode_ahead import decode_ahead_on
 from eyas.engine.draft_state import gather_states, set_states
+from eyas.engine.flights import Flights
 from eyas.engine.graphs import BATCH_BUCKETS
-
-
-class _Flight:
-    """A cycle enqueued on the device: its tokens and accepted count per row, copied to host memory."""
-
-    def __init__(self, result: torch.Tensor, host: torch.Tensor):
-        self.host = host
-        if result.is_cuda:
-            self.host.copy_(result, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            self.host.copy_(result)
-            self.event = None
-
-    def read(self, n: int) -> list[list[int]]:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.host[:n].tolist()
 
 
 class SpecAhead:
     def __init__(self, spec):
         self.spec = spec  # the SpeculativeDecoder
         self.seqs: list | None = None  # the batch while this mode runs, in row order
-        self.flights: list[_Flight] = []
-        self._host: dict[tuple, list[torch.Tensor]] = {}  # per result shape: a ring of pinned buffers
-        self._enqueued = 0
+        self.flights = Flights()
         # the next cycle's inputs, on the device, padded to the batch bucket
         self.root = self.c_t = self.slots_t = self.active_rows = self.hidden = self.logp = None
 
@@ -130,18 +110,10 @@ class SpecAhead:
         self.hidden, self.logp = h.clone(), logp.clone()
         self.root = new.gather(1, accepted[:, None])[:, 0]
         self.c_t = c_t + (accepted + 1) * self.active_rows  # padding rows stay at column 0 of the scratch row
-        result = torch.cat([new, accepted[:, None]], dim=1)
-        hosts = self._host.get(tuple(result.shape))
-        if hosts is None:
-            pin = result.is_cuda
-            hosts = self._host[tuple(result.shape)] = [torch.empty(result.shape, dtype=result.dtype, pin_memory=pin)
-                                                      for _ in range(3)]
-        # a ring of three: at most two cycles are in flight, so a new one never takes a buffer not yet read
-        self._enqueued += 1
-        self.flights.append(_Flight(result, hosts[self._enqueued % 3]))
+        self.flights.send(torch.cat([new, accepted[:, None]], dim=1))
 
     def _consume(self):
-        rows = self.flights.pop(0).read(len(self.seqs))
+        rows = self.flights.pop().read(len(self.seqs))
         live = [(s, row) for s, row in zip(self.seqs, rows) if not s.finished]  # a stop learned a cycle late
         self.spec._advance([s for s, _ in live], [row[:row[-1] + 1] for _, row in live], [row[-1] for _, row in live])
 
