@@ -12,10 +12,10 @@ import eyas.engine.decode_ahead as ahead_mod
 import eyas.engine.graphs as graphs_mod
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
+from tests.engine.ahead_scenarios import VOCAB, admission_and_abort_in_flight, prompts, reference
 from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
 from tests.helpers import tiny_llama
 
-VOCAB = 32
 CUDA = os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available()  # compiled kernels, no interpreter
 
 
@@ -36,16 +36,6 @@ def ahead(monkeypatch, fake_graphs):
     def make(path, **kw):
         return fake_graphs(Engine(path, dtype="fp32", max_len=256, **kw))
     return make, replays
-
-
-def prompts(n, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, VOCAB, (k,), generator=g).tolist() for k in (5, 17, 9, 30, 12)[:n]]
-
-
-def reference(model, ps, params):
-    eng = Engine(model, dtype="fp32", max_batch=len(ps), max_len=256)
-    return [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)]
 
 
 def test_tokens_equal_plain_greedy_and_steps_run_ahead(model, ahead):
@@ -74,21 +64,8 @@ def test_a_stop_learned_a_step_late_drops_that_step_for_it_only(model, ahead):
 
 def test_admission_and_abort_while_steps_are_in_flight(model, ahead):
     make, _ = ahead
-    ps = prompts(3, seed=2)
-    alone = reference(model, ps, [SamplingParams(max_tokens=30, ignore_eos=True)] * 3)
     eng = make(model, max_batch=4)
-    params = SamplingParams(max_tokens=30, ignore_eos=True)
-    a, b = eng.add(ps[0], params), eng.add(ps[1], params)
-    for _ in range(6):
-        eng.step()
-    assert eng.ahead.active and eng.ahead.flights  # a step in flight when the batch changes
-    c = eng.add(ps[2], params)
-    eng.step()
-    eng.abort(b)
-    while eng.has_work():
-        eng.step()
-    assert a.output_ids == alone[0][0] and c.output_ids == alone[2][0]
-    assert b.finish_reason == "abort" and b.output_ids == alone[1][0][:len(b.output_ids)]
+    admission_and_abort_in_flight(model, eng, eng.ahead, steps=6, max_tokens=30)
 
 
 def test_a_new_attention_bound_restarts_the_pair(model, ahead, monkeypatch):

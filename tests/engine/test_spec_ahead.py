@@ -12,10 +12,10 @@ import eyas.engine.spec_ahead as ahead_mod
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
+from tests.engine.ahead_scenarios import VOCAB, admission_and_abort_in_flight, prompts, reference
 from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
 from tests.helpers import random_draft, tiny_llama
 
-VOCAB = 32
 CUDA = os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available()  # compiled kernels, no interpreter
 SPECS = [SpecConfig(3, 1), SpecConfig(3, 2, 5)]
 
@@ -50,16 +50,6 @@ def ahead(monkeypatch, fake_graphs, model, draft):
     def make(spec, max_batch=4):
         return fake_graphs(Engine(model, dtype="fp32", max_len=256, max_batch=max_batch, draft=draft, spec=spec))
     return make, most
-
-
-def prompts(n, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, VOCAB, (k,), generator=g).tolist() for k in (5, 17, 9, 30, 12)[:n]]
-
-
-def reference(model, ps, params, max_len=256):
-    eng = Engine(model, dtype="fp32", max_batch=len(ps), max_len=max_len)
-    return [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])
@@ -123,21 +113,8 @@ def test_long_acceptance_through_an_oracle_draft(model, ahead):
 
 def test_admission_and_abort_while_cycles_are_in_flight(model, ahead):
     make, _ = ahead
-    ps = prompts(3, seed=2)
-    alone = reference(model, ps, [SamplingParams(max_tokens=40, ignore_eos=True)] * 3)
     eng = make(SPECS[0])
-    params = SamplingParams(max_tokens=40, ignore_eos=True)
-    a, b = eng.add(ps[0], params), eng.add(ps[1], params)
-    for _ in range(3):
-        eng.step()
-    assert eng.spec.ahead.active and eng.spec.ahead.flights  # a cycle in flight when the batch changes
-    c = eng.add(ps[2], params)
-    eng.step()
-    eng.abort(b)
-    while eng.has_work():
-        eng.step()
-    assert a.output_ids == alone[0][0] and c.output_ids == alone[2][0]
-    assert b.finish_reason == "abort" and b.output_ids == alone[1][0][:len(b.output_ids)]
+    admission_and_abort_in_flight(model, eng, eng.spec.ahead, steps=3, max_tokens=40)
 
 
 def test_a_sampled_request_or_the_switch_off_keeps_the_usual_path(model, ahead, monkeypatch):
