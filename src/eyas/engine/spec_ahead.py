@@ -90,21 +90,12 @@ class SpecAhead:
         return all(len(s.output_ids) + longest < s.params.max_tokens for s in self.seqs)
 
     def _enqueue(self):
-        spec, runner = self.spec, self.spec.engine.runner
-        S, k, N = spec.spec.steps, spec.spec.topk, spec.spec.draft_tokens
-        B, scratch = len(self.seqs), runner.scratch_slot
-        c = max(s.cached for s in self.seqs) + len(self.flights) * (S + 1)  # the longest case (docstring)
-        c_t, slots_t = self.c_t, self.slots_t
-        tokens, parents, depth, mask = spec._run("tree", spec.draft_fn, B, spec.kv, c + (S - 1) * k,
-                                                 [self.logp, self.hidden, self.root, c_t, slots_t],
-                                                 [0, 0, 0, 0, scratch], padded=True)
-        tokens, parents, depth = tokens.clone(), parents.clone(), depth.clone()  # see _draft_and_verify
-        argmax, _, aux = spec._run("verify", spec._verify_fn, B, runner.kv, c + N,
-                                   [tokens, depth, mask, c_t, slots_t], [0, 0, True, 0, scratch], padded=True)
-        new, accepted, sel, h, logp = spec._run("commit", spec._commit_fn, B, spec.kv, c + S + 1,
-                                                [tokens, parents, depth, argmax, aux, c_t, slots_t],
-                                                [0, 0, 0, 0, 0, 0, scratch], padded=True)
-        spec._compact_paths(slots_t, c_t, sel, accepted)
+        spec = self.spec
+        B, c_t, slots_t = len(self.seqs), self.c_t, self.slots_t
+        c = max(s.cached for s in self.seqs) + len(self.flights) * (spec.spec.steps + 1)  # the longest case
+        tokens, parents, depth, mask = spec._draft(B, c, self.logp, self.hidden, self.root, c_t, slots_t)
+        argmax, _, aux = spec._verify(B, c, tokens, depth, mask, c_t, slots_t, padded=True)
+        new, accepted, h, logp = spec._commit(B, c, tokens, parents, depth, argmax, aux, c_t, slots_t, padded=True)
         # The next cycle's inputs, computed on the device (copies: the graphs' outputs are overwritten
         # by their next replay).
         self.hidden, self.logp = h.clone(), logp.clone()

@@ -249,16 +249,13 @@ class SpeculativeDecoder:
         if self.ahead.usable(seqs):
             self.ahead.cycle(seqs)
             return
-        eng, prof = self.engine, self.profiler
-        S, B = self.spec.steps, len(seqs)
+        prof, B = self.profiler, len(seqs)
         c = [s.cached for s in seqs]
         tokens, parents, depth, argmax, _, aux, c_t, slots_t = self._draft_and_verify(seqs, c)
         with prof.phase("commit"):
-            new, accepted, sel, h, logp = self._run("commit", self._commit_fn, B, self.kv, max(c) + S + 1,
-                                                    [tokens[:B], parents[:B], depth[:B], argmax, aux, c_t, slots_t],
-                                                    [0, 0, 0, 0, 0, 0, eng.runner.scratch_slot])
+            new, accepted, h, logp = self._commit(B, max(c), tokens[:B], parents[:B], depth[:B], argmax, aux, c_t,
+                                                  slots_t)
             set_states(seqs, h.clone(), logp.clone())  # graph outputs: the next replay overwrites them
-            self._compact_paths(slots_t, c_t, sel, accepted)  # eager: moving columns is not idempotent
         with prof.phase("accept"):
             host = torch.cat([new, accepted[:, None]], dim=1).tolist()  # the cycle's one sync
             self._advance(seqs, [row[:row[-1] + 1] for row in host], [row[-1] for row in host])
@@ -318,25 +315,43 @@ class SpeculativeDecoder:
 
     def _draft_and_verify(self, seqs, c: list[int]):
         """Draft a tree for every sequence from its draft state, and verify it with the target."""
-        eng, prof, dev = self.engine, self.profiler, self.engine.device
-        S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
-        B, scratch = len(seqs), eng.runner.scratch_slot
-        with prof.phase("draft"):
+        with self.profiler.phase("draft"):
             hidden0, logp0 = gather_states(seqs)
             root, c_t, slots_t = torch.tensor([[s.output_ids[-1] for s in seqs], c, [s.slot for s in seqs]],
-                                              device=dev)  # one host-to-device copy for the cycle's inputs
-            tokens, parents, depth, mask = self._run("tree", self.draft_fn, B, self.kv, max(c) + (S - 1) * k,
-                                                     [logp0, hidden0, root, c_t, slots_t], [0, 0, 0, 0, scratch],
-                                                     padded=True)
-            # Read after the verify graph replays, which may keep its temporaries where these live (graphs.py):
-            # a chain's verify pass crosses a length bucket two columns before its draft does, so its graph is
-            # captured first and the draft's is then free to reuse that memory. Copies, outside the pool.
-            tokens, parents, depth = tokens.clone(), parents.clone(), depth.clone()
-        with prof.phase("verify"):
-            # The tree's outputs go straight in, padding rows included (they write only the scratch row).
-            argmax, logits, aux = self._run("verify", self._verify_fn, B, eng.runner.kv, max(c) + N,
-                                            [tokens, depth, mask, c_t, slots_t], [0, 0, True, 0, scratch])
+                                              device=self.engine.device)  # one host-to-device copy for the inputs
+            tokens, parents, depth, mask = self._draft(len(seqs), max(c), logp0, hidden0, root, c_t, slots_t)
+        with self.profiler.phase("verify"):
+            argmax, logits, aux = self._verify(len(seqs), max(c), tokens, depth, mask, c_t, slots_t)
         return tokens, parents, depth, argmax, logits, aux, c_t, slots_t
+
+    # The passes of a cycle as graphs, for B sequences whose longest holds at most `c` cached tokens; inputs may
+    # come padded to the batch bucket, padding rows at the scratch slot (spec_ahead.py keeps them so).
+    def _draft(self, B, c, logp0, hidden0, root, c_t, slots_t):
+        """The drafted tree (tokens, parents, depth, mask), rows padded to the batch bucket."""
+        S, k = self.spec.steps, self.spec.topk
+        tokens, parents, depth, mask = self._run("tree", self.draft_fn, B, self.kv, c + (S - 1) * k,
+                                                 [logp0, hidden0, root, c_t, slots_t],
+                                                 [0, 0, 0, 0, self.engine.runner.scratch_slot], padded=True)
+        # Read after the verify graph replays, which may keep its temporaries where these live (graphs.py):
+        # a chain's verify pass crosses a length bucket two columns before its draft does, so its graph is
+        # captured first and the draft's is then free to reuse that memory. Copies, outside the pool.
+        return tokens.clone(), parents.clone(), depth.clone(), mask
+
+    def _verify(self, B, c, tokens, depth, mask, c_t, slots_t, padded=False):
+        """The target's greedy tokens, logits and features over the tree. The tree's outputs go straight in,
+        padding rows included (they write only the scratch row)."""
+        runner = self.engine.runner
+        return self._run("verify", self._verify_fn, B, runner.kv, c + self.spec.draft_tokens,
+                         [tokens, depth, mask, c_t, slots_t], [0, 0, True, 0, runner.scratch_slot], padded=padded)
+
+    def _commit(self, B, c, tokens, parents, depth, argmax, aux, c_t, slots_t, padded=False):
+        """Greedy acceptance and the draft's extend pass (one graph), then a tree's KV compaction (eager:
+        moving columns is not idempotent). Returns new tokens, accepted counts and the draft's output."""
+        new, accepted, sel, h, logp = self._run("commit", self._commit_fn, B, self.kv, c + self.spec.steps + 1,
+                                                [tokens, parents, depth, argmax, aux, c_t, slots_t],
+                                                [0, 0, 0, 0, 0, 0, self.engine.runner.scratch_slot], padded=padded)
+        self._compact_paths(slots_t, c_t, sel, accepted)
+        return new, accepted, h, logp
 
     def _plain_step(self, seqs):
         """One plain decode step; the draft catches up later (see the module docstring), so speculation
