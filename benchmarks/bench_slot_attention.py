@@ -5,7 +5,7 @@ A decode step at batch 1 launches the attention once per layer with B * kv_heads
 programs (flash-decoding) at the price of a merge. This times, for each model shape, query count T
 (1 = decode, 4 / 8 = a verify), cached column count and split count, one call per layer replayed from a
 CUDA graph (each layer its own cache, as in a step), in µs per call; `picked` is what
-eyas.kernels.slot_attention.choose_splits gives for the bound a graph would be captured with.
+eyas.kernels.attention_splits.choose_splits gives for the bound a graph would be captured with.
 
     python3 benchmarks/bench_slot_attention.py --shape smollm2,llama-8b --out slot_attention.json
 """
@@ -21,7 +21,8 @@ import torch
 from bench_join import SMOLLM2
 from bench_tp import LLAMA_8B
 from eyas.engine.graphs import capture, kernel_kv_len
-from eyas.kernels.slot_attention import choose_splits, slot_attention
+from eyas.kernels.attention_splits import choose_splits
+from eyas.kernels.slot_attention import slot_attention
 from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 SHAPES = {"smollm2": SMOLLM2, "llama-8b": LLAMA_8B}

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from eyas.engine.kv_cache import KVCache
-from eyas.kernels.slot_attention import choose_splits, slot_attention, store_kv
+from eyas.kernels.attention_splits import SPLIT_COLUMNS, choose_splits, one_pass_columns
+from eyas.kernels.slot_attention import slot_attention, store_kv
 from eyas.layers.attention import AttentionBatch, attend
 
 SLOTS = [3, 0, 5]  # permuted, not a range; slots 1, 2, 4 are unused
@@ -148,7 +149,7 @@ def test_split_merge_inside_the_kernel(device, monkeypatch, mode):
         return slot_attention(q, k_cache, v_cache, slots, starts, D ** -0.5, kv_len=714, splits=splits, **extra)
 
     # Row 0 (714 columns) runs its 3 splits; row 1 (124, within one_pass_columns) one pass, as a 1-split launch.
-    assert 100 + T <= kernels.one_pass_columns(D) < 690
+    assert 100 + T <= one_pass_columns(D) < 690
     reference = attention(splits=1)
     monkeypatch.setenv("EYAS_MERGE_IN_KERNEL", "0")  # the merge kernel
     reference[0] = attention()[0]
@@ -193,14 +194,12 @@ def test_choose_splits(monkeypatch):
 
 def test_one_pass_columns(monkeypatch):
     """Rows past 128 columns split at head dim <= 64 (timed in whole steps), past 192 above; a timing knob."""
-    import eyas.kernels.slot_attention as kernels
-
-    assert kernels.one_pass_columns(64) == kernels.SPLIT_COLUMNS == 128 and kernels.one_pass_columns(128) == 192
+    assert one_pass_columns(64) == SPLIT_COLUMNS == 128 and one_pass_columns(128) == 192
     monkeypatch.setenv("EYAS_ONE_PASS_COLUMNS", "384")
-    assert kernels.one_pass_columns(64) == 384
+    assert one_pass_columns(64) == 384
     monkeypatch.setenv("EYAS_ONE_PASS_COLUMNS", "many")
     with pytest.raises(ValueError, match="EYAS_ONE_PASS_COLUMNS"):
-        kernels.one_pass_columns(64)
+        one_pass_columns(64)
 
 
 def test_head_dim_not_power_of_two_is_refused(device):

@@ -42,7 +42,7 @@ def kernel_kv_len(need: int, max_len: int) -> int:
     return min(SHORT_ROWS, max_len) if need <= SHORT_ROWS else max_len
 
 
-SHORT_ROWS = 512  # the bound of slot_attention.choose_splits' short rows
+SHORT_ROWS = 512  # the bound of attention_splits.choose_splits' short rows
 
 
 def capture(fn, pool, attempts: int = CAPTURE_ATTEMPTS):

@@ -12,7 +12,7 @@ that many pieces processed by separate programs (flash-decoding), whose partial 
 by the last split program of each row block to finish (it learns it is last from a per-block counter,
 which it then zeroes): at batch 1 with a few kv heads a single pass would occupy a handful of SMs. With
 that in-kernel merge, `splits` is an upper bound: each row takes its own count from its length as the kernel
-runs (one pass up to one_pass_columns(), else pieces of SPLIT_COLUMNS or more), so one captured graph serves
+runs (one pass up to one_pass_columns(), else pieces of SPLIT_COLUMNS or more: attention_splits.py), so one captured graph serves
 rows of every length, and programs past a row's count end at once. With
 EYAS_MERGE_IN_KERNEL=0 a second small kernel merges instead (one more launch per layer; on an H200 the
 8B-shaped decode step was slower so in 7 of 8 pairings, by up to 1.5%: docs/BENCHMARKS.md).
@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from eyas.kernels.attention_splits import SPLIT_COLUMNS, attention_block_n, choose_splits, one_pass_columns
 from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
 
@@ -277,48 +278,6 @@ def merge_in_kernel(q: torch.Tensor, blocks: int) -> torch.Tensor | None:
             _outgrown.append(have)
         _counters[q.device] = have = torch.zeros(max(blocks, 4096), dtype=torch.int32, device=q.device)
     return have
-
-
-def attention_block_n(head_dim: int) -> int:
-    """Cache columns per loop step: 64 (32 past a head dim of 128); EYAS_ATTN_BLOCK_N sets it (a power of two
-    from 16), for timing."""
-    forced = os.environ.get("EYAS_ATTN_BLOCK_N")
-    if forced:
-        if not forced.isdigit() or int(forced) < 16 or int(forced) & (int(forced) - 1):
-            raise ValueError(f"EYAS_ATTN_BLOCK_N={forced!r} is not a power of two from 16")
-        return int(forced)
-    return 64 if head_dim <= 128 else 32
-
-
-SPLIT_COLUMNS = 128  # columns per split at least, of a row that the kernel splits itself (with MERGE)
-
-
-def one_pass_columns(head_dim: int) -> int:
-    """Rows up to this many columns run in one pass even in a split launch (with MERGE): below it a split's
-    partial stores and merge cost more than the blocks they save. Timed alone (benchmarks/bench_slot_attention.py,
-    H200, batch 1) one pass won up to ~384 columns at head dim 64, ~192 at 128; but in whole SmolLM2 steps
-    (bench_step_ab.py, graph replays, side by side) splitting every row past 128 columns was faster: decode
-    -2.7% / -6.6% / -10.9% at 200 / 300 / 380 cached tokens, verify of 5 -2.0% / -4.7% / 0.0% (2026-12-01).
-    Head dim 128 keeps 192, not timed so. EYAS_ONE_PASS_COLUMNS sets it, for timing whole steps."""
-    forced = os.environ.get("EYAS_ONE_PASS_COLUMNS")
-    if forced:
-        if not forced.isdigit():
-            raise ValueError(f"EYAS_ONE_PASS_COLUMNS={forced!r} is not a number of columns")
-        return int(forced)
-    return SPLIT_COLUMNS if head_dim <= 64 else 192
-
-
-def choose_splits(programs: int, columns: int) -> int:
-    """Column splits per row, for `programs` (batch x kv heads x row blocks) over rows of up to `columns`:
-    enough programs for ~128 SMs, each split keeping at least 256 columns of a long row (> 512 columns)
-    and SPLIT_COLUMNS of a short one. With the merge in the kernel this is an upper bound: each row takes
-    its own count from its length (one_pass_columns, SPLIT_COLUMNS). EYAS_SHORT_ROW_SPLITS=0 launches rows
-    of up to 512 columns in one pass."""
-    if columns <= 512:
-        if os.environ.get("EYAS_SHORT_ROW_SPLITS") == "0":
-            return 1
-        return max(1, min(triton.cdiv(128, programs), columns // SPLIT_COLUMNS, 16))
-    return max(1, min(triton.cdiv(128, programs), columns // 256, 16))
 
 
 def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
