@@ -34,6 +34,15 @@ def decode_ahead_on() -> bool:
     return os.environ.get("EYAS_DECODE_AHEAD", "1") != "0"
 
 
+def may_run_ahead(engine, seqs) -> bool:
+    """What both modes ahead of the host (this one and spec_ahead.py) need: the switch on, CUDA graphs for the
+    batch, one GPU, no profiler (it times each step), and only greedy sequences (no generator to draw from)."""
+    graphs = engine.runner.graphs
+    if not decode_ahead_on() or graphs is None or engine.profiler is not None or engine.target.tp.size != 1:
+        return False
+    return len(seqs) <= graphs.max_batch and all(s.params.greedy and s.generator is None for s in seqs)
+
+
 @dataclass
 class _Inputs:
     """One buffer set of a graph pair: what a decode step reads."""
@@ -112,13 +121,7 @@ class DecodeAhead:
 
     def usable(self, seqs) -> bool:
         """Whether this step of `seqs` may run here: the batch this mode holds, or one it may start on."""
-        eng = self.engine
-        runner = eng.runner
-        if not decode_ahead_on() or eng.spec is not None or runner.graphs is None or eng.profiler is not None:
-            return False
-        if eng.target.tp.size != 1 or len(seqs) > runner.graphs.max_batch:
-            return False
-        if any(not s.params.greedy or s.generator is not None for s in seqs):
+        if self.engine.spec is not None or not may_run_ahead(self.engine, seqs):
             return False
         if self.active:
             return len(seqs) == len(self.seqs) and all(a is b for a, b in zip(seqs, self.seqs)) \

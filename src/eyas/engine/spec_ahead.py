@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from eyas.engine.decode_ahead import decode_ahead_on
+from eyas.engine.decode_ahead import may_run_ahead
 from eyas.engine.draft_state import gather_states, set_states
 from eyas.engine.flights import Flights
 from eyas.engine.graphs import BATCH_BUCKETS
@@ -46,12 +46,10 @@ class SpecAhead:
 
     def usable(self, seqs) -> bool:
         """Whether this cycle of `seqs` may run here: the batch this mode holds, or one it may start on."""
-        spec, eng = self.spec, self.spec.engine
-        if not decode_ahead_on() or spec.graphs is None or eng.profiler is not None or spec.policy.adaptive:
+        spec = self.spec
+        if spec.policy.adaptive or not spec.accept_on_device or not may_run_ahead(spec.engine, seqs):
             return False
-        if not spec.accept_on_device or eng.target.tp.size != 1 or len(seqs) > eng.runner.graphs.max_batch:
-            return False
-        if any(not s.params.greedy or s.generator is not None or s.draft_state.lag_tokens for s in seqs):
+        if any(s.draft_state.lag_tokens for s in seqs):
             return False
         if self.active:
             return len(seqs) == len(self.seqs) and all(a is b for a, b in zip(seqs, self.seqs))
