@@ -129,6 +129,19 @@ def test_split_k_long_row(device, dtype):
 
 
 @pytest.mark.parametrize("mode", ["causal", "tree"])
+def test_short_splits(device, monkeypatch, mode):
+    """EYAS_SPLIT_COLUMNS=32 with 32-column blocks (a timing knob): rows of 300 and 90 columns split into
+    up to 9 merged pieces, a 20-column row runs one pass; the output still matches the reference."""
+    for name, value in (("EYAS_SPLIT_COLUMNS", "32"), ("EYAS_ATTN_BLOCK_N", "32"), ("EYAS_ONE_PASS_COLUMNS", "32")):
+        monkeypatch.setenv(name, value)
+    assert choose_splits(len(SLOTS) * KV_HEADS, 300) == 9
+    if mode == "causal":
+        _run(device, torch.float32, 2, 3, 64, "causal", starts=[298, 88, 18], max_len=320)
+    else:
+        _run(device, torch.float32, 2, 3, 64, "tree", starts=[298, 88, 18], visible=[290, 80, 10], max_len=320)
+
+
+@pytest.mark.parametrize("mode", ["causal", "tree"])
 def test_split_merge_inside_the_kernel(device, monkeypatch, mode):
     """The default: the last split program of each row block merges; the same output as the merge
     kernel's, bit for bit (the same arithmetic), the counters back at zero after every launch, and a second
@@ -190,6 +203,13 @@ def test_choose_splits(monkeypatch):
     monkeypatch.setenv("EYAS_SHORT_ROW_SPLITS", "0")
     assert choose_splits(3, 512) == 1
     assert choose_splits(3, 2048) == 8
+    monkeypatch.setenv("EYAS_SHORT_ROW_SPLITS", "1")
+    monkeypatch.setenv("EYAS_SPLIT_COLUMNS", "32")  # shorter splits, for timing: short and long rows alike
+    assert choose_splits(3, 512) == 16 and choose_splits(8, 512) == 16 and choose_splits(3, 1024) == 16
+    assert choose_splits(3, 96) == 3
+    monkeypatch.setenv("EYAS_SPLIT_COLUMNS", "48")
+    with pytest.raises(ValueError, match="EYAS_SPLIT_COLUMNS"):
+        choose_splits(3, 512)
 
 
 def test_one_pass_columns(monkeypatch):

@@ -23,6 +23,17 @@ def attention_block_n(head_dim: int) -> int:
 SPLIT_COLUMNS = 128  # columns per split at least, of a row that the kernel splits itself (with MERGE)
 
 
+def split_columns() -> int:
+    """Columns per split at least: SPLIT_COLUMNS, or EYAS_SPLIT_COLUMNS (a power of two from 16), for timing
+    more, shorter splits (more programs in flight for a short row) in whole steps."""
+    forced = os.environ.get("EYAS_SPLIT_COLUMNS")
+    if forced:
+        if not forced.isdigit() or int(forced) < 16 or int(forced) & (int(forced) - 1):
+            raise ValueError(f"EYAS_SPLIT_COLUMNS={forced!r} is not a power of two from 16")
+        return int(forced)
+    return SPLIT_COLUMNS
+
+
 def one_pass_columns(head_dim: int) -> int:
     """Rows up to this many columns run in one pass even in a split launch (with MERGE): below it a split's
     partial stores and merge cost more than the blocks they save. Timed alone (benchmarks/bench_slot_attention.py,
@@ -40,12 +51,12 @@ def one_pass_columns(head_dim: int) -> int:
 
 def choose_splits(programs: int, columns: int) -> int:
     """Column splits per row, for `programs` (batch x kv heads x row blocks) over rows of up to `columns`:
-    enough programs for ~128 SMs, each split keeping at least 256 columns of a long row (> 512 columns)
-    and SPLIT_COLUMNS of a short one. With the merge in the kernel this is an upper bound: each row takes
-    its own count from its length (one_pass_columns, SPLIT_COLUMNS). EYAS_SHORT_ROW_SPLITS=0 launches rows
+    enough programs for ~128 SMs, each split keeping at least twice split_columns() (256) of a long row
+    (> 512 columns) and split_columns() of a short one. With the merge in the kernel this is an upper bound:
+    each row takes its own count from its length (one_pass_columns, split_columns). EYAS_SHORT_ROW_SPLITS=0 launches rows
     of up to 512 columns in one pass."""
     if columns <= 512:
         if os.environ.get("EYAS_SHORT_ROW_SPLITS") == "0":
             return 1
-        return max(1, min(triton.cdiv(128, programs), columns // SPLIT_COLUMNS, 16))
-    return max(1, min(triton.cdiv(128, programs), columns // 256, 16))
+        return max(1, min(triton.cdiv(128, programs), columns // split_columns(), 16))
+    return max(1, min(triton.cdiv(128, programs), columns // (2 * split_columns()), 16))

@@ -12,7 +12,7 @@ that many pieces processed by separate programs (flash-decoding), whose partial 
 by the last split program of each row block to finish (it learns it is last from a per-block counter,
 which it then zeroes): at batch 1 with a few kv heads a single pass would occupy a handful of SMs. With
 that in-kernel merge, `splits` is an upper bound: each row takes its own count from its length as the kernel
-runs (one pass up to one_pass_columns(), else pieces of SPLIT_COLUMNS or more: attention_splits.py), so one captured graph serves
+runs (one pass up to one_pass_columns(), else pieces of split_columns() or more: attention_splits.py), so one captured graph serves
 rows of every length, and programs past a row's count end at once. With
 EYAS_MERGE_IN_KERNEL=0 a second small kernel merges instead (one more launch per layer; on an H200 the
 8B-shaped decode step was slower so in 7 of 8 pairings, by up to 1.5%: docs/BENCHMARKS.md).
@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eyas.kernels.attention_splits import SPLIT_COLUMNS, attention_block_n, choose_splits, one_pass_columns
+from eyas.kernels.attention_splits import attention_block_n, choose_splits, one_pass_columns, split_columns
 from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
 
@@ -354,7 +354,7 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         T, W, cap, scale * LOG2E, splits, m_pad,
         KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, TREE=tree, PARTIAL=splits > 1,
         MERGE=counters is not None, ROTARY=rotary is not None, ONE_PASS_COLS=one_pass_columns(D),
-        SPLIT_COLS=SPLIT_COLUMNS,
+        SPLIT_COLS=split_columns(),
         DOT_F32=not q.is_cuda,  # Triton's interpreter (CPU tensors) multiplies the raw bits of bf16 dot operands
         num_warps=num_warps, num_stages=2, **options)
     if splits > 1 and counters is None:
