@@ -321,6 +321,11 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None):
             rows[B][f"{name}_tok_s"] = toks / (time.perf_counter() - t0)
             if spec:
                 rows[B][f"{name}_accept_length"] = (toks - B) / sum(s.verify_passes for s in seqs)
+            if spec is not None and spec.adaptive:  # what the policy believed, to tell a bad choice apart
+                snap = eng.spec.policy.snapshot()
+                rows[B]["adaptive_rates"] = {f"{b}/{'spec' if sp else 'plain'}": round(r, 1)
+                                             for (b, sp), r in sorted(snap["rates"].items())}
+                rows[B]["adaptive_seconds"] = {k: round(v, 3) for k, v in snap["seconds"].items()}
         del eng
     out = [rows[B] for B in batches]
     slower = [r["batch"] for r in out if r["chain_tok_s"] < r["plain_tok_s"]]

@@ -138,6 +138,25 @@ def test_plain_steps_of_the_policy_drain_first(model, ahead):
     assert most["in_flight"] == 2
 
 
+@pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])
+def test_the_adaptive_policy_speculates_ahead_and_books_every_token(model, ahead, spec):
+    """Under the adaptive policy the speculative windows run ahead; a window's end drains its cycles into its
+    own books, so every token a step produced is booked exactly once (the first of each sequence comes from
+    its prefill), and the tokens still equal plain greedy decoding's through both modes' windows."""
+    make, most = ahead
+    ps = prompts(3, seed=5)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (30, 61, 47)]
+    eng = make(SpecConfig(spec.steps, spec.topk, spec.draft_tokens, adaptive=True))
+    policy = eng.spec.policy
+    policy.window, policy.probe_every = 4, 2  # many windows, both modes, switches between them
+    seqs = eng.generate(ps, params)
+    assert [(s.output_ids, s.finish_reason) for s in seqs] == reference(model, ps, params)
+    assert most["in_flight"] == 2  # speculative windows ran a cycle ahead
+    assert policy.tokens["speculative"] > 0 and policy.tokens["plain"] > 0
+    assert sum(policy.tokens.values()) == sum(len(s.output_ids) - 1 for s in seqs)
+    assert policy.current is None and not eng.spec.ahead.active
+
+
 @pytest.mark.skipif(not CUDA, reason="real CUDA graphs, pinned memory and events need a GPU (EYAS_TEST_CUDA=1)")
 @pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])
 def test_on_a_gpu_the_tokens_equal_plain_greedy(model, monkeypatch, spec):

@@ -86,7 +86,7 @@ class Engine:
         """Read every step or cycle still in flight ahead of the host (decode_ahead.py, spec_ahead.py)."""
         self.ahead.drain()
         if self.spec is not None:
-            self.spec.ahead.drain()
+            self.spec.drain_ahead()
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

@@ -16,8 +16,10 @@ for the other sequences and dropped for the stopped one (it wrote past that sequ
 anything else touches the batch (an admission, an abort, a plain step, a sampled request) the engine
 drains: it reads every cycle in flight and hands each sequence its draft state back.
 
-Runs for batches of greedy sequences on one GPU, with CUDA graphs, without a profiler or the adaptive
-policy (whose per-step timing needs the host in step with the GPU). On by default; EYAS_DECODE_AHEAD=0 turns
+Runs for batches of greedy sequences on one GPU, with CUDA graphs, without a profiler (it times each phase).
+Under the adaptive policy (spec_policy.py) the speculative windows run ahead too: a window's end drains its
+cycles into its books and waits for the GPU, one wait per window; its plain windows stay in step (a plain
+step's features go to the draft's lag, read on the host). On by default; EYAS_DECODE_AHEAD=0 turns
 it off, with plain decoding ahead (decode_ahead.py). On an H200 it took SmolLM2's chain 4/1/5 from 1,427 to
 1,680 tok/s and the tree 5/4/8 from 1,229 to 1,402, the same tokens (docs/BENCHMARKS.md, 2026-12-01).
 """
@@ -47,7 +49,7 @@ class SpecAhead:
     def usable(self, seqs) -> bool:
         """Whether this cycle of `seqs` may run here: the batch this mode holds, or one it may start on."""
         spec = self.spec
-        if spec.policy.adaptive or not spec.accept_on_device or not may_run_ahead(spec.engine, seqs):
+        if not spec.accept_on_device or not may_run_ahead(spec.engine, seqs):
             return False
         if any(s.draft_state.lag_tokens for s in seqs):
             return False

@@ -176,8 +176,14 @@ class SpeculativeDecoder:
         n, policy = len(seqs), self.policy
         settled = policy.boundary(n)
         if settled:
-            # A window of steps ends: wait for its last pass to finish, so that it is charged all of its
-            # own GPU work and the next window none of it (one wait per window, not per step).
+            # A window of steps ends: read the cycles it still has in flight (their tokens are its own), and
+            # wait for its last pass to finish, so that it is charged all of its own GPU work and the next
+            # window none of it (one wait per window, not per step).
+            self.drain_ahead()
+            seqs = [s for s in seqs if not s.finished]
+            if not seqs:  # the window's last cycles ended the batch: the engine releases it, then goes idle
+                return
+            n = len(seqs)
             self._settle()
             policy.close(time.perf_counter())
         speculate = policy.speculate(n)
@@ -190,7 +196,7 @@ class SpeculativeDecoder:
             policy.step_started(n, speculate, time.perf_counter())
         self._last_mode = speculate
         if self.ahead.active and not (speculate and self.ahead.usable(seqs)):
-            self.ahead.drain()  # the host's view of the batch must be current before anything else runs
+            self.drain_ahead()  # the host's view of the batch must be current before anything else runs
             seqs = [s for s in seqs if not s.finished]
             if not seqs:
                 return
@@ -206,6 +212,16 @@ class SpeculativeDecoder:
         run(seqs)
         # A step that captured a CUDA graph took far longer than its kind does: its window says nothing.
         policy.step_done(sum(len(s.output_ids) for s in seqs) - before, self._graphs_captured() != captured)
+
+    def drain_ahead(self):
+        """Read every cycle still in flight (spec_ahead.py); under the adaptive policy their tokens go to the
+        open window, whose time they took."""
+        if not self.ahead.active:
+            return
+        seqs = self.ahead.seqs
+        before = sum(len(s.output_ids) for s in seqs)
+        self.ahead.drain()
+        self.policy.step_done(sum(len(s.output_ids) for s in seqs) - before)
 
     def prefill_started(self) -> float:
         """The engine is about to prefill joining requests: under the adaptive policy, wait for the GPU so
