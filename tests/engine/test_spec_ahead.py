@@ -158,7 +158,7 @@ def test_the_adaptive_policy_speculates_ahead_and_books_every_token(model, ahead
 
 
 @pytest.mark.skipif(not CUDA, reason="real CUDA graphs, pinned memory and events need a GPU (EYAS_TEST_CUDA=1)")
-@pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])
+@pytest.mark.parametrize("spec", SPECS + [SpecConfig(3, 1, adaptive=True)], ids=["chain", "tree", "adaptive"])
 def test_on_a_gpu_the_tokens_equal_plain_greedy(model, monkeypatch, spec):
     ps = prompts(4, seed=4)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (20, 35, 3, 60)]
@@ -167,6 +167,7 @@ def test_on_a_gpu_the_tokens_equal_plain_greedy(model, monkeypatch, spec):
     monkeypatch.setenv("EYAS_DECODE_AHEAD", "1")
     eng = Engine(model, dtype="fp32", device="cuda", max_batch=4, max_len=256,
                  draft=random_draft(64, VOCAB, draft_vocab=24), spec=spec)
+    eng.spec.policy.window, eng.spec.policy.probe_every = 4, 2  # adaptive: windows of both modes
     assert [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)] == want
     assert not eng.spec.ahead.active and eng.spec.ahead.flights.sent > 0  # it ran ahead
 
