@@ -326,6 +326,11 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None):
                 rows[B]["adaptive_rates"] = {f"{b}/{'spec' if sp else 'plain'}": round(r, 1)
                                              for (b, sp), r in sorted(snap["rates"].items())}
                 rows[B]["adaptive_seconds"] = {k: round(v, 3) for k, v in snap["seconds"].items()}
+                closed = [w for w in eng.spec.policy.windows_closed() if w["seconds"] > 0 and not w["void"]]
+                for w in closed:
+                    w["rate"] = w["tokens"] / (w["sequences"] / w["steps"]) / w["seconds"]
+                rows[B]["adaptive_slowest_windows"] = sorted(closed, key=lambda w: w["rate"])[:6]
+                eng.spec.policy.recent.clear()  # the next batch size's windows only
         del eng
     out = [rows[B] for B in batches]
     slower = [r["batch"] for r in out if r["chain_tok_s"] < r["plain_tok_s"]]

@@ -271,3 +271,18 @@ def test_the_gpu_is_settled_at_a_switch_of_mode_and_around_a_prefill(monkeypatch
                       "settle", "spec", "spec", "spec",                  # the first step
                       "settle", "plain", "plain",                        # a switch
                       "settle", "catch-up", "spec", "spec"]              # a switch: catch-up and cycle, one window
+
+
+def test_closed_windows_are_kept_with_their_catch_up_time():
+    """Each closed window is kept (the last RECENT) with its booked seconds and the catch-up time charged in it:
+    what a benchmark reads to tell a stalled window from a slow mode."""
+    p = SpecPolicy(adaptive=True, window=4)
+    clock = Clock(p)
+    clock.steps(4, 2, {True: 0.01, False: 0.005}, {True: 2.0, False: 1.0})  # speculative window: 4 x 10 ms
+    p.caught_up(0.25)  # the first window is still open: it closes at the next step
+    clock.steps(1, 2, 0.005, 1.0)  # closes the first window, opens a plain one
+    p.close(clock.now)
+    first, second = p.windows_closed()
+    assert first["speculated"] and first["steps"] == 4 and first["tokens"] == 16
+    assert abs(first["seconds"] - 0.04) < 1e-9 and first["catch_up"] == 0.25
+    assert not second["speculated"] and second["steps"] == 1 and abs(second["seconds"] - 0.005) < 1e-9

@@ -33,10 +33,12 @@ depends on the real acceptance.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import asdict, dataclass, field
 
 
 BOOKS = ("speculative", "plain", "void", "prefill")  # where the policy books engine time
+RECENT = 512  # closed windows kept for inspection (a window that stalled shows there with its catch-up time)
 
 
 def bucket(batch_size: int) -> int:
@@ -55,7 +57,9 @@ class Window:
     sequences: int = 0     # batch sizes of its steps, summed
     tokens: int = 0        # tokens its steps produced, summed over the batch
     prefill: float = 0.0   # seconds of prefills inside it, set aside
+    catch_up: float = 0.0  # host seconds of the draft's catch-up passes inside it (charged to it: speculative)
     void: bool = False     # a CUDA graph was captured in it: booked as void, no rate
+    seconds: float = 0.0   # booked when it closed
 
 
 @dataclass
@@ -74,6 +78,7 @@ class SpecPolicy:
     seconds: dict = field(default_factory=lambda: dict.fromkeys(BOOKS, 0.0))  # charged per mode, void, prefill
     tokens: dict = field(default_factory=lambda: dict.fromkeys(BOOKS, 0))     # produced in those seconds
     current: Window | None = None
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT))  # the last closed windows, for /metrics
 
     def gain(self, batch_size: int) -> float | None:
         """Measured speculative rate over plain rate at this batch size (None: not both measured yet)."""
@@ -130,6 +135,8 @@ class SpecPolicy:
             return
         seconds = now - w.start - w.prefill
         mode = "void" if w.void or seconds <= 0 else "speculative" if w.speculated else "plain"
+        w.seconds = max(seconds, 0.0)
+        self.recent.append(w)
         self.seconds[mode] += max(seconds, 0.0)
         self.tokens[mode] += w.tokens
         if mode == "void":
@@ -166,6 +173,11 @@ class SpecPolicy:
         if self.current is not None:
             self.current.prefill += seconds
 
+    def caught_up(self, seconds: float):
+        """The draft's catch-up before a speculative step took these host seconds (kept with its window)."""
+        if self.current is not None:
+            self.current.catch_up += seconds
+
     def step_done(self, tokens: int, captured_graph: bool = False):
         if self.current is not None:
             self.current.tokens += tokens
@@ -175,3 +187,7 @@ class SpecPolicy:
         """What the policy believes now, for /metrics: {"rates": {(bucket, speculated): tokens/s per
         sequence}, "seconds" and "tokens": {mode or "void": charged so far}}."""
         return {"rates": dict(self.rates), "seconds": dict(self.seconds), "tokens": dict(self.tokens)}
+
+    def windows_closed(self) -> list[dict]:
+        """The last RECENT closed windows, oldest first, each as a dict of Window's fields."""
+        return [asdict(w) for w in self.recent]

@@ -202,7 +202,9 @@ class SpeculativeDecoder:
                 return
         lagging = [s for s in seqs if s.draft_state.lag_tokens] if speculate else []
         if lagging:  # inside the step, so charged to speculation, the mode that needs it (spec_policy.py)
+            started = time.perf_counter()
             self._catch_up(lagging)
+            policy.caught_up(time.perf_counter() - started)
         run = self._speculative_cycle if speculate else self._plain_step
         if not policy.adaptive:
             run(seqs)
