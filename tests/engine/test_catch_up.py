@@ -7,6 +7,7 @@ import torch
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
+from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
 from tests.helpers import random_draft, tiny_llama
 
 
@@ -17,9 +18,8 @@ def target_dir(tmp_path_factory):
     return path
 
 
-def test_catch_up_over_ragged_lags_matches_a_pass_per_sequence(target_dir):
-    engine = Engine(str(target_dir), dtype="fp32", max_batch=4, max_len=64,
-                    draft=random_draft(64, 32, draft_vocab=24), spec=SpecConfig(3, 1))
+def ragged_lags(engine):
+    """Three running sequences whose lags differ (21-ish, 7-ish, 2), one of them near its cache row's end."""
     engine.spec.policy.forced = False  # plain steps only: every step adds to each sequence's lag
     g = torch.Generator().manual_seed(0)
     prompt = lambda n: torch.randint(0, 32, (n,), generator=g).tolist()  # noqa: E731
@@ -35,6 +35,13 @@ def test_catch_up_over_ragged_lags_matches_a_pass_per_sequence(target_dir):
     seqs = list(engine.running)
     lags = [len(s.draft_state.lag_tokens) for s in seqs]
     assert len(set(lags)) == 3, lags
+    return seqs, lags
+
+
+def test_catch_up_over_ragged_lags_matches_a_pass_per_sequence(target_dir):
+    engine = Engine(str(target_dir), dtype="fp32", max_batch=4, max_len=64,
+                    draft=random_draft(64, 32, draft_vocab=24), spec=SpecConfig(3, 1))
+    seqs, lags = ragged_lags(engine)
     L, kv = max(lags), engine.spec.kv
     assert any(s.cached - n + L > kv.max_len for s, n in zip(seqs, lags))  # the unpadded branch runs too
 
@@ -70,3 +77,26 @@ def test_warm_up_runs_the_eager_passes_that_would_compile_in_traffic(tmp_path, m
     assert [s >= 512 for s in starts] == [False] * 4 + [True] * 4
     assert not engine.has_work() and engine.runner.kv.free_slots == free
     assert engine.spec.policy.forced is None and engine.spec.policy.rates == {}
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(3, 2, 5)], ids=["chain", "tree"])
+def test_graphed_passes_of_s_plus_1_pairs_match_the_eager_pass(target_dir, fake_graphs, spec):
+    """With CUDA graphs the catch-up runs in passes of S+1 pairs through the sampled cycle's extend graph
+    (no new shape per rows and lag): each row ends with the draft state one eager pass gives it."""
+    engine = fake_graphs(Engine(str(target_dir), dtype="fp32", max_batch=4, max_len=64,
+                                draft=random_draft(64, 32, draft_vocab=24), spec=spec))
+    seqs, lags = ragged_lags(engine)
+    assert max(lags) > 2 * (spec.steps + 1)  # several passes, rows dropping out after their last pair
+    states = [s.draft_state for s in seqs]
+    engine.spec._catch_up_eager(seqs)
+    want = [(s.draft_state.hidden.clone(), s.draft_state.logp.clone()) for s in seqs]
+    for s, state in zip(seqs, states):
+        s.draft_state = state
+    keys = set(engine.runner.graphs.functions.graphs)
+    engine.spec._catch_up(seqs)
+    new = set(engine.runner.graphs.functions.graphs) - keys
+    assert new <= {k for k in engine.runner.graphs.functions.graphs if k[0] == "extend"}
+    for s, (h, logp) in zip(seqs, want):
+        assert not s.draft_state.lag_tokens
+        torch.testing.assert_close(s.draft_state.hidden, h, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(s.draft_state.logp, logp, atol=1e-5, rtol=1e-5)

@@ -166,7 +166,8 @@ class Engine:
         """Run the eager passes whose slot-attention kernels would otherwise compile in the middle of
         traffic (each new variant stalls every running request for a Triton compilation): eager prefills of
         short prompts (groups too large for graphed chunks, runner.py), and with a draft the catch-up passes
-        of a switch from plain steps to speculation, over rows up to SHORT_ROWS columns and past it. Query
+        of a switch from plain steps to speculation, over rows up to SHORT_ROWS columns and past it (with
+        CUDA graphs those now run through the extend graphs that the sampled warm-up pass captures). Query
         lengths 2, 8, 12 and 16 cover the kernel's row-block sizes (16, 32, 64) and its specializations on
         the query length (1, a multiple of 16, other); decode-shaped passes are covered by the graph captures."""
         from eyas.engine.graphs import SHORT_ROWS

@@ -200,6 +200,7 @@ class SpeculativeDecoder:
             seqs = [s for s in seqs if not s.finished]
             if not seqs:
                 return
+        captured = self._graphs_captured() if policy.adaptive else 0
         lagging = [s for s in seqs if s.draft_state.lag_tokens] if speculate else []
         if lagging:  # inside the step, so charged to speculation, the mode that needs it (spec_policy.py)
             started = time.perf_counter()
@@ -209,7 +210,6 @@ class SpeculativeDecoder:
         if not policy.adaptive:
             run(seqs)
             return
-        captured = self._graphs_captured()
         before = sum(len(s.output_ids) for s in seqs)
         run(seqs)
         # A step that captured a CUDA graph took far longer than its kind does: its window says nothing.
@@ -386,12 +386,41 @@ class SpeculativeDecoder:
             self._catch_up([s for s in seqs if len(s.draft_state.lag_tokens) >= LAG_FLUSH and not s.finished])
 
     def _catch_up(self, seqs):
-        """Run the draft over the pairs its sequences hold back, in one eager pass: shorter lags are padded
-        at their end (the pads write draft cache columns past the sequence, which nothing reads before
-        the next draft overwrites them). A row whose padding would run past the end of its cache row
-        goes in a pass of its own lag length instead."""
+        """Run the draft over the pairs its sequences hold back. With CUDA graphs, in passes of S+1 pairs
+        through the extend graph that sampled cycles use (the same shapes, captured at warm-up): an eager
+        pass costs a first-time price for every new (rows, lag) shape, ~70 ms on an H200 with a tiny draft
+        and ~1 s inside one adaptive window with SmolLM2's (benchmarks/diagnose_catch_up.py,
+        docs/BENCHMARKS.md), and rows and lags vary with the traffic. Without graphs, one eager pass."""
         if not seqs:
             return
+        if self.graphs is not None:
+            self._catch_up_in_graphed_passes(seqs)
+            return
+        self._catch_up_eager(seqs)
+
+    def _catch_up_in_graphed_passes(self, seqs):
+        """Pass j feeds pairs j*L.. (L = S+1) of every row that still has some, padded at the end as a sampled
+        cycle's accepted path is: the pads write draft cache columns below c - 1 + S, inside the lookahead
+        admission reserved, which the next draft overwrites before reading. Each row keeps the state of the
+        pass that held its last pair."""
+        dev, L = self.engine.device, self.spec.steps + 1
+        lags = [list(s.draft_state.lag_tokens) for s in seqs]  # set_states below starts each row afresh
+        most = max(len(t) for t in lags)
+        feats = lag_features(seqs, -(-most // L) * L)  # [n, passes * L, 3H], zeros past each lag
+        for j in range(0, most, L):
+            rows = [i for i, t in enumerate(lags) if len(t) > j]
+            group = [seqs[i] for i in rows]
+            pieces = [lags[i][j:j + L] for i in rows]
+            first = [s.cached - len(lags[i]) + j for s, i in zip(group, rows)]
+            meta = torch.tensor([p + [0] * (L - len(p)) + [f, s.slot, len(p) - 1]
+                                 for p, f, s in zip(pieces, first, group)], device=dev)  # one copy
+            self._extend(group, meta[:, :L], meta[:, L + 2], feats[rows, j:j + L], meta[:, L], meta[:, L + 1],
+                         max(first))
+
+    def _catch_up_eager(self, seqs):
+        """One eager pass: shorter lags are padded at their end (the pads write draft cache columns past the
+        sequence, which nothing reads before the next draft overwrites them). A row whose padding would run
+        past the end of its cache row goes in a pass of its own lag length instead."""
         dev = self.engine.device
         L = max(len(s.draft_state.lag_tokens) for s in seqs)
         groups: dict[int, list] = {}  # L: padded to the longest lag; -n: exactly n, no padding
