@@ -140,8 +140,8 @@ def test_plain_steps_of_the_policy_drain_first(model, ahead):
 
 @pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])
 def test_the_adaptive_policy_speculates_ahead_and_books_every_token(model, ahead, spec):
-    """Under the adaptive policy the speculative windows run ahead; a window's end drains its cycles into its
-    own books, so every token a step produced is booked exactly once (the first of each sequence comes from
+    """Under the adaptive policy both modes' windows run ahead; a window's end drains its cycles or steps into
+    its own books, so every token a step produced is booked exactly once (the first of each sequence comes from
     its prefill), and the tokens still equal plain greedy decoding's through both modes' windows."""
     make, most = ahead
     ps = prompts(3, seed=5)
@@ -152,6 +152,7 @@ def test_the_adaptive_policy_speculates_ahead_and_books_every_token(model, ahead
     seqs = eng.generate(ps, params)
     assert [(s.output_ids, s.finish_reason) for s in seqs] == reference(model, ps, params)
     assert most["in_flight"] == 2  # speculative windows ran a cycle ahead
+    assert eng.ahead.flights.sent > 0 and not eng.ahead.active  # and plain windows a step ahead
     assert policy.tokens["speculative"] > 0 and policy.tokens["plain"] > 0
     assert sum(policy.tokens.values()) == sum(len(s.output_ids) - 1 for s in seqs)
     assert policy.current is None and not eng.spec.ahead.active

@@ -8,7 +8,9 @@ positions and cache lengths one further) into the other graph's input buffers: r
 with no host input at all. The host enqueues step k and then reads step k-1's tokens, copied into pinned
 memory, while step k runs. Each graph reads one buffer set and writes the other, so its body is idempotent.
 
-It runs while nothing changes the batch: every sequence greedy, no draft, one GPU, no profiler. A stop (EOS,
+It runs while nothing changes the batch: every sequence greedy, one GPU, no profiler. With a draft (the plain
+steps that the speculation policy chooses, speculative.py) each step's graph also returns the target's features
+of the step, copied on the device as the step is enqueued and handed to the draft's lag as its token is read. A stop (EOS,
 a stop token) is learned one step late: the step already enqueued is then read for the other sequences and
 dropped for the stopped one (its cache write lies past that sequence's end). A step is never enqueued past a
 sequence's max_tokens. Before anything else touches the batch (an admission, an abort, a sampled request, a
@@ -20,6 +22,7 @@ plain decoding from 1,169-1,264 to 1,571 tok/s, the same tokens (docs/BENCHMARKS
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -70,17 +73,20 @@ class _Pair:
 
         def body(src: _Inputs, dst: _Inputs):
             batch = AttentionBatch(kv=runner.kv, slots=src.slots, starts=src.starts, kv_len=kv_len)
-            hidden = runner.model(src.ids, src.pos, batch).hidden
-            tokens = target.logits(hidden[:, -1]).argmax(-1)
+            out = runner.model(src.ids, src.pos, batch)
+            tokens = target.logits(out.hidden[:, -1]).argmax(-1)
             self.tokens.copy_(tokens)
             dst.ids.copy_(tokens[:, None])
             dst.pos.copy_(src.pos + self.active)
             dst.starts.copy_(src.starts + self.active[:, 0])
             dst.slots.copy_(src.slots)
-            return self.tokens
+            # A target that feeds a draft also returns the step's features (the draft's lag, speculative.py).
+            return self.tokens if out.aux_hidden is None else (self.tokens, out.aux_hidden[:, -1])
 
-        self.graphs = [cuda_graphs.capture(lambda i=i: body(self.inputs[i], self.inputs[1 - i]), pool)[0]
-                       for i in (0, 1)]
+        captured = [cuda_graphs.capture(lambda i=i: body(self.inputs[i], self.inputs[1 - i]), pool) for i in (0, 1)]
+        self.graphs = [graph for graph, _ in captured]
+        # Each graph's own output buffer of the features (None without a draft), valid until the next replay.
+        self.features = [outs[1] if isinstance(outs, tuple) else None for _, outs in captured]
         self.next = 0  # the graph whose inputs hold the next step
 
     def seed(self, seqs, scratch_slot: int):
@@ -101,9 +107,12 @@ class _Pair:
         self.active[:n] = 1
         self.next = 0
 
-    def replay(self):
+    def replay(self) -> torch.Tensor | None:
+        """Run the next step; returns its features [bucket, 3H] (None without a draft), valid until a replay."""
+        features = self.features[self.next]
         self.graphs[self.next].replay()
         self.next = 1 - self.next
+        return features
 
 
 class DecodeAhead:
@@ -113,6 +122,7 @@ class DecodeAhead:
         self.seqs: list | None = None   # the batch while this mode runs, in row order
         self.pair: _Pair | None = None
         self.flights = Flights()
+        self.features: deque = deque()  # per step in flight, with a draft: a copy of its features, else None
         self._pair_key: tuple[int, int] | None = None
 
     @property
@@ -121,7 +131,7 @@ class DecodeAhead:
 
     def usable(self, seqs) -> bool:
         """Whether this step of `seqs` may run here: the batch this mode holds, or one it may start on."""
-        if self.engine.spec is not None or not may_run_ahead(self.engine, seqs):
+        if not may_run_ahead(self.engine, seqs):
             return False
         if self.active:
             return len(seqs) == len(self.seqs) and all(a is b for a, b in zip(seqs, self.seqs)) \
@@ -162,11 +172,17 @@ class DecodeAhead:
         return self._key(self.seqs, ahead=ahead) == self._pair_key
 
     def _enqueue(self):
-        self.pair.replay()
+        features = self.pair.replay()
         self.flights.send(self.pair.tokens)
+        self.features.append(None if features is None else features.clone())  # the next replay overwrites it
 
     def _consume(self):
-        self.engine.take_step(self.seqs, self.flights.pop().read(len(self.seqs)))
+        tokens, features = self.flights.pop().read(len(self.seqs)), self.features.popleft()
+        took = [s for s in self.seqs if not s.finished]  # a stop learned a step late: that step is dropped
+        self.engine.take_step(self.seqs, tokens)
+        if features is not None:  # a speculative engine's plain step: the draft catches up on it later
+            rows = {id(s): i for i, s in enumerate(self.seqs)}
+            self.engine.spec.hold_back(took, features, [rows[id(s)] for s in took])
 
     def drain(self):
         """Read every step in flight and leave this mode (the batch may change after)."""

@@ -84,9 +84,10 @@ class Engine:
 
     def drain_ahead(self) -> None:
         """Read every step or cycle still in flight ahead of the host (decode_ahead.py, spec_ahead.py)."""
-        self.ahead.drain()
         if self.spec is not None:
-            self.spec.drain_ahead()
+            self.spec.drain_ahead()  # both modes, booked to the adaptive policy's open window
+        else:
+            self.ahead.drain()
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -145,9 +146,11 @@ class Engine:
             lengths.append(SHORT_ROWS + 8)
         # Speculative engines run both modes (the adaptive policy measures nothing on these dummy prompts).
         # Greedy and sampled requests take different graphs: greedy ones decode ahead of the host and accept
-        # on the device, sampled ones step in step with it and accept on the host (extend graphs).
+        # on the device, sampled ones step in step with it and accept on the host (extend graphs), in both
+        # modes.
         sampled = SamplingParams(max_tokens=params.max_tokens, ignore_eos=True, temperature=0.8)
-        passes = [(True, params), (False, params), (True, sampled)] if self.spec else [(None, params), (None, sampled)]
+        passes = [(True, params), (False, params), (True, sampled), (False, sampled)] if self.spec \
+            else [(None, params), (None, sampled)]
         for forced, pass_params in passes:
             if self.spec:
                 self.spec.policy.forced = forced

@@ -18,8 +18,8 @@ drains: it reads every cycle in flight and hands each sequence its draft state b
 
 Runs for batches of greedy sequences on one GPU, with CUDA graphs, without a profiler (it times each phase).
 Under the adaptive policy (spec_policy.py) the speculative windows run ahead too: a window's end drains its
-cycles into its books and waits for the GPU, one wait per window; its plain windows stay in step (a plain
-step's features go to the draft's lag, read on the host). On by default; EYAS_DECODE_AHEAD=0 turns
+cycles into its books and waits for the GPU, one wait per window; its plain windows run ahead through
+decode_ahead.py, which keeps each step's features for the draft's lag. On by default; EYAS_DECODE_AHEAD=0 turns
 it off, with plain decoding ahead (decode_ahead.py). On an H200 it took SmolLM2's chain 4/1/5 from 1,427 to
 1,680 tok/s and the tree 5/4/8 from 1,229 to 1,402, the same tokens (docs/BENCHMARKS.md, 2026-12-01).
 """

@@ -13,8 +13,8 @@ pass as one more graph), and the host reads the result once per cycle; batches w
 on the host. A chain (topk 1) drafts and accepts through shorter functions of its own (Drafter.chain,
 tree.accept_greedy_chain) that give the general tree's results with k = 1 in fewer kernels.
 When the policy chooses a plain step, the draft does not run: the step's (feature, token) pair is kept
-in the sequence's lag, and one eager pass over the whole batch catches the draft up before the next
-speculative cycle (or once LAG_FLUSH pairs have piled up). Plain steps then cost what plain decoding costs.
+in the sequence's lag, and the draft catches up on the whole batch before the next speculative cycle (or
+once LAG_FLUSH pairs have piled up). Plain steps then cost what plain decoding costs, ahead of the host too.
 """
 
 from __future__ import annotations
@@ -195,8 +195,9 @@ class SpeculativeDecoder:
                 self._settle()  # the other mode's last pass may still be running: not this step's work
             policy.step_started(n, speculate, time.perf_counter())
         self._last_mode = speculate
-        if self.ahead.active and not (speculate and self.ahead.usable(seqs)):
-            self.drain_ahead()  # the host's view of the batch must be current before anything else runs
+        if (self.ahead.active and not (speculate and self.ahead.usable(seqs))) or \
+                (speculate and self.engine.ahead.active):
+            self.drain_ahead()  # the host's view of the batch (and the draft's lag) must be current first
             seqs = [s for s in seqs if not s.finished]
             if not seqs:
                 return
@@ -216,14 +217,14 @@ class SpeculativeDecoder:
         policy.step_done(sum(len(s.output_ids) for s in seqs) - before, self._graphs_captured() != captured)
 
     def drain_ahead(self):
-        """Read every cycle still in flight (spec_ahead.py); under the adaptive policy their tokens go to the
-        open window, whose time they took."""
-        if not self.ahead.active:
-            return
-        seqs = self.ahead.seqs
-        before = sum(len(s.output_ids) for s in seqs)
-        self.ahead.drain()
-        self.policy.step_done(sum(len(s.output_ids) for s in seqs) - before)
+        """Read every cycle (spec_ahead.py) or plain step (decode_ahead.py) still in flight; under the
+        adaptive policy their tokens go to the open window, whose time they took."""
+        for mode in (self.ahead, self.engine.ahead):
+            if mode.active:
+                seqs = mode.seqs
+                before = sum(len(s.output_ids) for s in seqs)
+                mode.drain()
+                self.policy.step_done(sum(len(s.output_ids) for s in seqs) - before)
 
     def prefill_started(self) -> float:
         """The engine is about to prefill joining requests: under the adaptive policy, wait for the GPU so
@@ -373,17 +374,25 @@ class SpeculativeDecoder:
 
     def _plain_step(self, seqs):
         """One plain decode step; the draft catches up later (see the module docstring), so speculation
-        can resume on any later step."""
+        can resume on any later step. Greedy batches decode ahead of the host (decode_ahead.py), which
+        holds each step's pair back as it reads the step's tokens."""
         eng, prof = self.engine, self.profiler
         with prof.phase("verify"):
             out = eng._decode(seqs)  # samples and appends too
         with prof.phase("commit"):
-            feats = out.aux_hidden[:, 0].clone()  # a CUDA graph's output buffer is overwritten next replay
-            for i, s in enumerate(seqs):
-                s.draft_state.lag_tokens.append(s.output_ids[-1])
-                s.draft_state.lag_feats.append((feats, i))  # a row reference: no tensor op per sequence
-                prof.record_accept(0, 0)
+            if out is not None:  # in step with the host
+                # A CUDA graph's output buffer is overwritten next replay: copied.
+                self.hold_back(seqs, out.aux_hidden[:, 0].clone(), range(len(seqs)))
+                for _ in seqs:
+                    prof.record_accept(0, 0)
             self._catch_up([s for s in seqs if len(s.draft_state.lag_tokens) >= LAG_FLUSH and not s.finished])
+
+    def hold_back(self, seqs, features: torch.Tensor, rows):
+        """A plain step's (feature, token) pair of each sequence goes to its lag: its last token, and its row
+        of the step's features [rows, 3H] (a reference: no tensor op per sequence)."""
+        for s, i in zip(seqs, rows):
+            s.draft_state.lag_tokens.append(s.output_ids[-1])
+            s.draft_state.lag_feats.append((features, i))
 
     def _catch_up(self, seqs):
         """Run the draft over the pairs its sequences hold back. With CUDA graphs, in passes of S+1 pairs
