@@ -10,6 +10,7 @@ import torch
 
 import eyas.engine.spec_ahead as ahead_mod
 from eyas.config import SpecConfig
+from eyas.engine.draft_state import lag_features
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
 from tests.engine.ahead_scenarios import VOCAB, admission_and_abort_in_flight, prompts, reference
@@ -156,6 +157,37 @@ def test_the_adaptive_policy_speculates_ahead_and_books_every_token(model, ahead
     assert policy.tokens["speculative"] > 0 and policy.tokens["plain"] > 0
     assert sum(policy.tokens.values()) == sum(len(s.output_ids) - 1 for s in seqs)
     assert policy.current is None and not eng.spec.ahead.active
+
+
+def test_plain_steps_ahead_hold_back_what_plain_steps_in_step_do(model, ahead, monkeypatch):
+    """A speculative engine's plain steps ahead of the host leave each sequence the lag (tokens, and the
+    target's features of each step) that plain steps in step leave it, after a stop learned a step late too."""
+    make, most = ahead
+    ps = prompts(3, seed=6)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (9, 30, 30)]
+
+    def run(ahead_on: bool):
+        monkeypatch.setenv("EYAS_DECODE_AHEAD", "1" if ahead_on else "0")
+        eng = make(SPECS[0])
+        eng.spec.policy.forced = False  # plain steps only
+        seqs = [eng.add(p, q) for p, q in zip(ps, params)]
+        for _ in range(14):
+            eng.step()
+        eng.drain_ahead()
+        live = [s for s in seqs if not s.finished]
+        assert len(live) == 2 and seqs[0].finish_reason == "length"
+        return eng, [s.output_ids for s in seqs], [(list(s.draft_state.lag_tokens),
+                                                    lag_features([s], len(s.draft_state.lag_tokens))) for s in live]
+
+    eng, outputs, lags = run(True)
+    assert eng.ahead.flights.sent > 0
+    _, want_outputs, want_lags = run(False)
+    # The drain read the step still in flight: the sequences running ahead may hold one more.
+    assert [o[:len(w)] for o, w in zip(outputs, want_outputs)] == want_outputs
+    for (tokens, feats), (want_tokens, want_feats) in zip(lags, want_lags):
+        n = len(want_tokens)
+        assert tokens[:n] == want_tokens and n >= 13 and len(tokens) <= n + 1
+        torch.testing.assert_close(feats[:, :n], want_feats)
 
 
 @pytest.mark.skipif(not CUDA, reason="real CUDA graphs, pinned memory and events need a GPU (EYAS_TEST_CUDA=1)")
