@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from eyas.config import SpecConfig
+from eyas.engine.catch_up import in_one_eager_pass
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
 from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
@@ -88,7 +89,7 @@ def test_graphed_passes_of_s_plus_1_pairs_match_the_eager_pass(target_dir, fake_
     seqs, lags = ragged_lags(engine)
     assert max(lags) > 2 * (spec.steps + 1)  # several passes, rows dropping out after their last pair
     states = [s.draft_state for s in seqs]
-    engine.spec._catch_up_eager(seqs)
+    in_one_eager_pass(engine.spec, seqs)
     want = [(s.draft_state.hidden.clone(), s.draft_state.logp.clone()) for s in seqs]
     for s, state in zip(seqs, states):
         s.draft_state = state

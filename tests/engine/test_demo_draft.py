@@ -78,9 +78,9 @@ def test_draft_catches_up_after_plain_steps(demo_dir, prompts, plain, always, mo
     """Plain steps defer the draft; the catch-up pass (several pairs at once, also forced mid-stretch by a
     small LAG_FLUSH) must leave the draft exactly where speculating all along leaves it at the same length.
     (LAG_FLUSH only acts on plain steps, so the all-speculative reference does not depend on it.)"""
-    import eyas.engine.speculative as speculative
+    import eyas.engine.catch_up as catch_up
 
-    monkeypatch.setattr(speculative, "LAG_FLUSH", 5)
+    monkeypatch.setattr(catch_up, "LAG_FLUSH", 5)
     seqs, ref = always
     mixed_seqs, got = _draft_states(demo_dir, prompts, [False] * 7 + [True] * 3)
     assert [s.output_ids for s in seqs] == plain and [s.output_ids for s in mixed_seqs] == plain

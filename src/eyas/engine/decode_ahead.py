@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from eyas.engine import graphs as cuda_graphs
+from eyas.engine.catch_up import hold_back
 from eyas.engine.flights import Flights
 from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
 from eyas.layers.attention import AttentionBatch
@@ -182,7 +183,7 @@ class DecodeAhead:
         self.engine.take_step(self.seqs, tokens)
         if features is not None:  # a speculative engine's plain step: the draft catches up on it later
             rows = {id(s): i for i, s in enumerate(self.seqs)}
-            self.engine.spec.hold_back(took, features, [rows[id(s)] for s in took])
+            hold_back(took, features, [rows[id(s)] for s in took])
 
     def drain(self):
         """Read every step in flight and leave this mode (the batch may change after)."""

@@ -13,8 +13,8 @@ pass as one more graph), and the host reads the result once per cycle; batches w
 on the host. A chain (topk 1) drafts and accepts through shorter functions of its own (Drafter.chain,
 tree.accept_greedy_chain) that give the general tree's results with k = 1 in fewer kernels.
 When the policy chooses a plain step, the draft does not run: the step's (feature, token) pair is kept
-in the sequence's lag, and the draft catches up on the whole batch before the next speculative cycle (or
-once LAG_FLUSH pairs have piled up). Plain steps then cost what plain decoding costs, ahead of the host too.
+in the sequence's lag, and the draft catches up before it drafts again (catch_up.py). Plain steps then cost
+what plain decoding costs, ahead of the host too.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from eyas.config import SpecConfig
-from eyas.engine.draft_state import gather_states, lag_features, set_states
+from eyas.engine import catch_up as lag
+from eyas.engine.catch_up import catch_up, hold_back
+from eyas.engine.draft_state import gather_states, set_states
 from eyas.engine.drafter import Drafter
 from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
 from eyas.engine.kv_cache import KVCache
@@ -40,7 +42,6 @@ from eyas.layers.sampling import adjusted_probs
 from eyas.models.draft_io import load_draft
 from eyas.models.eagle3 import Eagle3Draft
 
-LAG_FLUSH = 256  # plain-step pairs a sequence may hold back from the draft before it is caught up anyway
 
 
 class SpeculativeDecoder:
@@ -382,66 +383,11 @@ class SpeculativeDecoder:
         with prof.phase("commit"):
             if out is not None:  # in step with the host
                 # A CUDA graph's output buffer is overwritten next replay: copied.
-                self.hold_back(seqs, out.aux_hidden[:, 0].clone(), range(len(seqs)))
+                hold_back(seqs, out.aux_hidden[:, 0].clone(), range(len(seqs)))
                 for _ in seqs:
                     prof.record_accept(0, 0)
-            self._catch_up([s for s in seqs if len(s.draft_state.lag_tokens) >= LAG_FLUSH and not s.finished])
-
-    def hold_back(self, seqs, features: torch.Tensor, rows):
-        """A plain step's (feature, token) pair of each sequence goes to its lag: its last token, and its row
-        of the step's features [rows, 3H] (a reference: no tensor op per sequence)."""
-        for s, i in zip(seqs, rows):
-            s.draft_state.lag_tokens.append(s.output_ids[-1])
-            s.draft_state.lag_feats.append((features, i))
+            self._catch_up([s for s in seqs if len(s.draft_state.lag_tokens) >= lag.LAG_FLUSH and not s.finished])
 
     def _catch_up(self, seqs):
-        """Run the draft over the pairs its sequences hold back. With CUDA graphs, in passes of S+1 pairs
-        through the extend graph that sampled cycles use (the same shapes, captured at warm-up): an eager
-        pass costs a first-time price for every new (rows, lag) shape, ~70 ms on an H200 with a tiny draft
-        and ~1 s inside one adaptive window with SmolLM2's (benchmarks/diagnose_catch_up.py,
-        docs/BENCHMARKS.md), and rows and lags vary with the traffic. Without graphs, one eager pass."""
-        if not seqs:
-            return
-        if self.graphs is not None:
-            self._catch_up_in_graphed_passes(seqs)
-            return
-        self._catch_up_eager(seqs)
-
-    def _catch_up_in_graphed_passes(self, seqs):
-        """Pass j feeds pairs j*L.. (L = S+1) of every row that still has some, padded at the end as a sampled
-        cycle's accepted path is: the pads write draft cache columns below c - 1 + S, inside the lookahead
-        admission reserved, which the next draft overwrites before reading. Each row keeps the state of the
-        pass that held its last pair."""
-        dev, L = self.engine.device, self.spec.steps + 1
-        lags = [list(s.draft_state.lag_tokens) for s in seqs]  # set_states below starts each row afresh
-        most = max(len(t) for t in lags)
-        feats = lag_features(seqs, -(-most // L) * L)  # [n, passes * L, 3H], zeros past each lag
-        for j in range(0, most, L):
-            rows = [i for i, t in enumerate(lags) if len(t) > j]
-            group = [seqs[i] for i in rows]
-            pieces = [lags[i][j:j + L] for i in rows]
-            first = [s.cached - len(lags[i]) + j for s, i in zip(group, rows)]
-            meta = torch.tensor([p + [0] * (L - len(p)) + [f, s.slot, len(p) - 1]
-                                 for p, f, s in zip(pieces, first, group)], device=dev)  # one copy
-            self._extend(group, meta[:, :L], meta[:, L + 2], feats[rows, j:j + L], meta[:, L], meta[:, L + 1],
-                         max(first))
-
-    def _catch_up_eager(self, seqs):
-        """One eager pass: shorter lags are padded at their end (the pads write draft cache columns past the
-        sequence, which nothing reads before the next draft overwrites them). A row whose padding would run
-        past the end of its cache row goes in a pass of its own lag length instead."""
-        dev = self.engine.device
-        L = max(len(s.draft_state.lag_tokens) for s in seqs)
-        groups: dict[int, list] = {}  # L: padded to the longest lag; -n: exactly n, no padding
-        for s in seqs:
-            n = len(s.draft_state.lag_tokens)
-            groups.setdefault(L if s.cached - n + L <= self.kv.max_len else -n, []).append(s)
-        for key, group in groups.items():
-            L = abs(key)
-            lens = [len(s.draft_state.lag_tokens) for s in group]
-            ids = torch.tensor([s.draft_state.lag_tokens + [0] * (L - n) for s, n in zip(group, lens)], device=dev)
-            feats = lag_features(group, L)
-            first = [s.cached - n for s, n in zip(group, lens)]
-            meta = torch.tensor([first, [s.slot for s in group], [n - 1 for n in lens]], device=dev)
-            h, logp = self.drafter.extend(ids, feats, meta[2], meta[0], meta[1], graph_kv_len(self.kv, max(first) + L))
-            set_states(group, h, logp)
+        """Catch the draft up on the pairs these sequences hold back (catch_up.py)."""
+        catch_up(self, seqs)
