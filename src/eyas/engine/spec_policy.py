@@ -78,7 +78,7 @@ class SpecPolicy:
     seconds: dict = field(default_factory=lambda: dict.fromkeys(BOOKS, 0.0))  # charged per mode, void, prefill
     tokens: dict = field(default_factory=lambda: dict.fromkeys(BOOKS, 0))     # produced in those seconds
     current: Window | None = None
-    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT))  # the last closed windows, for /metrics
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT))  # the last closed windows (windows_closed)
 
     def gain(self, batch_size: int) -> float | None:
         """Measured speculative rate over plain rate at this batch size (None: not both measured yet)."""
