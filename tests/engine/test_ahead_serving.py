@@ -1,5 +1,5 @@
 """A worker (eyas.dist.worker.Lockstep) applies serving's commands to an engine that decodes ahead of the host
-(decode_ahead.py, spec_ahead.py; CUDA graphs faked on the CPU): requests join between steps, some finish on a
+(decode_ahead.py, spec_ahead.py; CUDA graphs faked on the CPU), plain, speculative or adaptive: requests join between steps, some finish on a
 stop token or max_tokens, some are sampled, one is aborted mid-flight, as a loaded server's front end sends
 them. Every greedy request streams exactly the tokens it gets alone; the aborted one a prefix of them."""
 
@@ -32,7 +32,8 @@ def alone(model, prompt, params):
     return seq.output_ids, seq.finish_reason
 
 
-@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1), SpecConfig(3, 2, 5)], ids=["plain", "chain", "tree"])
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1), SpecConfig(3, 2, 5), SpecConfig(3, 1, adaptive=True)],
+                         ids=["plain", "chain", "tree", "adaptive"])
 def test_serving_traffic_streams_what_each_request_gets_alone(model, monkeypatch, fake_graphs, spec):
     monkeypatch.setenv("EYAS_DECODE_AHEAD", "1")
     rng = random.Random(3)
@@ -51,6 +52,8 @@ def test_serving_traffic_streams_what_each_request_gets_alone(model, monkeypatch
                                                stop_token_ids=[free[len(free) // 2]]))
     draft = random_draft(64, VOCAB, draft_vocab=24) if spec else None
     engine = fake_graphs(Engine(model, dtype="fp32", max_batch=4, max_len=256, draft=draft, spec=spec))
+    if spec is not None and spec.adaptive:  # short windows: both modes, switched between, under the traffic
+        engine.spec.policy.window, engine.spec.policy.probe_every = 3, 2
     results = queue.Queue()
     worker = Lockstep(engine, 0, results)
     streamed: dict[str, list[int]] = {}
@@ -76,6 +79,9 @@ def test_serving_traffic_streams_what_each_request_gets_alone(model, monkeypatch
     ahead = engine.spec.ahead if spec else engine.ahead
     assert ahead.flights.sent > 0 if spec else ahead.pairs  # the mode ran
     assert not ahead.active
+    if spec is not None and spec.adaptive:  # plain windows ran ahead too
+        assert engine.ahead.flights.sent > 0 and not engine.ahead.active
+        assert engine.spec.policy.tokens["plain"] > 0 and engine.spec.policy.tokens["speculative"] > 0
     for rid, prompt, params in requests:
         if not params.greedy:
             continue
