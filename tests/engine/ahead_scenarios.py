@@ -38,3 +38,15 @@ def admission_and_abort_in_flight(model, eng, mode, steps: int, max_tokens: int)
         eng.step()
     assert a.output_ids == alone[0][0] and c.output_ids == alone[2][0]
     assert b.finish_reason == "abort" and b.output_ids == alone[1][0][:len(b.output_ids)]
+
+
+def a_stop_learned_late(model, eng, at: int):
+    """Three requests, the first with a stop token it emits at output index `at`: the host learns the stop a
+    step or cycle late, and every request still gets plain greedy decoding's tokens and finish reason."""
+    ps = prompts(3, seed=1)
+    free = reference(model, ps, [SamplingParams(max_tokens=40, ignore_eos=True)] * 3)
+    params = [SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=[free[0][0][at]])] + \
+        [SamplingParams(max_tokens=40, ignore_eos=True)] * 2
+    got = [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)]
+    want = reference(model, ps, params)
+    assert got == want and want[0][1] == "stop" and len(want[0][0]) < 40

@@ -12,7 +12,8 @@ import eyas.engine.decode_ahead as ahead_mod
 import eyas.engine.graphs as graphs_mod
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
-from tests.engine.ahead_scenarios import VOCAB, admission_and_abort_in_flight, prompts, reference
+from tests.engine.ahead_scenarios import (VOCAB, a_stop_learned_late, admission_and_abort_in_flight, prompts,
+                                          reference)
 from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
 from tests.helpers import tiny_llama
 
@@ -51,14 +52,7 @@ def test_tokens_equal_plain_greedy_and_steps_run_ahead(model, ahead):
 
 def test_a_stop_learned_a_step_late_drops_that_step_for_it_only(model, ahead):
     make, replays = ahead
-    ps = prompts(3, seed=1)
-    free = reference(model, ps, [SamplingParams(max_tokens=40, ignore_eos=True)] * 3)
-    stop = free[0][0][6]  # a token the first sequence emits mid-way: it stops there, a step late for the host
-    params = [SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=[stop])] + \
-        [SamplingParams(max_tokens=40, ignore_eos=True)] * 2
-    got = [(s.output_ids, s.finish_reason) for s in make(model, max_batch=4).generate(ps, params)]
-    want = reference(model, ps, params)
-    assert got == want and want[0][1] == "stop" and len(want[0][0]) < 40
+    a_stop_learned_late(model, make(model, max_batch=4), at=6)
     assert replays
 
 

@@ -13,7 +13,8 @@ from eyas.config import SpecConfig
 from eyas.engine.draft_state import lag_features
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
-from tests.engine.ahead_scenarios import VOCAB, admission_and_abort_in_flight, prompts, reference
+from tests.engine.ahead_scenarios import (VOCAB, a_stop_learned_late, admission_and_abort_in_flight, prompts,
+                                          reference)
 from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
 from tests.helpers import random_draft, tiny_llama
 
@@ -68,14 +69,7 @@ def test_tokens_equal_plain_greedy_and_cycles_run_ahead(model, ahead, spec):
 @pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])
 def test_a_stop_learned_a_cycle_late_drops_that_cycle_for_it_only(model, ahead, spec):
     make, most = ahead
-    ps = prompts(3, seed=1)
-    free = reference(model, ps, [SamplingParams(max_tokens=40, ignore_eos=True)] * 3)
-    stop = free[0][0][9]  # a token the first sequence emits mid-way: it stops there, a cycle late for the host
-    params = [SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=[stop])] + \
-        [SamplingParams(max_tokens=40, ignore_eos=True)] * 2
-    got = [(s.output_ids, s.finish_reason) for s in make(spec).generate(ps, params)]
-    want = reference(model, ps, params)
-    assert got == want and want[0][1] == "stop" and len(want[0][0]) < 40
+    a_stop_learned_late(model, make(spec), at=9)
     assert most["in_flight"] == 2
 
 

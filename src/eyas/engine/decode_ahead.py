@@ -9,11 +9,11 @@ with no host input at all. The host enqueues step k and then reads step k-1's to
 memory, while step k runs. Each graph reads one buffer set and writes the other, so its body is idempotent.
 
 It runs while nothing changes the batch: every sequence greedy, one GPU, no profiler. With a draft (the plain
-steps that the speculation policy chooses, speculative.py) each step's graph also returns the target's features
-of the step, copied on the device as the step is enqueued and handed to the draft's lag as its token is read. A stop (EOS,
-a stop token) is learned one step late: the step already enqueued is then read for the other sequences and
-dropped for the stopped one (its cache write lies past that sequence's end). A step is never enqueued past a
-sequence's max_tokens. Before anything else touches the batch (an admission, an abort, a sampled request, a
+steps that the speculation policy chooses, speculative.py) each step's graph also returns the target's
+features of the step, copied on the device as the step is enqueued and handed to the draft's lag as its token
+is read. A stop (EOS, a stop token) is learned one step late: the step already enqueued is then read for the
+other sequences and dropped for the stopped one (its cache write lies past that sequence's end). A step is
+never enqueued past a sequence's max_tokens. Before anything else touches the batch (an admission, an abort, a sampled request, a
 longer attention bound) the engine drains: it reads the steps in flight and leaves this mode.
 On by default (EYAS_DECODE_AHEAD=0 turns it off, and spec_ahead.py's twin with it): on an H200 it took SmolLM2's
 plain decoding from 1,169-1,264 to 1,571 tok/s, the same tokens (docs/BENCHMARKS.md, 2026-12-01).
@@ -29,7 +29,7 @@ import torch
 
 from eyas.engine import graphs as cuda_graphs
 from eyas.engine.catch_up import hold_back
-from eyas.engine.flights import Flights
+from eyas.engine.flights import AheadOfHost
 from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
 from eyas.layers.attention import AttentionBatch
 
@@ -116,44 +116,27 @@ class _Pair:
         return features
 
 
-class DecodeAhead:
+class DecodeAhead(AheadOfHost):
     def __init__(self, engine):
+        super().__init__()
         self.engine = engine
         self.pairs: dict[tuple[int, int], _Pair] = {}
-        self.seqs: list | None = None   # the batch while this mode runs, in row order
         self.pair: _Pair | None = None
-        self.flights = Flights()
         self.features: deque = deque()  # per step in flight, with a draft: a copy of its features, else None
         self._pair_key: tuple[int, int] | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.seqs is not None
 
     def usable(self, seqs) -> bool:
         """Whether this step of `seqs` may run here: the batch this mode holds, or one it may start on."""
         if not may_run_ahead(self.engine, seqs):
             return False
         if self.active:
-            return len(seqs) == len(self.seqs) and all(a is b for a, b in zip(seqs, self.seqs)) \
-                and self._key(seqs, ahead=len(self.flights)) == self._pair_key
+            return self.holds(seqs) and self._key(seqs, ahead=len(self.flights)) == self._pair_key
         return True
 
     def _key(self, seqs, ahead: int) -> tuple[int, int]:
         bucket = next(b for b in BATCH_BUCKETS if b >= len(seqs))
         need = max(s.cached for s in seqs) + ahead + 1
         return bucket, graph_kv_len(self.engine.runner.kv, need)
-
-    def step(self, seqs):
-        """Enqueue the next step (unless a sequence is about to reach max_tokens), then read the oldest step in
-        flight into the sequences; drain when one stopped."""
-        if not self.active:
-            self._start(seqs)
-        if self._may_enqueue():
-            self._enqueue()
-        self._consume()
-        if any(s.finished for s in self.seqs) or not self.flights:
-            self.drain()
 
     def _start(self, seqs):
         runner = self.engine.runner
@@ -179,11 +162,10 @@ class DecodeAhead:
 
     def _consume(self):
         tokens, features = self.flights.pop().read(len(self.seqs)), self.features.popleft()
-        took = [s for s in self.seqs if not s.finished]  # a stop learned a step late: that step is dropped
+        took = [i for i, s in enumerate(self.seqs) if not s.finished]  # a stop learned a step late: dropped
         self.engine.take_step(self.seqs, tokens)
         if features is not None:  # a speculative engine's plain step: the draft catches up on it later
-            rows = {id(s): i for i, s in enumerate(self.seqs)}
-            hold_back(took, features, [rows[id(s)] for s in took])
+            hold_back([self.seqs[i] for i in took], features, took)
 
     def drain(self):
         """Read every step in flight and leave this mode (the batch may change after)."""

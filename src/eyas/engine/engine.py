@@ -252,7 +252,7 @@ class Engine:
             if not seqs:
                 return None
         if self.ahead.usable(seqs):
-            return self.ahead.step(seqs)
+            return self.ahead.advance(seqs)
         starts = [s.cached for s in seqs]
         ids, pos = torch.tensor([[s.output_ids[-1] for s in seqs], starts], device=self.device)[:, :, None]
         out = self.runner.forward(ids, pos, [s.slot for s in seqs], starts)

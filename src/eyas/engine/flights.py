@@ -1,4 +1,5 @@
-"""Results of GPU work enqueued ahead of the host, read back a step later (decode_ahead.py, spec_ahead.py).
+"""Results of GPU work enqueued ahead of the host, read back a step later (decode_ahead.py, spec_ahead.py), and
+the loop both modes run to keep one step ahead (AheadOfHost).
 
 Each result is copied into pinned host memory without waiting, and an event marks when the copy is done, so
 the host reads it while the next step runs. At most two steps are in flight at once, so a ring of three
@@ -56,3 +57,32 @@ class Flights:
 
     def __len__(self) -> int:
         return len(self._queue)
+
+
+class AheadOfHost:
+    """What decoding and speculating ahead of the host share: the batch held while steps are in flight, and
+    the loop that keeps one step ahead. A subclass provides _start(seqs) (take the batch, enqueue its first
+    step), _may_enqueue(), _enqueue(), _consume() (read the oldest step into the sequences) and drain()."""
+
+    def __init__(self):
+        self.seqs: list | None = None  # the batch while this mode runs, in row order
+        self.flights = Flights()
+
+    @property
+    def active(self) -> bool:
+        return self.seqs is not None
+
+    def holds(self, seqs) -> bool:
+        """Whether `seqs` is the batch this mode holds, the same sequences in the same rows."""
+        return len(seqs) == len(self.seqs) and all(a is b for a, b in zip(seqs, self.seqs))
+
+    def advance(self, seqs):
+        """Enqueue the next step (unless it may not run: a sequence about to reach max_tokens, a bound), then
+        read the oldest step in flight into the sequences; drain when one stopped."""
+        if not self.active:
+            self._start(seqs)
+        if self._may_enqueue():
+            self._enqueue()
+        self._consume()
+        if any(s.finished for s in self.seqs) or not self.flights:
+            self.drain()

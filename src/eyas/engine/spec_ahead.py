@@ -30,21 +30,16 @@ import torch
 
 from eyas.engine.decode_ahead import may_run_ahead
 from eyas.engine.draft_state import gather_states, set_states
-from eyas.engine.flights import Flights
+from eyas.engine.flights import AheadOfHost
 from eyas.engine.graphs import BATCH_BUCKETS
 
 
-class SpecAhead:
+class SpecAhead(AheadOfHost):
     def __init__(self, spec):
+        super().__init__()
         self.spec = spec  # the SpeculativeDecoder
-        self.seqs: list | None = None  # the batch while this mode runs, in row order
-        self.flights = Flights()
         # the next cycle's inputs, on the device, padded to the batch bucket
         self.root = self.c_t = self.slots_t = self.active_rows = self.hidden = self.logp = None
-
-    @property
-    def active(self) -> bool:
-        return self.seqs is not None
 
     def usable(self, seqs) -> bool:
         """Whether this cycle of `seqs` may run here: the batch this mode holds, or one it may start on."""
@@ -53,20 +48,7 @@ class SpecAhead:
             return False
         if any(s.draft_state.lag_tokens for s in seqs):
             return False
-        if self.active:
-            return len(seqs) == len(self.seqs) and all(a is b for a, b in zip(seqs, self.seqs))
-        return True
-
-    def cycle(self, seqs):
-        """Enqueue the next cycle (unless one in flight may reach a sequence's max_tokens), then read the
-        oldest cycle in flight into the sequences; drain when one stopped."""
-        if not self.active:
-            self._start(seqs)
-        if self._may_enqueue():
-            self._enqueue()
-        self._consume()
-        if any(s.finished for s in self.seqs) or not self.flights:
-            self.drain()
+        return self.holds(seqs) if self.active else True
 
     def _start(self, seqs):
         spec = self.spec

@@ -267,7 +267,7 @@ class SpeculativeDecoder:
         cycle without waiting for the host, which reads the accepted tokens once, at the end (or a cycle
         later, spec_ahead.py)."""
         if self.ahead.usable(seqs):
-            self.ahead.cycle(seqs)
+            self.ahead.advance(seqs)
             return
         prof, B = self.profiler, len(seqs)
         c = [s.cached for s in seqs]
