@@ -29,6 +29,13 @@ from timing import median_ms  # benchmarks/timing.py (the script's own folder is
 SHAPES = {"smollm2": SMOLLM2, "llama-8b": LLAMA_8B}
 MAX_LEN = 2048
 REPLAYS = 10  # graph replays per timed sample of the GPU-only figure
+BLAS = ("cublas", "cublaslt")  # EYAS_BLAS=...: torch's preferred BLAS library for the variant (bench-only switch)
+
+
+def use_blas(env: dict):
+    """Set torch's preferred BLAS library to the variant's EYAS_BLAS (cuBLAS unless it names cuBLASLt): torch
+    picks its GEMM kernels as it launches them, so a graph captured under the setting keeps that choice."""
+    torch.backends.cuda.preferred_blas_library(env.get("EYAS_BLAS", "cublas"))
 
 
 def parse_variants(text: str) -> list[tuple[str, dict]]:
@@ -41,8 +48,9 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
         env = {}
         for kv in filter(None, settings.split(",")):
             k, eq, v = kv.partition("=")
-            if not eq or not k.startswith("EYAS_"):
-                raise SystemExit(f"bench_step_ab: setting {kv!r} of {name} is not EYAS_NAME=VALUE")
+            if not eq or not k.startswith("EYAS_") or (k == "EYAS_BLAS" and v not in BLAS):
+                raise SystemExit(f"bench_step_ab: setting {kv!r} of {name} is not EYAS_NAME=VALUE (EYAS_BLAS: "
+                                 f"{' or '.join(BLAS)})")
             env[k] = v
         out.append((name, env))
     if len({n for n, _ in out}) != len(out) or not out:
@@ -84,6 +92,7 @@ def main():
     saved = dict(os.environ)
     for name, env in variants:  # capture every variant's graphs under its own environment
         os.environ.update(env)
+        use_blas(env)
         try:
             graphs[name] = CudaGraphs(runner)
             runner.graphs = graphs[name]
@@ -96,6 +105,7 @@ def main():
     def one(name, T):
         x, pos, mask = steps[T]
         runner.graphs = graphs[name]
+        use_blas(dict(variants)[name])
         return model.logits(runner.forward(x, pos, [0], [args.context], new_mask=mask).hidden)
 
     def replays(name, T):
