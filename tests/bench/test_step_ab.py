@@ -16,7 +16,12 @@ def test_variants_parse_in_order():
     assert got == [("old", {"EYAS_SHORT_ROW_SPLITS": "0", "EYAS_FUSED_O_PROJ": "0"}), ("new", {})]
 
 
-@pytest.mark.parametrize("text", ["", "old", ":EYAS_PDL=0", "a:PDL=0", "a:EYAS_PDL", "a:;a:EYAS_PDL=0"])
+def test_blas_variant_names_a_library():
+    assert bench_step_ab.parse_variants("lt:EYAS_BLAS=cublaslt") == [("lt", {"EYAS_BLAS": "cublaslt"})]
+
+
+@pytest.mark.parametrize("text", ["", "old", ":EYAS_PDL=0", "a:PDL=0", "a:EYAS_PDL", "a:;a:EYAS_PDL=0",
+                                  "a:EYAS_BLAS=hipblas"])
 def test_bad_variants_are_one_line(text):
     with pytest.raises(SystemExit) as e:
         bench_step_ab.parse_variants(text)
