@@ -101,3 +101,35 @@ def test_graphed_passes_of_s_plus_1_pairs_match_the_eager_pass(target_dir, fake_
         assert not s.draft_state.lag_tokens
         torch.testing.assert_close(s.draft_state.hidden, h, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(s.draft_state.logp, logp, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(3, 2, 5)], ids=["chain", "tree"])
+def test_wide_passes_match_the_eager_pass_and_capture_nothing(target_dir, fake_graphs, monkeypatch, spec):
+    """After warm_wide_passes the catch-up takes WIDE-column passes where every row's pass fits in its cache
+    row (30 here, so that the row near its end forces an S+1 pass first), replays only graphs captured at
+    warm-up for them, and each row ends with the draft state one eager pass gives it."""
+    import eyas.engine.catch_up as catch_up_mod
+
+    monkeypatch.setattr(catch_up_mod, "WIDE", 30)
+    engine = fake_graphs(Engine(str(target_dir), dtype="fp32", max_batch=4, max_len=64,
+                                draft=random_draft(64, 32, draft_vocab=24), spec=spec))
+    catch_up_mod.warm_wide_passes(engine.spec, max_batch=4)
+    seqs, lags = ragged_lags(engine)
+    assert max(s.cached - n for s, n in zip(seqs, lags)) + 30 > engine.spec.kv.max_len  # no wide first pass
+    states = [s.draft_state for s in seqs]
+    in_one_eager_pass(engine.spec, seqs)
+    want = [(s.draft_state.hidden.clone(), s.draft_state.logp.clone()) for s in seqs]
+    for s, state in zip(seqs, states):
+        s.draft_state = state
+    widths, extend = [], engine.spec._extend
+    monkeypatch.setattr(engine.spec, "_extend", lambda group, ids, *a: (widths.append(ids.shape[1]),
+                                                                          extend(group, ids, *a)))
+    graphs = engine.runner.graphs.functions.graphs
+    keys = set(graphs)
+    engine.spec._catch_up(seqs)
+    assert widths[0] == spec.steps + 1 and 30 in widths  # the row near its end first, then a wide pass
+    assert all(k[3][0] != (30,) for k in set(graphs) - keys)  # no wide graph captured in traffic
+    for s, (h, logp) in zip(seqs, want):
+        assert not s.draft_state.lag_tokens
+        torch.testing.assert_close(s.draft_state.hidden, h, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(s.draft_state.logp, logp, atol=1e-5, rtol=1e-5)

@@ -5,10 +5,15 @@ the step's (target feature, token) pair in its lag (draft_state.py), and before 
 the draft runs over the whole batch's lags at once (or once LAG_FLUSH pairs have piled up), so speculation
 can resume on any later step and plain steps cost what plain decoding costs.
 
-With CUDA graphs the catch-up runs in passes of S+1 pairs through the extend graph that sampled cycles use
-(the same shapes, captured at warm-up). One eager pass over the whole lag paid a first-time price for every
-new (rows, lag) shape: 70-79 ms on an H200 with a tiny draft, ~1 s inside one adaptive window with SmolLM2's
-(benchmarks/diagnose_catch_up.py, docs/BENCHMARKS.md, 2026-12-01), and rows and lags vary with the traffic.
+With CUDA graphs the catch-up runs through extend graphs captured at warm-up, never a new shape in traffic:
+one eager pass over the whole lag paid a first-time price for every new (rows, lag) shape, 70-79 ms on an
+H200 with a tiny draft, ~1 s inside one adaptive window with SmolLM2's (benchmarks/diagnose_catch_up.py,
+docs/BENCHMARKS.md, 2026-12-01), and rows and lags vary with the traffic. Passes are WIDE columns wide (the
+graphed prefill chunk's width; warm_wide_passes captures them for every batch bucket) while more than S+1
+pairs remain and every row's pass fits in its cache row, else S+1 wide (the sampled cycle's extend graph).
+A draft pass costs about the same at 4 columns as at 64, so a long lag takes 16x fewer passes: with passes
+of S+1 alone, the LAG_FLUSH catch-ups of a long run of plain steps cost ~7% of plain decoding's speed at
+batch 1 (benchmarks/bench_adaptive_plain.py, docs/BENCHMARKS.md, 2026-12-01).
 Without graphs (the CPU) one eager pass does it.
 """
 
@@ -17,9 +22,11 @@ from __future__ import annotations
 import torch
 
 from eyas.engine.draft_state import lag_features, set_states
-from eyas.engine.graphs import graph_kv_len
+from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
+from eyas.engine.runner import PREFILL_CHUNK
 
 LAG_FLUSH = 256  # plain-step pairs a sequence may hold back from the draft before it is caught up anyway
+WIDE = PREFILL_CHUNK  # columns of a wide catch-up pass (the same graphs as the draft's graphed prefill chunks)
 
 
 def hold_back(seqs, features: torch.Tensor, rows):
@@ -41,22 +48,63 @@ def catch_up(spec, seqs):
 
 
 def in_graphed_passes(spec, seqs):
-    """Pass j feeds pairs j*L.. (L = S+1) of every row that still has some, padded at the end as a sampled
-    cycle's accepted path is: the pads write draft cache columns below c - 1 + S, inside the lookahead
-    admission reserved, which the next draft overwrites before reading. Each row keeps the state of the
-    pass that held its last pair."""
-    dev, L = spec.engine.device, spec.spec.steps + 1
+    """Pass after pass over the pairs j.. of every row that still has some: WIDE of them when a graph for
+    that is captured, more than S+1 remain and each row's pass ends inside its cache row, else S+1. Shorter
+    pieces are padded at their end as a sampled cycle's accepted path is: the pads write draft cache columns
+    past the row's last pair (inside its cache row), which the next draft overwrites before reading. Each
+    row keeps the state of the pass that held its last pair."""
+    dev, L, kv = spec.engine.device, spec.spec.steps + 1, spec.kv
     lags = [list(s.draft_state.lag_tokens) for s in seqs]  # set_states (in _extend) starts each row afresh
-    most = max(len(t) for t in lags)
-    feats = lag_features(seqs, -(-most // L) * L)  # [n, passes * L, 3H], zeros past each lag
-    for j in range(0, most, L):
+    passes, j = [], 0
+    while True:
         rows = [i for i, t in enumerate(lags) if len(t) > j]
+        if not rows:
+            break
+        first = [seqs[i].cached - len(lags[i]) + j for i in rows]
+        wide = (max(len(lags[i]) for i in rows) - j > L and max(first) + WIDE <= kv.max_len
+                and spec.has_graph("extend", len(rows), kv, max(first) + WIDE, extend_shapes(spec, WIDE)))
+        width = WIDE if wide else L
+        passes.append((j, width, rows, first))
+        j += width
+    feats = lag_features(seqs, j)  # [n, columns of all passes, 3H], zeros past each lag
+    for j, width, rows, first in passes:
         group = [seqs[i] for i in rows]
-        pieces = [lags[i][j:j + L] for i in rows]
-        first = [s.cached - len(lags[i]) + j for s, i in zip(group, rows)]
-        meta = torch.tensor([p + [0] * (L - len(p)) + [f, s.slot, len(p) - 1]
+        pieces = [lags[i][j:j + width] for i in rows]
+        meta = torch.tensor([p + [0] * (width - len(p)) + [f, s.slot, len(p) - 1]
                              for p, f, s in zip(pieces, first, group)], device=dev)  # one copy
-        spec._extend(group, meta[:, :L], meta[:, L + 2], feats[rows, j:j + L], meta[:, L], meta[:, L + 1], max(first))
+        spec._extend(group, meta[:, :width], meta[:, width + 2], feats[rows, j:j + width], meta[:, width],
+                     meta[:, width + 1], max(first))
+
+
+def feature_width(spec) -> int:
+    """Width of a target feature: the captured layers' hidden states side by side (3H for EAGLE-3)."""
+    return len(spec.target.capture_layers) * spec.target.config.hidden_size
+
+
+def extend_shapes(spec, width: int) -> list[tuple]:
+    """Per-row shapes of an extend pass's inputs over `width` pairs: ids, features, last, starts, slots."""
+    return [(width,), (width, feature_width(spec)), (), (), ()]
+
+
+def warm_wide_passes(spec, max_batch: int) -> None:
+    """Capture the WIDE-column extend graphs of the catch-up for every batch bucket up to max_batch and every
+    kv bound a pass may need (graph_kv_len: two with the slot-attention kernel, doubling buckets without), on
+    the pad slot only: dummy rows whose writes land where pad rows' do. Without them the catch-up takes
+    S+1-wide passes only."""
+    dev, kv = spec.engine.device, spec.kv
+    scratch, dtype = spec.engine.runner.scratch_slot, next(spec.draft.parameters()).dtype
+    needs = {}  # kv bound -> the fewest columns that need it
+    for need in range(WIDE, kv.max_len + 1):
+        needs.setdefault(graph_kv_len(kv, need), need)
+    for b in (b for b in BATCH_BUCKETS if b <= max_batch):
+        for need in needs.values():
+            ids = torch.zeros(b, WIDE, dtype=torch.long, device=dev)
+            feats = torch.zeros(b, WIDE, feature_width(spec), dtype=dtype, device=dev)
+            last = torch.zeros(b, dtype=torch.long, device=dev)
+            starts = torch.full((b,), need - WIDE, dtype=torch.long, device=dev)
+            slots = torch.full((b,), scratch, dtype=torch.long, device=dev)
+            spec._run("extend", spec.drafter.extend, b, kv, need, [ids, feats, last, starts, slots],
+                      [0, 0, 0, 0, scratch])
 
 
 def in_one_eager_pass(spec, seqs):

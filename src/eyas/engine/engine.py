@@ -161,6 +161,10 @@ class Engine:
             finally:
                 if self.spec:
                     self.spec.policy.forced = None
+        if self.spec:  # the draft's catch-up after plain steps, in wide passes (catch_up.py)
+            from eyas.engine.catch_up import warm_wide_passes
+
+            warm_wide_passes(self.spec, graphs.max_batch)
         if kernel:
             self.warm_eager_passes(long_rows=len(lengths) > 1)
         return len(graphs.graphs) + len(graphs.functions.graphs) - before

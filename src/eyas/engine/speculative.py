@@ -117,9 +117,18 @@ class SpeculativeDecoder:
         if graphs is None:
             outs = fn(*inputs, kv_len)
         else:
-            key = (name, Bp, kv_len, tuple(x.shape[1:] for x in inputs))
+            key = self._graph_key(name, B, kv, kv_need, [x.shape[1:] for x in inputs])
             outs = graphs.run(key, lambda *xs: fn(*xs, kv_len), inputs)
         return outs if padded else [o[:B] for o in outs]
+
+    def _graph_key(self, name, B, kv, kv_need, shapes) -> tuple:
+        """The key of _run's graph for B rows of inputs of these per-row shapes."""
+        Bp = next((b for b in BATCH_BUCKETS if b >= B), B)
+        return name, Bp, graph_kv_len(kv, kv_need), tuple(tuple(s) for s in shapes)
+
+    def has_graph(self, name, B, kv, kv_need, shapes) -> bool:
+        """Whether _run would replay a graph captured already (never capture one) for these inputs."""
+        return self.graphs is not None and self._graph_key(name, B, kv, kv_need, shapes) in self.graphs.graphs
 
     def _extend(self, seqs, ids: torch.Tensor, last: torch.Tensor, feats: torch.Tensor, starts: torch.Tensor,
                 slots: torch.Tensor, max_start: int):
