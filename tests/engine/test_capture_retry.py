@@ -65,3 +65,25 @@ def test_other_errors_are_not_retried(fake_cuda):
     with pytest.raises(RuntimeError, match="out of memory"):
         graphs_mod.capture(fn, None)
     assert len(calls) == 3
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_no_garbage_collection_during_a_capture(fake_cuda, fail):
+    """The collector is off while the graph is recorded (not during the warm-ups) and on again after it,
+    whether the capture returned or raised."""
+    import gc
+
+    if fail:
+        fake_cuda.extend(RuntimeError("CUDA out of memory") for _ in range(1))
+    enabled = []
+
+    def fn():
+        enabled.append(gc.isenabled())
+        return len(enabled)
+    assert gc.isenabled()
+    if fail:
+        with pytest.raises(RuntimeError):
+            graphs_mod.capture(fn, None)
+    else:
+        graphs_mod.capture(fn, None)
+    assert enabled == [True, True, False] and gc.isenabled()

@@ -8,6 +8,7 @@ An eager run and a graph run give identical tokens (tests/engine/test_graphs.py 
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import torch
@@ -52,7 +53,10 @@ def capture(fn, pool, attempts: int = CAPTURE_ATTEMPTS):
     meanwhile) leaves no graph but no damage either: it is warmed up and captured again, up to `attempts`
     times in all, with a line on stderr each time; then the error is raised. On an H200 one capture after
     several engines had come and gone in one process failed so, once, and never when repeated
-    (docs/BENCHMARKS.md, 2026-12-01)."""
+    (docs/BENCHMARKS.md, 2026-12-01); on 2026-12-01 again one failed twice over in a long GPU test run and
+    passed alone. The garbage collector is off during a capture: a collection there would free tensors of
+    finished requests (CUDA or pinned host memory, whose allocators query and record events), work that
+    a capture may forbid (torch.cuda.graph collects before it starts, not during)."""
     for attempt in range(1, attempts + 1):
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -61,6 +65,8 @@ def capture(fn, pool, attempts: int = CAPTURE_ATTEMPTS):
                 fn()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             with torch.cuda.graph(graph, pool=pool):
                 outputs = fn()
@@ -70,6 +76,9 @@ def capture(fn, pool, attempts: int = CAPTURE_ATTEMPTS):
                 raise
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             print(f"eyas: a CUDA graph capture failed ({first}); capturing it again", file=sys.stderr, flush=True)
+        finally:
+            if collecting:
+                gc.enable()
 
 
 class _Graph:
