@@ -286,3 +286,55 @@ def test_closed_windows_are_kept_with_their_catch_up_time():
     assert first["speculated"] and first["steps"] == 4 and first["tokens"] == 16
     assert abs(first["seconds"] - 0.04) < 1e-9 and first["catch_up"] == 0.25
     assert not second["speculated"] and second["steps"] == 1 and abs(second["seconds"] - 0.005) < 1e-9
+
+
+def test_continues_foretells_the_choice_that_closing_the_window_leads_to():
+    """At every boundary, continues(n, now) is true exactly when, after close(now), the next window runs the
+    open window's mode: through the first measurements, probes, and preferences that flip as rates drift
+    across the margin (noisy timings around a gain of 1)."""
+    import random
+
+    rng = random.Random(0)
+    p = SpecPolicy(adaptive=True, window=4, probe_every=3, margin=0.05)
+    now, checked, switches = 0.0, 0, 0
+    for step in range(4000):
+        batch = 2 if step < 3000 else 5  # a change of bucket too
+        if p.boundary(batch):
+            foretold = p.continues(batch, now)
+            was = p.current.speculated if p.current is not None else None
+            p.close(now)
+            mode = p.speculate(batch)
+            if was is not None and p.current is None:
+                assert foretold == (mode == was and bucket(batch) == p.recent[-1].bucket), step
+                checked += 1
+                switches += mode != was
+        else:
+            mode = p.speculate(batch)
+        p.step_started(batch, mode, now)
+        now += (0.010 if mode else 0.005) * rng.uniform(0.8, 1.2)
+        p.step_done(batch * (2 if mode else 1))
+    assert checked > 900 and 50 < switches < checked  # both answers came up many times
+
+
+def test_the_decoder_waits_at_a_boundary_only_when_the_mode_may_change(monkeypatch, tmp_path):
+    """Windows of one mode follow each other without a wait for the GPU (the steps in flight are read in
+    the next window), and every produced token is still booked once."""
+    engine = adaptive_engine(tmp_path)
+    policy = engine.spec.policy
+    policy.window, policy.probe_every = 2, 1000
+    policy.rates = {(1, True): 10.0, (1, False): 100.0}  # plain far ahead: plain windows, no probe soon
+    policy.sums = {(1, True): (1.0, 0.1), (1, False): (10.0, 0.1)}
+    events = []
+    settle, drain = engine.spec._settle, engine.spec.drain_ahead
+    monkeypatch.setattr(engine.spec, "_settle", lambda: (events.append("settle"), settle()))
+    monkeypatch.setattr(engine.spec, "drain_ahead", lambda: (events.append("drain"), drain()))
+    run = engine.spec._plain_step
+    monkeypatch.setattr(engine.spec, "_plain_step", lambda seqs: (events.append("plain"), run(seqs)))
+    seq = engine.add([1, 2, 3], SamplingParams(max_tokens=12, ignore_eos=True))
+    while engine.has_work():
+        engine.step()
+    # After the prefill (its waits) and the first boundary (no window open yet): 11 plain steps in windows
+    # of 2 with no wait between them, and the wait when the engine runs out of work.
+    assert events[events.index("plain"):] == ["plain"] * 11 + ["settle"]
+    assert len(policy.recent) >= 5 and all(not w.speculated for w in policy.recent)
+    assert sum(policy.tokens.values()) == len(seq.output_ids) - 1

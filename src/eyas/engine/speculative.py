@@ -186,9 +186,16 @@ class SpeculativeDecoder:
         n, policy = len(seqs), self.policy
         settled = policy.boundary(n)
         if settled:
-            # A window of steps ends: read the cycles it still has in flight (their tokens are its own), and
-            # wait for its last pass to finish, so that it is charged all of its own GPU work and the next
-            # window none of it (one wait per window, not per step).
+            now = time.perf_counter()
+            if policy.continues(n, now):
+                # The next window runs the same mode: no wait. Its first steps read the steps still in
+                # flight, so it books as many steps' tokens as it has steps' time (spec_policy.py).
+                policy.close(now)
+                settled = False
+        if settled:
+            # A window of steps ends and the mode may change: read the cycles it still has in flight (their
+            # tokens are its own), and wait for its last pass to finish, so that it is charged all of its
+            # own GPU work and the next window none of it.
             self.drain_ahead()
             seqs = [s for s in seqs if not s.finished]
             if not seqs:  # the window's last cycles ended the batch: the engine releases it, then goes idle
