@@ -30,7 +30,9 @@ When the engine runs out of requests the decoder closes the window (`close`), so
 Where the next window runs the same mode at the same bucket (`continues`: the choice that closing the open
 window will lead to, worked out beforehand), the decoder does not wait for the GPU at the boundary: the
 steps in flight then are read in the next window, which books as many steps' tokens as it had steps' time
-(a wait at every window's end cost a speculative engine's plain windows ~5% at batch 1).
+(with a wait at every window's end, an adaptive engine that ran plain windows but for its probes decoded
+at 0.90x the plain engine's speed at batch 1, the same engine forced to plain steps at 0.98x:
+benchmarks/bench_adaptive_plain.py, docs/BENCHMARKS.md, 2026-12-01; the probes took part of the gap).
 The engine's warm-up runs both modes on dummy prompts (`forced`); those runs teach nothing, since a rate
 depends on the real acceptance.
 """
