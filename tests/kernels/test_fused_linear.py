@@ -136,6 +136,7 @@ def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, max_k, max_
 
     monkeypatch.setattr(kernels, "MAX_K", max_k)
     monkeypatch.delenv("EYAS_FUSED_WIDE", raising=False)
+    monkeypatch.delenv("EYAS_FUSED_NARROW_ROWS", raising=False)
     if max_rows is None:
         monkeypatch.delenv("EYAS_FUSED_MAX_ROWS", raising=False)
     else:
@@ -162,6 +163,33 @@ def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, max_k, max_
     with torch.no_grad():
         layer.norm_linear(norm, col, x, delta)
     assert not calls
+
+
+@pytest.mark.parametrize("narrow_rows,n_out,fused_expected", [(None, N, 0), ("4", N, 1), ("4", 4096, 0)])
+def test_narrow_projections_fuse_up_to_narrow_rows(device, monkeypatch, narrow_rows, n_out, fused_expected):
+    """At 4 rows (past max_rows()) a projection of at most NARROW_N outputs runs the kernel when
+    EYAS_FUSED_NARROW_ROWS allows 4 rows; a wider one, or no setting, keeps the unfused pair. The result is
+    the unfused one either way."""
+    import eyas.kernels.fused_linear as kernels
+
+    monkeypatch.setattr(kernels, "NARROW_N", 2 * N)
+    for name in ("EYAS_FUSED_WIDE", "EYAS_FUSED_MAX_ROWS", "EYAS_FUSED_LINEAR", "EYAS_FUSED_NARROW_ROWS"):
+        monkeypatch.delenv(name, raising=False)
+    if narrow_rows is not None:
+        monkeypatch.setenv("EYAS_FUSED_NARROW_ROWS", narrow_rows)
+    norm = RMSNorm(K, EPS).to(device)
+    norm.weight.data = rand((K,), torch.float32, device, 11, 0.1) + 1
+    col = ColumnParallelLinear(K, [n_out], False).to(device)
+    col.weight.data = rand(col.weight.shape, torch.float32, device, 12, 0.1)
+    x, delta = (rand((1, 4, K), torch.float32, device, s) for s in (13, 14))
+    _, y_ref = layer.norm_linear(norm, col, x, delta)
+    calls = []
+    monkeypatch.setattr(kernels, "norm_linear", lambda *a, _f=kernels.norm_linear: calls.append(1) or _f(*a))
+    monkeypatch.setenv("EYAS_KERNELS", "force")
+    with torch.no_grad():
+        _, y = layer.norm_linear(norm, col, x, delta)
+    assert len(calls) == fused_expected
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)
 
 
 def test_layers_keep_torch_paths_for_training(monkeypatch, device):
@@ -270,7 +298,7 @@ def test_narrow_output_projection_fuses_unless_told_not_to(device, monkeypatch):
     calls = []
     monkeypatch.setattr(kernels, "linear_rows", lambda *a, _f=kernels.linear_rows: calls.append(1) or _f(*a))
     monkeypatch.setenv("EYAS_KERNELS", "force")
-    for name in ("EYAS_FUSED_WIDE", "EYAS_FUSED_MAX_ROWS", "EYAS_FUSED_LINEAR"):
+    for name in ("EYAS_FUSED_WIDE", "EYAS_FUSED_MAX_ROWS", "EYAS_FUSED_LINEAR", "EYAS_FUSED_NARROW_ROWS"):
         monkeypatch.delenv(name, raising=False)
     attn_out = rand((1, 2, INTER), torch.float32, device, 8)
     with torch.no_grad():

@@ -28,7 +28,7 @@ def kernel_calls(monkeypatch):
     """Forces the kernels on and counts the fused projection kernels' calls, by name."""
     import eyas.kernels.fused_linear as kernels
 
-    for name in ("EYAS_FUSED_LINEAR", "EYAS_FUSED_MAX_ROWS", "EYAS_FUSED_WIDE"):
+    for name in ("EYAS_FUSED_LINEAR", "EYAS_FUSED_MAX_ROWS", "EYAS_FUSED_WIDE", "EYAS_FUSED_NARROW_ROWS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("EYAS_KERNELS", "force")
     calls = dict.fromkeys(FUSED, 0)

@@ -3,9 +3,10 @@
 The torch meaning of each function is its fallback, written out below: the residual add and RMSNorm
 (`RMSNorm.residual`) then the linear; SiLU-and-mul then the linear. The fused kernel runs when the kernels
 are enabled for these tensors (CUDA, no autograd), there are at most max_rows() tokens (by default decode
-steps of one or two sequences: verify passes and prefills keep cuBLAS) of at most max_k() features (MAX_K:
-small models, where launches dominate; large ones keep cuBLAS unless EYAS_FUSED_WIDE=1), everything shares
-one dtype, and EYAS_FUSED_LINEAR is not "0" (the switch that benchmarks flip to measure the fusion).
+steps of one or two sequences: verify passes and prefills keep cuBLAS; projections of at most NARROW_N outputs
+up to narrow_rows()) of at most max_k() features (MAX_K: small models, where launches dominate; large ones
+keep cuBLAS unless EYAS_FUSED_WIDE=1), everything shares one dtype, and EYAS_FUSED_LINEAR is not "0" (the
+switch that benchmarks flip to measure the fusion).
 The target's layers take column- and row-parallel linears; the EAGLE-3 draft's steps (models/eagle3.py) take
 plain weights through `linear_rows`, and `norm_linear` / `silu_mul_linear` through eagle3.FusedLinear.
 """
@@ -22,14 +23,16 @@ from eyas.layers.activation import silu_mul
 from eyas.layers.norm import RMSNorm
 
 
-def _fits(x: torch.Tensor, features: int, *tensors: torch.Tensor | None) -> bool:
+def _fits(x: torch.Tensor, features: int, *tensors: torch.Tensor | None, outputs: int | None = None) -> bool:
     """Whether the kernel takes x, whose projection reads `features` inputs per row (for SiLU-and-mul, half
-    of x's width: gate_up holds gate and up side by side)."""
-    from eyas.kernels.fused_linear import max_k, max_rows
+    of x's width: gate_up holds gate and up side by side). A projection that names its `outputs` may take
+    up to narrow_rows() rows when they are at most NARROW_N, else up to max_rows()."""
+    from eyas.kernels.fused_linear import NARROW_N, max_k, max_rows, narrow_rows
 
     present = [t for t in tensors if t is not None]
+    rows = narrow_rows() if outputs is not None and outputs <= NARROW_N else max_rows()
     return (os.environ.get("EYAS_FUSED_LINEAR", "1") != "0" and features <= max_k()
-            and x.numel() <= max_rows() * x.shape[-1] and enabled(x, *present)
+            and x.numel() <= rows * x.shape[-1] and enabled(x, *present)
             and all(t.dtype == x.dtype for t in present))
 
 
@@ -37,7 +40,7 @@ def norm_linear(norm: RMSNorm, linear, h: torch.Tensor,
                 delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(h + delta, linear(norm(h + delta))); with delta None, (h, linear(norm(h))). `linear` is a
     column-parallel linear (weight [N, K], optional bias): its output needs no all-reduce."""
-    if _fits(h, h.shape[-1], delta, norm.weight, linear.weight, linear.bias):
+    if _fits(h, h.shape[-1], delta, norm.weight, linear.weight, linear.bias, outputs=linear.weight.shape[0]):
         from eyas.kernels.fused_linear import norm_linear as fused
 
         return fused(h, delta, norm.weight, norm.eps, linear.weight, linear.bias)
@@ -53,7 +56,8 @@ def project_rows(linear, x: torch.Tensor) -> torch.Tensor:
     from eyas.kernels.fused_linear import MAX_K
 
     wide = x.shape[-1] > MAX_K
-    if (wide or os.environ.get("EYAS_FUSED_O_PROJ") != "0") and _fits(x, x.shape[-1], linear.weight):
+    if (wide or os.environ.get("EYAS_FUSED_O_PROJ") != "0") and _fits(x, x.shape[-1], linear.weight,
+                                                                        outputs=linear.weight.shape[0]):
         from eyas.kernels.fused_linear import linear_rows
 
         return linear.finish(linear_rows(x, linear.weight))
@@ -72,7 +76,7 @@ def silu_mul_linear(linear, gate_up: torch.Tensor) -> torch.Tensor:
 def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """F.linear(x, weight) for a plain weight (the EAGLE-3 draft's fused q/k/v), through the kernels' tiles
     at decode, where the draft's steps are launch-bound; otherwise cuBLAS."""
-    if _fits(x, x.shape[-1], weight):
+    if _fits(x, x.shape[-1], weight, outputs=weight.shape[0]):
         from eyas.kernels.fused_linear import linear_rows as fused
 
         return fused(x, weight)
