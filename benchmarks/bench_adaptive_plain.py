@@ -1,13 +1,16 @@
 """Plain decoding through a speculative engine against the plain engine, batch 1, and where the host time goes.
 
 Under the adaptive policy a speculative engine decodes plainly wherever speculation does not pay (batch 1
-of SmolLM2 with its draft, docs/BENCHMARKS.md), and there it ran 0.92x the plain engine's tokens/s. Three
-engines decode the same prompt, one after another, rounds alternating in order:
+of SmolLM2 with its draft, docs/BENCHMARKS.md), and there it ran 0.92x the plain engine's tokens/s. These
+decode the same prompt, one after another, rounds alternating in order:
 
 - `plain`: no draft;
 - `spec_forced_plain`: the draft loaded, the policy forced to plain steps (each step holds its pair back
   for the draft, flushed every LAG_FLUSH steps; no windows, no waits at window ends);
-- `adaptive`: the policy choosing per window (waits at window ends, a probe of speculation now and then).
+- `adaptive`: the policy choosing per window (waits where the mode may change, a probe of speculation now
+  and then);
+- `spec_forced_chain`: the speculative engine forced to chain cycles (3/1/4), for its host time per cycle
+  beside the GPU's (a random draft's cycles accept ~1 token, so its tok/s says nothing of a trained one's).
 
 Random weights of SmolLM2-135M's shape and a random draft (no download; a random draft never pays, so the
 adaptive engine runs plain windows but for its probes). Then each engine's decode loop once more under
@@ -34,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.helpers: t
 
 from bench_join import random_smollm2  # benchmarks/bench_join.py: SmolLM2-135M's shape, random weights
 
-ENGINES = ("plain", "spec_forced_plain", "adaptive")
+ENGINES = ("plain", "spec_forced_plain", "adaptive", "spec_forced_chain")
 
 
 def settle(engine):
@@ -62,7 +65,8 @@ def decode(engine, prompt, tokens, policy_forced=None):
 
 
 def build(path: str, device: str) -> dict:
-    """The three engines over the target at `path`, with one random draft of its width and vocabulary."""
+    """The engines over the target at `path`, with one random draft of its width and vocabulary (the two
+    forced ones share a speculative engine)."""
     from eyas.config import SpecConfig
     from eyas.engine.engine import Engine
     from tests.helpers import random_draft
@@ -71,9 +75,10 @@ def build(path: str, device: str) -> dict:
     draft = random_draft(cfg["hidden_size"], cfg["vocab_size"], draft_vocab=min(32000, cfg["vocab_size"]),
                          head_dim=64)
     common = dict(dtype="bf16" if device == "cuda" else "fp32", device=device, max_batch=4, max_len=2048)
-    return {"plain": Engine(path, **common),
-            "spec_forced_plain": Engine(path, draft=draft, spec=SpecConfig(3, 1), **common),
-            "adaptive": Engine(path, draft=draft, spec=SpecConfig(3, 1, adaptive=True), **common)}
+    spec = Engine(path, draft=draft, spec=SpecConfig(3, 1), **common)
+    return {"plain": Engine(path, **common), "spec_forced_plain": spec,
+            "adaptive": Engine(path, draft=draft, spec=SpecConfig(3, 1, adaptive=True), **common),
+            "spec_forced_chain": spec}
 
 
 def host_profile(engine, prompt, tokens, policy_forced, top):
@@ -111,8 +116,8 @@ def main():
     prompt = list(range(10, 74))
     with tempfile.TemporaryDirectory() as tmp:
         engines = build(args.model or random_smollm2(Path(tmp)), args.device)
-    forced = {"plain": None, "spec_forced_plain": False, "adaptive": None}
-    for engine in engines.values():
+    forced = {"plain": None, "spec_forced_plain": False, "adaptive": None, "spec_forced_chain": True}
+    for engine in {id(e): e for e in engines.values()}.values():
         engine.warm_up()
     rates = {name: [] for name in ENGINES}
     for r in range(args.rounds):

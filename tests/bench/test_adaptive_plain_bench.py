@@ -21,7 +21,7 @@ def test_refuses_in_one_line(args):
     assert len(lines) == 1 and lines[0].startswith("bench_adaptive_plain:")
 
 
-def test_measures_three_engines_on_the_cpu(tmp_path):
+def test_measures_every_engine_on_the_cpu(tmp_path):
     import json
 
     from tests.helpers import tiny_llama
@@ -32,7 +32,7 @@ def test_measures_three_engines_on_the_cpu(tmp_path):
                      "--top", "5", "--out", out)
     assert got.returncode == 0, got.stderr
     result = json.loads(out.read_text())
-    assert set(result["engines"]) == {"plain", "spec_forced_plain", "adaptive"}
+    assert set(result["engines"]) == {"plain", "spec_forced_plain", "adaptive", "spec_forced_chain"}
     for row in result["engines"].values():
         assert len(row["rounds_tok_s"]) == 2 and all(v > 0 for v in row["rounds_tok_s"])
         assert row["profile"]["steps"] > 0 and len(row["profile"]["top"]) == 5
