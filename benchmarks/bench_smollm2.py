@@ -314,6 +314,8 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None):
             batch = [prompts[i % len(prompts)] for i in range(B)]
             eng.generate(batch, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
             sync()
+            if spec is not None and spec.adaptive:
+                eng.spec.policy.recent.clear()  # the timed run's windows only
             t0 = time.perf_counter()
             seqs = eng.generate(batch, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
             sync()
@@ -330,7 +332,15 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None):
                 for w in closed:
                     w["rate"] = w["tokens"] / (w["sequences"] / w["steps"]) / w["seconds"]
                 rows[B]["adaptive_slowest_windows"] = sorted(closed, key=lambda w: w["rate"])[:6]
-                eng.spec.policy.recent.clear()  # the next batch size's windows only
+                # Where the timed run's time went: seconds and tokens per bucket and mode (a batch's tail,
+                # as its sequences finish, runs at the small buckets).
+                by_bucket = {}
+                for w in closed:
+                    key = f"{w['bucket']}/{'spec' if w['speculated'] else 'plain'}"
+                    seconds, tokens = by_bucket.get(key, (0.0, 0))
+                    by_bucket[key] = (seconds + w["seconds"], tokens + w["tokens"])
+                rows[B]["adaptive_time_by_bucket"] = {k: dict(seconds=round(v[0], 4), tokens=v[1])
+                                                      for k, v in sorted(by_bucket.items())}
         del eng
     out = [rows[B] for B in batches]
     slower = [r["batch"] for r in out if r["chain_tok_s"] < r["plain_tok_s"]]

@@ -53,3 +53,18 @@ def test_engines_are_built_first_and_timed_in_alternating_rounds(monkeypatch):
     assert chain["tok_s"] == 150.0 and chain["over_plain"] == pytest.approx(150 / 110)
     assert tree["tok_s"] == 90.0 and tree["accept_length"] == pytest.approx((22 - 2) / 10)
     assert res["best_chain"] == "3/1/4" and res["best_tree"] == "5/4/8"
+
+
+def test_scaling_books_the_adaptive_run_by_bucket(monkeypatch, tmp_path):
+    """The scaling section's adaptive rows say where the timed run's time went, per bucket and mode, and
+    those windows hold every token the run's steps produced (each sequence's first comes from its prefill)."""
+    from tests.helpers import random_draft, tiny_llama
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    tiny_llama(tmp_path, vocab=128, layers=3, hidden=64)
+    out = bench.batch_scaling(tmp_path, [[1, 2, 3, 4, 5], [6, 7, 8, 9]], random_draft(64, 128, draft_vocab=64),
+                              [1, 3], new_tokens=24)
+    for row in out["rows"]:
+        books = row["adaptive_time_by_bucket"]
+        assert books and all(v["seconds"] > 0 for v in books.values())
+        assert sum(v["tokens"] for v in books.values()) == row["batch"] * (24 - 1)
