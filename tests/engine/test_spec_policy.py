@@ -52,6 +52,21 @@ def test_measures_a_window_of_each_mode_then_runs_the_faster():
     assert windows.count(True) == 4 and windows.count(False) == 8
 
 
+def test_a_window_cut_short_does_not_decide_a_bucket_alone():
+    """A first window of one step (a change of bucket cut it short, a switch's wait in it) books a rate, but
+    the mode counts as measured at that bucket only once its windows there held a window's worth of steps:
+    until then the policy keeps measuring it."""
+    p = SpecPolicy(adaptive=True, window=4, probe_every=1000)
+    clock = Clock(p)
+    clock.steps(1, 2, 0.050, 1)           # one slow speculative step at bucket 2 (a stall in it) ...
+    clock.steps(1, 1, 0.001, 1)           # ... cut short by a change of bucket
+    assert (2, True) in p.rates and p.measured[(2, True)] == 1
+    modes = clock.steps(9, 2, {True: 0.010, False: 0.004}, {True: 2, False: 1})
+    # a window of speculation again (not plain on the strength of one step), then one of plain
+    assert modes[:8] == [True] * 4 + [False] * 4
+    assert p.measured == {(2, True): 5, (1, True): 1, (2, False): 4}
+
+
 def test_rates_are_kept_per_bucket():
     p = SpecPolicy(adaptive=True, window=4, probe_every=1000)
     clock = Clock(p)
@@ -80,6 +95,7 @@ def test_switches_only_past_the_margin():
     catch-up pass); a clear difference does."""
     p = SpecPolicy(adaptive=True, probe_every=1000, margin=0.05)
     p.rates = {(2, True): 97.0, (2, False): 100.0}
+    p.measured = {(2, True): p.window, (2, False): p.window}
     assert p.speculate(2) is False   # 0.97x
     p.rates[(2, True)] = 101.0       # within the margin: stay plain
     assert p.speculate(2) is False
@@ -94,6 +110,7 @@ def test_switches_only_past_the_margin():
 def test_a_mode_far_behind_is_probed_less_often():
     p = SpecPolicy(adaptive=True, probe_every=4)
     p.rates = {(8, True): 75.0, (8, False): 100.0}   # 0.75x: far behind
+    p.measured = {(8, True): p.window, (8, False): p.window}
     assert [p.speculate(8) for _ in range(32)].count(True) == 2   # every 4 x 4 windows
     p.rates[(8, True)] = 90.0                         # 0.9x: every 4 windows
     assert [p.speculate(8) for _ in range(32)].count(True) == 8
@@ -324,6 +341,7 @@ def test_the_decoder_waits_at_a_boundary_only_when_the_mode_may_change(monkeypat
     policy.window, policy.probe_every = 2, 1000
     policy.rates = {(1, True): 10.0, (1, False): 100.0}  # plain far ahead: plain windows, no probe soon
     policy.sums = {(1, True): (1.0, 0.1), (1, False): (10.0, 0.1)}
+    policy.measured = {(1, True): 2, (1, False): 2}
     events = []
     settle, drain = engine.spec._settle, engine.spec.drain_ahead
     monkeypatch.setattr(engine.spec, "_settle", lambda: (events.append("settle"), settle()))

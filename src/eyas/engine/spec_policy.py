@@ -9,8 +9,12 @@ gap between the steps included (speculative.py feeds it). Per bucket and mode it
 forgotten sums of tokens per sequence and of seconds, and their ratio is the mode's rate: a time-weighted
 throughput, in which a window with a long stall weighs by its length (a mean of each window's own rate
 would give a 1-second stall the weight of a 20-ms window, and read far above what the mode delivers).
-It runs the faster mode; the slower one gets one window now and then (`probe_every` windows,
-4x less often when it is far behind) so that a change of traffic is noticed. A margin keeps the choice
+A mode counts as measured at a bucket once its windows there held a window's worth of steps (`measured`):
+a first window cut short after one step by a change of bucket, a switch's wait in it, once decided a bucket
+on its own (batch 8's tail on an H200, 2026-12-01: one speculative step at bucket 2 read 971 tok/s per
+sequence against plain's 1,177, and the policy preferred plain there). It runs the faster mode; the slower
+one gets one window now and then (`probe_every` windows, 4x less often when it is far behind) so that a
+change of traffic is noticed. A margin keeps the choice
 from flapping on noise. Both modes are lossless and the draft catches up before it drafts again, so no
 choice ever changes the output.
 
@@ -79,6 +83,7 @@ class SpecPolicy:
     forced: bool | None = None     # warm-up: run this mode whatever the rates say, measure nothing
     rates: dict = field(default_factory=dict)      # (bucket, speculated) -> tokens/s per sequence: sums[0] / sums[1]
     sums: dict = field(default_factory=dict)       # (bucket, speculated) -> (tokens per sequence, seconds), forgotten
+    measured: dict = field(default_factory=dict)   # (bucket, speculated) -> steps of its windows booked so far
     windows: dict = field(default_factory=dict)    # bucket -> windows decided there
     preferred: dict = field(default_factory=dict)  # bucket -> the mode chosen there last
     seconds: dict = field(default_factory=lambda: dict.fromkeys(BOOKS, 0.0))  # charged per mode, void, prefill
@@ -110,18 +115,19 @@ class SpecPolicy:
         return w is not None and w.bucket == bucket(batch_size) and w.steps < self.window
 
     def _choose(self, b: int) -> bool:
-        mode, preferred = self._pick(b, self.rates)
+        mode, preferred = self._pick(b, self.rates, self.measured)
         if preferred is not None:  # both modes measured: a window decided by the rates
             self.windows[b] = self.windows.get(b, 0) + 1
             self.preferred[b] = preferred
         return mode
 
-    def _pick(self, b: int, rates: dict) -> tuple[bool, bool | None]:
+    def _pick(self, b: int, rates: dict, measured: dict) -> tuple[bool, bool | None]:
         """The mode of the next window at bucket b from these rates, and the mode preferred there (None
-        until both modes are measured). Changes nothing."""
-        if (b, True) not in rates:
+        until both modes are measured over a window's worth of steps: a window cut short after a step or two
+        by a change of bucket, with a switch's wait in it, must not decide a bucket alone). Changes nothing."""
+        if measured.get((b, True), 0) < self.window:
             return True, None   # measure speculation first ...
-        if (b, False) not in rates:
+        if measured.get((b, False), 0) < self.window:
             return False, None  # ... then plain decoding
         n = self.windows.get(b, 0) + 1
         g = rates[(b, True)] / rates[(b, False)]
@@ -145,11 +151,11 @@ class SpecPolicy:
             return False
         if self.max_batch is not None and batch_size > self.max_batch:
             return not w.speculated
-        rates, closed = dict(self.rates), self._closed_sums(w, now)
+        rates, measured, closed = dict(self.rates), dict(self.measured), self._closed_sums(w, now)
         if closed is not None:
             key, (tokens, seconds) = closed
-            rates[key] = tokens / seconds
-        return self._pick(w.bucket, rates)[0] == w.speculated
+            rates[key], measured[key] = tokens / seconds, measured.get(key, 0) + w.steps
+        return self._pick(w.bucket, rates, measured)[0] == w.speculated
 
     # -- measurements, fed by the decoder -----------------------------------------------------------
     def boundary(self, batch_size: int) -> bool:
@@ -172,6 +178,7 @@ class SpecPolicy:
         if closed is not None:
             key, self.sums[key] = closed
             self.rates[key] = self.sums[key][0] / self.sums[key][1]
+            self.measured[key] = self.measured.get(key, 0) + w.steps
 
     def _closed_sums(self, w: Window, now: float) -> tuple | None:
         """(key, sums) of w's mode and bucket once w is closed at `now`; None for a void window."""
