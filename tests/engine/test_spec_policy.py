@@ -356,3 +356,12 @@ def test_the_decoder_waits_at_a_boundary_only_when_the_mode_may_change(monkeypat
     assert events[events.index("plain"):] == ["plain"] * 11 + ["settle"]
     assert len(policy.recent) >= 5 and all(not w.speculated for w in policy.recent)
     assert sum(policy.tokens.values()) == len(seq.output_ids) - 1
+
+
+def test_a_plain_rate_of_zero_does_not_stop_the_policy():
+    """A window that read none of its own tokens (its steps still in flight when it closed) books a rate of
+    0: the policy then prefers the other mode rather than divide by it."""
+    p = SpecPolicy(adaptive=True, window=2, probe_every=1000)
+    p.rates = {(1, True): 10.0, (1, False): 0.0}
+    p.measured = {(1, True): 2, (1, False): 2}
+    assert p.speculate(1) is True and p.gain(1) > 1

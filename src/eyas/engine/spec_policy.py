@@ -95,7 +95,7 @@ class SpecPolicy:
         """Measured speculative rate over plain rate at this batch size (None: not both measured yet)."""
         b = bucket(batch_size)
         spec, plain = self.rates.get((b, True)), self.rates.get((b, False))
-        return None if spec is None or plain is None else spec / plain
+        return None if spec is None or plain is None else spec / max(plain, 1e-9)
 
     def speculate(self, batch_size: int) -> bool:
         """The mode of the next step at this batch size: the open window's, or a new window's choice."""
@@ -130,7 +130,7 @@ class SpecPolicy:
         if measured.get((b, False), 0) < self.window:
             return False, None  # ... then plain decoding
         n = self.windows.get(b, 0) + 1
-        g = rates[(b, True)] / rates[(b, False)]
+        g = rates[(b, True)] / max(rates[(b, False)], 1e-9)  # a window may read no tokens of its own (continues)
         current = self.preferred.get(b, g >= 1.0)
         if current and g < 1 / (1 + self.margin):
             current = False
