@@ -168,13 +168,12 @@ class SpecPolicy:
         w, self.current = self.current, None
         if w is None:
             return
-        seconds = now - w.start - w.prefill
-        mode = "void" if w.void or seconds <= 0 else "speculative" if w.speculated else "plain"
-        w.seconds = max(seconds, 0.0)
-        self.recent.append(w)
-        self.seconds[mode] += max(seconds, 0.0)
-        self.tokens[mode] += w.tokens
         closed = self._closed_sums(w, now)
+        mode = "void" if closed is None else "speculative" if w.speculated else "plain"
+        w.seconds = max(now - w.start - w.prefill, 0.0)
+        self.recent.append(w)
+        self.seconds[mode] += w.seconds
+        self.tokens[mode] += w.tokens
         if closed is not None:
             key, self.sums[key] = closed
             self.rates[key] = self.sums[key][0] / self.sums[key][1]

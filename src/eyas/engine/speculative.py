@@ -26,7 +26,6 @@ import torch.nn.functional as F
 
 from eyas.config import SpecConfig
 from eyas.engine import catch_up as lag
-from eyas.engine.catch_up import catch_up, hold_back
 from eyas.engine.draft_state import gather_states, set_states
 from eyas.engine.drafter import Drafter
 from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
@@ -41,7 +40,6 @@ from eyas.layers.rotary import RotaryEmbedding
 from eyas.layers.sampling import adjusted_probs
 from eyas.models.draft_io import load_draft
 from eyas.models.eagle3 import Eagle3Draft
-
 
 
 class SpeculativeDecoder:
@@ -108,21 +106,21 @@ class SpeculativeDecoder:
     def _run(self, name, fn, B, kv, kv_need, inputs, pads, padded=False):
         """Run `fn` on inputs padded to a batch bucket; replayed from a CUDA graph when the engine has them.
         Inputs may arrive already padded (another _run's outputs); `padded` returns the outputs unsliced."""
-        kv_len = graph_kv_len(kv, kv_need)
         graphs = self.graphs
-        Bp = B if graphs is None else next((b for b in BATCH_BUCKETS if b >= B), B)
+        key = None if graphs is None else self._graph_key(name, B, kv, kv_need, [x.shape[1:] for x in inputs])
+        Bp, kv_len = (B, graph_kv_len(kv, kv_need)) if key is None else key[1:3]
         inputs = [x if x.shape[0] == Bp else
                   torch.cat([x, torch.full((Bp - x.shape[0],) + x.shape[1:], pad, dtype=x.dtype, device=x.device)])
                   for x, pad in zip(inputs, pads)]
         if graphs is None:
             outs = fn(*inputs, kv_len)
         else:
-            key = self._graph_key(name, B, kv, kv_need, [x.shape[1:] for x in inputs])
             outs = graphs.run(key, lambda *xs: fn(*xs, kv_len), inputs)
         return outs if padded else [o[:B] for o in outs]
 
     def _graph_key(self, name, B, kv, kv_need, shapes) -> tuple:
-        """The key of _run's graph for B rows of inputs of these per-row shapes."""
+        """The key of _run's graph for B rows of inputs of these per-row shapes: (name, batch bucket, kv
+        bound, shapes)."""
         Bp = next((b for b in BATCH_BUCKETS if b >= B), B)
         return name, Bp, graph_kv_len(kv, kv_need), tuple(tuple(s) for s in shapes)
 
@@ -399,11 +397,11 @@ class SpeculativeDecoder:
         with prof.phase("commit"):
             if out is not None:  # in step with the host
                 # A CUDA graph's output buffer is overwritten next replay: copied.
-                hold_back(seqs, out.aux_hidden[:, 0].clone(), range(len(seqs)))
+                lag.hold_back(seqs, out.aux_hidden[:, 0].clone(), range(len(seqs)))
                 for _ in seqs:
                     prof.record_accept(0, 0)
             self._catch_up([s for s in seqs if len(s.draft_state.lag_tokens) >= lag.LAG_FLUSH and not s.finished])
 
     def _catch_up(self, seqs):
         """Catch the draft up on the pairs these sequences hold back (catch_up.py)."""
-        catch_up(self, seqs)
+        lag.catch_up(self, seqs)
