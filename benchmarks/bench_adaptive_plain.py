@@ -35,14 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.helpers: the random draft
 
-from bench_join import random_smollm2  # benchmarks/bench_join.py: SmolLM2-135M's shape, random weights
+from bench_join import random_smollm2, settle  # benchmarks/bench_join.py: SmolLM2-135M's shape, random weights
 
 ENGINES = ("plain", "spec_forced_plain", "adaptive", "spec_forced_chain")
-
-
-def settle(engine):
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize(engine.device)
 
 
 def decode(engine, prompt, tokens, policy_forced=None):
@@ -54,13 +49,13 @@ def decode(engine, prompt, tokens, policy_forced=None):
         engine.spec.policy.forced = policy_forced
     engine.add(prompt, SamplingParams(max_tokens=tokens, ignore_eos=True))
     engine.step()  # the prefill and the first token
-    settle(engine)
+    settle(engine.device)
     start = time.perf_counter()
     steps = 0
     while engine.has_work():
         engine.step()
         steps += 1
-    settle(engine)
+    settle(engine.device)
     return (tokens - 1) / (time.perf_counter() - start), steps
 
 
@@ -91,7 +86,8 @@ def host_profile(engine, prompt, tokens, policy_forced, top):
     rows = []
     for (file, line, name), (_, calls, tottime, cumtime, _) in list(stats.stats.items()):
         rows.append(dict(function=f"{Path(file).name}:{line}:{name}", calls_per_step=round(calls / steps, 2),
-                         own_us_per_step=round(tottime / steps * 1e6, 1), cum_us_per_step=round(cumtime / steps * 1e6, 1)))
+                         own_us_per_step=round(tottime / steps * 1e6, 1),
+                         cum_us_per_step=round(cumtime / steps * 1e6, 1)))
     rows.sort(key=lambda r: -r["own_us_per_step"])
     total = sum(r["own_us_per_step"] for r in rows)
     return dict(steps=steps, host_us_per_step_profiled=round(total, 1), top=rows[:top])
