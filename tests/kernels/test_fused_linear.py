@@ -135,6 +135,7 @@ def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, max_k, max_
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "MAX_K", max_k)
+    monkeypatch.setattr(kernels, "NARROW_N", 0)  # no projection counts as narrow (narrow_rows' own test)
     monkeypatch.delenv("EYAS_FUSED_WIDE", raising=False)
     monkeypatch.delenv("EYAS_FUSED_NARROW_ROWS", raising=False)
     if max_rows is None:
@@ -165,11 +166,12 @@ def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, max_k, max_
     assert not calls
 
 
-@pytest.mark.parametrize("narrow_rows,n_out,fused_expected", [(None, N, 0), ("4", N, 1), ("4", 4096, 0)])
+@pytest.mark.parametrize("narrow_rows,n_out,fused_expected",
+                         [(None, N, 1), ("4", N, 1), ("4", 4096, 0), ("2", N, 0), (None, 4096, 0)])
 def test_narrow_projections_fuse_up_to_narrow_rows(device, monkeypatch, narrow_rows, n_out, fused_expected):
-    """At 4 rows (past max_rows()) a projection of at most NARROW_N outputs runs the kernel when
-    EYAS_FUSED_NARROW_ROWS allows 4 rows; a wider one, or no setting, keeps the unfused pair. The result is
-    the unfused one either way."""
+    """At 4 rows (past max_rows()) a projection of at most NARROW_N outputs runs the kernel by default
+    (NARROW_ROWS) or when EYAS_FUSED_NARROW_ROWS allows 4 rows; a wider one, or a setting of 2, keeps the
+    unfused pair. The result is the unfused one either way."""
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "NARROW_N", 2 * N)
@@ -290,10 +292,11 @@ def test_layers_fuse_wide_rows_when_asked(device, monkeypatch):
 
 def test_narrow_output_projection_fuses_unless_told_not_to(device, monkeypatch):
     """A small model's output projection (K <= MAX_K) runs the GEMV tiles at 1-2 rows, bias added after;
-    with EYAS_FUSED_O_PROJ=0, or at more rows than max_rows(), cuBLAS."""
+    with EYAS_FUSED_O_PROJ=0, or at more rows than max_rows(), cuBLAS (narrow projections' extra rows off)."""
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", 0)
+    monkeypatch.setattr(kernels, "NARROW_ROWS", 0)
     _, _, row = _layers(device)
     calls = []
     monkeypatch.setattr(kernels, "linear_rows", lambda *a, _f=kernels.linear_rows: calls.append(1) or _f(*a))

@@ -25,8 +25,11 @@ DEVICE = "cuda" if os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_ava
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """Forces the kernels on and counts the fused projection kernels' calls, by name."""
+    """Forces the kernels on and counts the fused projection kernels' calls, by name. The tiny draft's
+    projections are all narrow: NARROW_ROWS is set to 0 so that max_rows() alone decides, as these tests say."""
     import eyas.kernels.fused_linear as kernels
+
+    monkeypatch.setattr(kernels, "NARROW_ROWS", 0)
 
     for name in ("EYAS_FUSED_LINEAR", "EYAS_FUSED_MAX_ROWS", "EYAS_FUSED_WIDE", "EYAS_FUSED_NARROW_ROWS"):
         monkeypatch.delenv(name, raising=False)

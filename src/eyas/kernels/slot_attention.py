@@ -85,7 +85,7 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
                            counters, k_new, v_new, cos, sin, pos, wpos,
                            s_qb, s_qt, s_qh, s_qd, s_kcs, s_kch, s_kcc, s_kcd, s_vcs, s_vch, s_vcc, s_vcd,
                            s_mb, s_mt, s_mw, s_nkb, s_nkt, s_nkh, s_nkd, s_nvb, s_nvt, s_nvh, s_nvd,
-                           s_pb, s_pt, s_wb, s_wt, s_cos, T, W, cap, qk_scale, SPLITS, M_PAD,
+                           s_pb, s_pt, s_wb, s_wt, s_cos, T, W, cap, qk_scale, M_PAD, SPLITS: tl.constexpr,
                            KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, TREE: tl.constexpr, PARTIAL: tl.constexpr,
                            DOT_F32: tl.constexpr, MERGE: tl.constexpr, ROTARY: tl.constexpr,
@@ -156,8 +156,13 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
         c_ok = cols < hi
         kt = tl.load(k_row + cols[None, :].to(tl.int64) * s_kcc + offs_d[:, None] * s_kcd, mask=c_ok[None, :],
                      other=0.)
+        # The block's values are loaded beside its keys, so both reads are in flight at once: a short split
+        # runs one or two blocks, each otherwise two memory round trips one after the other.
+        vv = tl.load(v_row + cols[:, None].to(tl.int64) * s_vcc + offs_d[None, :] * s_vcd, mask=c_ok[:, None],
+                     other=0.)
         if DOT_F32:
             kt = kt.to(tl.float32)
+            vv = vv.to(tl.float32)
         s = tl.dot(qv, kt, input_precision="ieee") * qk_scale
         if TREE:
             rel = cols[None, :] - vis
@@ -173,10 +178,6 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
         alpha = tl.exp2(m_i - m_use)
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        vv = tl.load(v_row + cols[:, None].to(tl.int64) * s_vcc + offs_d[None, :] * s_vcd, mask=c_ok[:, None],
-                     other=0.)
-        if DOT_F32:
-            vv = vv.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(vv.dtype), vv, input_precision="ieee")
         m_i = m_new
 
@@ -191,7 +192,7 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
                 m_blocks = tl.num_programs(2) // SPLITS
                 counter = counters + (b * KV_HEADS + hk) * m_blocks + mblk
                 if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
-                    _merge_splits(out, part_m, part_l, part_acc, b, hk, mblk, T, SPLITS, splits, M_PAD, KV_HEADS,
+                    _merge_splits(out, part_m, part_l, part_acc, b, hk, mblk, T, splits, M_PAD, SPLITS, KV_HEADS,
                                   G, D, BLOCK_M, ".cg")
                     tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
         else:  # a row short enough for one pass, in a split launch
@@ -220,11 +221,14 @@ def _rotated(x_ptrs, partner_ptrs, cos_row, sin_row, offs, sign, mask, dtype: tl
 
 
 @triton.jit
-def _merge_splits(out, part_m, part_l, part_acc, b, hk, mblk, T, SPLITS, used, M_PAD, KV_HEADS: tl.constexpr,
-                  G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, CACHE: tl.constexpr):
+def _merge_splits(out, part_m, part_l, part_acc, b, hk, mblk, T, used, M_PAD, SPLITS: tl.constexpr,
+                  KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, CACHE: tl.constexpr):
     """Row block mblk of (b, hk): the partial (max, sum, acc) of its first `used` of SPLITS splits merged
     into the output rows. CACHE is the partials' load modifier: ".cg" (from L2, where other programs'
-    stores are) inside the attention kernel, "" in the merge kernel."""
+    stores are) inside the attention kernel, "" in the merge kernel.
+
+    The loops over splits are unrolled (SPLITS is a constant; splits past `used` are masked off), so the
+    loads of every split's partials are in flight together instead of one round trip per split in turn."""
     offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < T * G
     t = offs_m // G
@@ -233,29 +237,33 @@ def _merge_splits(out, part_m, part_l, part_acc, b, hk, mblk, T, SPLITS, used, M
     base = (b.to(tl.int64) * KV_HEADS + hk) * SPLITS * M_PAD + offs_m
 
     m_g = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in range(used):
-        m_g = tl.maximum(m_g, tl.load(part_m + base + s * M_PAD, cache_modifier=CACHE))
+    for s in tl.static_range(SPLITS):
+        ok = m_ok & (tl.full([BLOCK_M], s, tl.int32) < used)
+        m_g = tl.maximum(m_g, tl.load(part_m + base + s * M_PAD, mask=ok, other=float("-inf"), cache_modifier=CACHE))
     m_use = tl.where(m_g == float("-inf"), 0., m_g)
     l_g = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for s in range(used):
+    for s in tl.static_range(SPLITS):
+        ok = m_ok & (tl.full([BLOCK_M], s, tl.int32) < used)
         row = base + s * M_PAD
-        w = tl.exp2(tl.load(part_m + row, cache_modifier=CACHE) - m_use)   # empty splits (max -inf) weigh nothing
-        l_g += w * tl.load(part_l + row, cache_modifier=CACHE)
-        acc += w[:, None] * tl.load(part_acc + row[:, None] * D + offs_d[None, :], cache_modifier=CACHE)
+        # empty and unused splits (max -inf) weigh nothing
+        w = tl.exp2(tl.load(part_m + row, mask=ok, other=float("-inf"), cache_modifier=CACHE) - m_use)
+        l_g += w * tl.load(part_l + row, mask=ok, other=0., cache_modifier=CACHE)
+        acc += w[:, None] * tl.load(part_acc + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.,
+                                    cache_modifier=CACHE)
     o = acc / tl.where(l_g > 0, l_g, 1.)[:, None]
     o_ptrs = out + (b.to(tl.int64) * T + t[:, None]) * (KV_HEADS * G * D) + h[:, None] * D + offs_d[None, :]
     tl.store(o_ptrs, o.to(out.dtype.element_ty), mask=m_ok[:, None])
 
 
 @triton.jit
-def _combine_splits_kernel(out, part_m, part_l, part_acc, T, SPLITS, M_PAD,
+def _combine_splits_kernel(out, part_m, part_l, part_acc, T, M_PAD, SPLITS: tl.constexpr,
                            KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                            USE_PDL: tl.constexpr):
     signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     _merge_splits(out, part_m, part_l, part_acc, tl.program_id(0), tl.program_id(1), tl.program_id(2), T, SPLITS,
-                  SPLITS, M_PAD, KV_HEADS, G, D, BLOCK_M, "")
+                  M_PAD, SPLITS, KV_HEADS, G, D, BLOCK_M, "")
 
 
 _counters: dict[torch.device, torch.Tensor] = {}
@@ -351,7 +359,7 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         q, k_cache, v_cache, slots, starts, vis, mask, out, part_m, part_l, part_acc,
         counters if counters is not None else slots, *rot_args,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides, *rot_strides,
-        T, W, cap, scale * LOG2E, splits, m_pad,
+        T, W, cap, scale * LOG2E, m_pad, SPLITS=splits,
         KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, TREE=tree, PARTIAL=splits > 1,
         MERGE=counters is not None, ROTARY=rotary is not None, ONE_PASS_COLS=one_pass_columns(D),
         SPLIT_COLS=split_columns(),
@@ -359,6 +367,6 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         num_warps=num_warps, num_stages=2, **options)
     if splits > 1 and counters is None:
         _combine_splits_kernel[(B, kv_heads, m_blocks)](
-            out, part_m, part_l, part_acc, T, splits, m_pad,
+            out, part_m, part_l, part_acc, T, m_pad, SPLITS=splits,
             KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, num_warps=num_warps, **pdl)
     return out
