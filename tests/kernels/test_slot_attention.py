@@ -153,7 +153,7 @@ def test_split_merge_inside_the_kernel(device, monkeypatch, mode):
     q = torch.randn((B, T, KV_HEADS * G, D), generator=gen).to(device)
     k_cache = torch.randn((4, KV_HEADS, max_len, D), generator=gen).to(device)
     v_cache = torch.randn((4, KV_HEADS, max_len, D), generator=gen).to(device)
-    slots, starts = torch.tensor([3, 1], device=device), torch.tensor([690, 100], device=device)
+    slots, starts = torch.tensor([3, 1], device=device), torch.tensor([690, 30], device=device)
     extra = {}
     if mode == "tree":
         extra = dict(new_mask=_new_mask(B, T, T, torch.zeros(B, dtype=torch.long), gen).to(device), visible=starts)
@@ -161,8 +161,8 @@ def test_split_merge_inside_the_kernel(device, monkeypatch, mode):
     def attention(splits=3):
         return slot_attention(q, k_cache, v_cache, slots, starts, D ** -0.5, kv_len=714, splits=splits, **extra)
 
-    # Row 0 (714 columns) runs its 3 splits; row 1 (124, within one_pass_columns) one pass, as a 1-split launch.
-    assert 100 + T <= one_pass_columns(D) < 690
+    # Row 0 (714 columns) runs its 3 splits; row 1 (54, within one_pass_columns) one pass, as a 1-split launch.
+    assert 30 + T <= one_pass_columns(D) < 690
     reference = attention(splits=1)
     monkeypatch.setenv("EYAS_MERGE_IN_KERNEL", "0")  # the merge kernel
     reference[0] = attention()[0]
@@ -192,17 +192,18 @@ def test_outgrown_counters_stay_allocated(monkeypatch):
 
 
 def test_choose_splits(monkeypatch):
-    assert choose_splits(4, 4096) == 16  # long rows: up to 16 splits of >= 256 columns
-    assert choose_splits(3, 2048) == 8
+    assert choose_splits(4, 4096) == 16  # long rows: up to 16 splits of >= 2 * SPLIT_COLUMNS columns
+    assert choose_splits(3, 2048) == 16
+    assert choose_splits(3, 1024) == 8
     assert choose_splits(256, 4096) == 1  # enough programs already
-    assert choose_splits(3, 512) == 4  # short rows: splits of >= SPLIT_COLUMNS while programs are few
-    assert choose_splits(24, 512) == 4
+    assert choose_splits(3, 512) == 8  # short rows: splits of >= SPLIT_COLUMNS while programs are few
+    assert choose_splits(24, 512) == 6
     assert choose_splits(48, 512) == 3
-    assert choose_splits(3, 64) == 1
+    assert choose_splits(3, 48) == 1
     assert choose_splits(128, 512) == 1
     monkeypatch.setenv("EYAS_SHORT_ROW_SPLITS", "0")
     assert choose_splits(3, 512) == 1
-    assert choose_splits(3, 2048) == 8
+    assert choose_splits(3, 2048) == 16
     monkeypatch.setenv("EYAS_SHORT_ROW_SPLITS", "1")
     monkeypatch.setenv("EYAS_SPLIT_COLUMNS", "32")  # shorter splits, for timing: short and long rows alike
     assert choose_splits(3, 512) == 16 and choose_splits(8, 512) == 16 and choose_splits(3, 1024) == 16
@@ -213,8 +214,8 @@ def test_choose_splits(monkeypatch):
 
 
 def test_one_pass_columns(monkeypatch):
-    """Rows past 128 columns split at head dim <= 64 (timed in whole steps), past 192 above; a timing knob."""
-    assert one_pass_columns(64) == SPLIT_COLUMNS == 128 and one_pass_columns(128) == 192
+    """Rows past 64 columns split at head dim <= 64 (timed in whole steps), past 192 above; a timing knob."""
+    assert one_pass_columns(64) == SPLIT_COLUMNS == 64 and one_pass_columns(128) == 192
     monkeypatch.setenv("EYAS_ONE_PASS_COLUMNS", "384")
     assert one_pass_columns(64) == 384
     monkeypatch.setenv("EYAS_ONE_PASS_COLUMNS", "many")

@@ -20,7 +20,10 @@ def attention_block_n(head_dim: int) -> int:
     return 64 if head_dim <= 128 else 32
 
 
-SPLIT_COLUMNS = 128  # columns per split at least, of a row that the kernel splits itself (with MERGE)
+SPLIT_COLUMNS = 64  # columns per split at least, of a row that the kernel splits itself (with MERGE)
+# 64 since the merge loads every split's partials at once (twenty-fourth session, H200, bench_step_ab.py, graph
+# replays side by side): SmolLM2 decode 3.1-5.9% faster than with 128 at 150 / 300 / 450 cached tokens, a
+# 5-row verify 3.4-3.7%; the 8B-shaped step at 512 unchanged (-0.2% / +0.2%).
 
 
 def split_columns() -> int:
@@ -39,8 +42,9 @@ def one_pass_columns(head_dim: int) -> int:
     partial stores and merge cost more than the blocks they save. Timed alone (benchmarks/bench_slot_attention.py,
     H200, batch 1) one pass won up to ~384 columns at head dim 64, ~192 at 128; but in whole SmolLM2 steps
     (bench_step_ab.py, graph replays, side by side) splitting every row past 128 columns was faster: decode
-    -2.7% / -6.6% / -10.9% at 200 / 300 / 380 cached tokens, verify of 5 -2.0% / -4.7% / 0.0% (2026-12-01).
-    Head dim 128 keeps 192, not timed so. EYAS_ONE_PASS_COLUMNS sets it, for timing whole steps."""
+    -2.7% / -6.6% / -10.9% at 200 / 300 / 380 cached tokens, verify of 5 -2.0% / -4.7% / 0.0% (2026-12-01),
+    and with the cheaper merge past SPLIT_COLUMNS = 64 (timed together with it, above). Head dim 128 keeps 192,
+    not timed so. EYAS_ONE_PASS_COLUMNS sets it, for timing whole steps."""
     forced = os.environ.get("EYAS_ONE_PASS_COLUMNS")
     if forced:
         if not forced.isdigit():
@@ -51,7 +55,7 @@ def one_pass_columns(head_dim: int) -> int:
 
 def choose_splits(programs: int, columns: int) -> int:
     """Column splits per row, for `programs` (batch x kv heads x row blocks) over rows of up to `columns`:
-    enough programs for ~128 SMs, each split keeping at least twice split_columns() (256) of a long row
+    enough programs for ~128 SMs, each split keeping at least twice split_columns() (128) of a long row
     (> 512 columns) and split_columns() of a short one. With the merge in the kernel this is an upper bound:
     each row takes its own count from its length (one_pass_columns, split_columns). EYAS_SHORT_ROW_SPLITS=0 launches rows
     of up to 512 columns in one pass."""
