@@ -12,7 +12,12 @@ would give a 1-second stall the weight of a 20-ms window, and read far above wha
 A mode counts as measured at a bucket once its windows there held a window's worth of steps (`measured`):
 a first window cut short after one step by a change of bucket, a switch's wait in it, once decided a bucket
 on its own (batch 8's tail on an H200, 2026-12-01: one speculative step at bucket 2 read 971 tok/s per
-sequence against plain's 1,177, and the policy preferred plain there). It runs the faster mode; the slower
+sequence against plain's 1,177, and the policy preferred plain there). A bucket where speculation is
+measured and plain not yet borrows its neighbours' verdict when speculation leads by far at each neighbouring
+bucket where both are measured (`_lead_nearby`), and measures plain only on the probe schedule: a batch's
+tail passes through such buckets for a few windows each. On an H200 (2026-12-02) batch 64's tail spent 31 ms
+of a 394-ms run in plain windows at buckets 16 and 4, where speculation then read 1.8-1.9x plain's rate per
+sequence; at 16 both neighbours led by 1.4-1.6x (at 4, bucket 2 did not). It runs the faster mode; the slower
 one gets one window now and then (`probe_every` windows, 4x less often when it is far behind) so that a
 change of traffic is noticed. A margin keeps the choice
 from flapping on noise. Both modes are lossless and the draft catches up before it drafts again, so no
@@ -49,6 +54,7 @@ from dataclasses import asdict, dataclass, field
 
 BOOKS = ("speculative", "plain", "void", "prefill")  # where the policy books engine time
 RECENT = 512  # closed windows kept for inspection (a window that stalled shows there with its catch-up time)
+FAR = 0.8     # a mode at less than this times the other's rate is far behind: probed 4x less often
 
 
 def bucket(batch_size: int) -> int:
@@ -128,6 +134,9 @@ class SpecPolicy:
         if measured.get((b, True), 0) < self.window:
             return True, None   # measure speculation first ...
         if measured.get((b, False), 0) < self.window:
+            if self._lead_nearby(b, rates, measured):  # keep speculating; plain measured on the probe schedule
+                n = self.windows.get(b, 0) + 1
+                return n % self.probe_every != 0, True
             return False, None  # ... then plain decoding
         n = self.windows.get(b, 0) + 1
         g = rates[(b, True)] / max(rates[(b, False)], 1e-9)  # a window may read no tokens of its own (continues)
@@ -138,9 +147,16 @@ class SpecPolicy:
             current = True
         # A probe window has as many steps as any other, and a far slower mode's steps are long: probe it
         # 4x less often, so that probes cost about 1-2% of the time whatever the ratio.
-        far = g < 0.8 or g > 1 / 0.8
+        far = g < FAR or g > 1 / FAR
         every = self.probe_every * (4 if far else 1)
         return ((not current) if n % every == 0 else current), current
+
+    def _lead_nearby(self, b: int, rates: dict, measured: dict) -> bool:
+        """Whether speculation is far ahead (more than 1 / FAR) at every neighbouring bucket (b / 2, 2b) where
+        both modes are measured, and there is one."""
+        both = [c for c in (b // 2, 2 * b) if c >= 1 and min(measured.get((c, True), 0),
+                                                             measured.get((c, False), 0)) >= self.window]
+        return bool(both) and all(rates[(c, True)] > rates[(c, False)] / FAR for c in both)
 
     def continues(self, batch_size: int, now: float) -> bool:
         """At a boundary (boundary() true): whether the window that the next step opens, once the open one
