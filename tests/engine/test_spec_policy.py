@@ -1,6 +1,6 @@
 """The speculation policy: the fixed batch limit, and the adaptive choice from measured rates per bucket."""
 
-import eyas.engine.speculative as speculative
+import eyas.engine.adaptive_steps as adaptive_steps
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.spec_policy import SpecPolicy, bucket
@@ -199,7 +199,7 @@ class FakeClock:
 
     def __init__(self, monkeypatch, engine):
         self.t = 0.0
-        monkeypatch.setattr(speculative.time, "perf_counter", lambda: self.t)
+        monkeypatch.setattr(adaptive_steps.time, "perf_counter", lambda: self.t)
         spec = engine.spec
         for name, seconds in (("_speculative_cycle", 0.01), ("_plain_step", 0.01), ("_catch_up", 0.1),
                               ("prefill", 0.0025)):

@@ -5,7 +5,7 @@ and stops paying as the batch grows, by an amount no model predicts well inside 
 joining requests, the front end's per-step work and the host's share of a cycle all move with the load.
 So the adaptive policy measures the one thing that decides: tokens produced per second of wall time per
 running sequence, over windows of `window` consecutive steps in one mode at one batch-size bucket, every
-gap between the steps included (speculative.py feeds it). Per bucket and mode it keeps exponentially
+gap between the steps included (adaptive_steps.py feeds it). Per bucket and mode it keeps exponentially
 forgotten sums of tokens per sequence and of seconds, and their ratio is the mode's rate: a time-weighted
 throughput, in which a window with a long stall weighs by its length (a mean of each window's own rate
 would give a 1-second stall the weight of a 20-ms window, and read far above what the mode delivers).

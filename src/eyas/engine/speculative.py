@@ -14,18 +14,18 @@ on the host. A chain (topk 1) drafts and accepts through shorter functions of it
 tree.accept_greedy_chain) that give the general tree's results with k = 1 in fewer kernels.
 When the policy chooses a plain step, the draft does not run: the step's (feature, token) pair is kept
 in the sequence's lag, and the draft catches up before it drafts again (catch_up.py). Plain steps then cost
-what plain decoding costs, ahead of the host too.
+what plain decoding costs, ahead of the host too. Which of the two a step runs, and the policy's books, is the
+step loop's (adaptive_steps.py).
 """
 
 from __future__ import annotations
-
-import time
 
 import torch
 import torch.nn.functional as F
 
 from eyas.config import SpecConfig
 from eyas.engine import catch_up as lag
+from eyas.engine.adaptive_steps import AdaptiveSteps
 from eyas.engine.draft_state import gather_states, set_states
 from eyas.engine.drafter import Drafter
 from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
@@ -42,7 +42,7 @@ from eyas.models.draft_io import load_draft
 from eyas.models.eagle3 import Eagle3Draft
 
 
-class SpeculativeDecoder:
+class SpeculativeDecoder(AdaptiveSteps):
     def __init__(self, engine, draft_path, spec: SpecConfig | None):
         self.engine = engine
         self.spec = spec or SpecConfig()
@@ -62,11 +62,9 @@ class SpeculativeDecoder:
         self.policy = SpecPolicy(max_batch=self.spec.max_batch, adaptive=self.spec.adaptive)
         heads, head_dim, shared = self.draft.config.kv_cache_layout()  # an MLA draft caches one latent per token
         self.kv = KVCache(1, engine.runner.kv.num_slots, positions, heads, head_dim, dtype, engine.device, shared)
-        self._last_mode = None  # speculated or not, the last step
         self.accept_on_device = True  # greedy batches; False keeps them on the host path (tests compare both)
         self.drafter = Drafter(self.draft, self.target.embed, self.kv, self.spec, engine.device)
         self.draft_fn = self.drafter.chain if k == 1 else self.drafter.tree
-        self.last_decision = None  # (batch size, speculated) of the last step, for the server's metrics
         self.ahead = SpecAhead(self)  # greedy cycles one ahead of the host (off: EYAS_DECODE_AHEAD=0)
 
     @property
@@ -177,97 +175,6 @@ class SpeculativeDecoder:
                 here = ((last >= start) & (last < start + C))[:, None]
                 h, logp = torch.where(here, hc, h), torch.where(here, lc, logp)
         return h, logp
-
-    # -- one cycle -------------------------------------------------------------------------------
-    def cycle(self, seqs):
-        """One step for the running batch: a speculative cycle, or a plain step when the policy says so."""
-        n, policy = len(seqs), self.policy
-        settled = policy.boundary(n)
-        if settled:
-            now = time.perf_counter()
-            if policy.continues(n, now):
-                # The next window runs the same mode: no wait. Its first steps read the steps still in
-                # flight, so it books as many steps' tokens as it has steps' time (spec_policy.py).
-                policy.close(now)
-                settled = False
-        if settled:
-            # A window of steps ends and the mode may change: read the cycles it still has in flight (their
-            # tokens are its own), and wait for its last pass to finish, so that it is charged all of its
-            # own GPU work and the next window none of it.
-            self.drain_ahead()
-            seqs = [s for s in seqs if not s.finished]
-            if not seqs:  # the window's last cycles ended the batch: the engine releases it, then goes idle
-                return
-            n = len(seqs)
-            self._settle()
-            policy.close(time.perf_counter())
-        speculate = policy.speculate(n)
-        if policy.adaptive:  # decided from this rank's own measurements: every rank follows rank 0
-            speculate = self.target.tp.agree(speculate)
-        self.last_decision = (n, speculate)
-        if policy.adaptive:
-            if speculate != self._last_mode and not settled:
-                self._settle()  # the other mode's last pass may still be running: not this step's work
-            policy.step_started(n, speculate, time.perf_counter())
-        self._last_mode = speculate
-        if (self.ahead.active and not (speculate and self.ahead.usable(seqs))) or \
-                (speculate and self.engine.ahead.active):
-            self.drain_ahead()  # the host's view of the batch (and the draft's lag) must be current first
-            seqs = [s for s in seqs if not s.finished]
-            if not seqs:
-                return
-        captured = self._graphs_captured() if policy.adaptive else 0
-        lagging = [s for s in seqs if s.draft_state.lag_tokens] if speculate else []
-        if lagging:  # inside the step, so charged to speculation, the mode that needs it (spec_policy.py)
-            started = time.perf_counter()
-            self._catch_up(lagging)
-            policy.caught_up(time.perf_counter() - started)
-        run = self._speculative_cycle if speculate else self._plain_step
-        if not policy.adaptive:
-            run(seqs)
-            return
-        before = sum(len(s.output_ids) for s in seqs)
-        run(seqs)
-        # A step that captured a CUDA graph took far longer than its kind does: its window says nothing.
-        policy.step_done(sum(len(s.output_ids) for s in seqs) - before, self._graphs_captured() != captured)
-
-    def drain_ahead(self):
-        """Read every cycle (spec_ahead.py) or plain step (decode_ahead.py) still in flight; under the
-        adaptive policy their tokens go to the open window, whose time they took."""
-        for mode in (self.ahead, self.engine.ahead):
-            if mode.active:
-                seqs = mode.seqs
-                before = sum(len(s.output_ids) for s in seqs)
-                mode.drain()
-                self.policy.step_done(sum(len(s.output_ids) for s in seqs) - before)
-
-    def prefill_started(self) -> float:
-        """The engine is about to prefill joining requests: under the adaptive policy, wait for the GPU so
-        that the prefill's time is its own (spec_policy.py books it apart from both modes)."""
-        if self.policy.adaptive:
-            self._settle()
-        return time.perf_counter()
-
-    def prefill_done(self, started: float):
-        if self.policy.adaptive:
-            self._settle()
-            self.policy.set_aside(time.perf_counter() - started)
-
-    def idle(self):
-        """The engine ran out of work: end the policy's window now, so the wait for the next request is
-        charged to neither mode."""
-        if self.policy.adaptive and self.policy.current is not None:
-            self._settle()
-            self.policy.close(time.perf_counter())
-
-    def _settle(self):
-        """Wait until the GPU has run everything queued so far (a no-op on the CPU, where work is synchronous)."""
-        if self.engine.device.type == "cuda":
-            torch.cuda.synchronize(self.engine.device)
-
-    def _graphs_captured(self) -> int:
-        g = self.engine.runner.graphs
-        return 0 if g is None else len(g.graphs) + len(g.functions.graphs)
 
     def _speculative_cycle(self, seqs):
         if self.accept_on_device and all(s.params.greedy for s in seqs):

@@ -1,0 +1,109 @@
+"""The step loop of a speculative engine: per step, the policy's mode (a speculative cycle or a plain step),
+the policy's windows fed with the steps' tokens and times, and the waits for the GPU that keep each window's
+books its own: where the mode may change, around prefills, when the engine goes idle.
+
+A mixin of SpeculativeDecoder (speculative.py), which provides what a step runs: `policy`, `ahead` (its cycles
+ahead of the host), `engine`, `target`, `_speculative_cycle`, `_plain_step` and `_catch_up`. The engine calls
+`cycle`, `drain_ahead`, `prefill_started` / `prefill_done` and `idle`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class AdaptiveSteps:
+    last_decision = None  # (batch size, speculated) of the last step, for the server's metrics
+    _last_mode = None     # speculated or not, the last step
+
+    def cycle(self, seqs):
+        """One step for the running batch: a speculative cycle, or a plain step when the policy says so."""
+        n, policy = len(seqs), self.policy
+        settled = policy.boundary(n)
+        if settled:
+            now = time.perf_counter()
+            if policy.continues(n, now):
+                # The next window runs the same mode: no wait. Its first steps read the steps still in
+                # flight, so it books as many steps' tokens as it has steps' time (spec_policy.py).
+                policy.close(now)
+                settled = False
+        if settled:
+            # A window of steps ends and the mode may change: read the cycles it still has in flight (their
+            # tokens are its own), and wait for its last pass to finish, so that it is charged all of its
+            # own GPU work and the next window none of it.
+            self.drain_ahead()
+            seqs = [s for s in seqs if not s.finished]
+            if not seqs:  # the window's last cycles ended the batch: the engine releases it, then goes idle
+                return
+            n = len(seqs)
+            self._settle()
+            policy.close(time.perf_counter())
+        speculate = policy.speculate(n)
+        if policy.adaptive:  # decided from this rank's own measurements: every rank follows rank 0
+            speculate = self.target.tp.agree(speculate)
+        self.last_decision = (n, speculate)
+        if policy.adaptive:
+            if speculate != self._last_mode and not settled:
+                self._settle()  # the other mode's last pass may still be running: not this step's work
+            policy.step_started(n, speculate, time.perf_counter())
+        self._last_mode = speculate
+        if (self.ahead.active and not (speculate and self.ahead.usable(seqs))) or \
+                (speculate and self.engine.ahead.active):
+            self.drain_ahead()  # the host's view of the batch (and the draft's lag) must be current first
+            seqs = [s for s in seqs if not s.finished]
+            if not seqs:
+                return
+        captured = self._graphs_captured() if policy.adaptive else 0
+        lagging = [s for s in seqs if s.draft_state.lag_tokens] if speculate else []
+        if lagging:  # inside the step, so charged to speculation, the mode that needs it (spec_policy.py)
+            started = time.perf_counter()
+            self._catch_up(lagging)
+            policy.caught_up(time.perf_counter() - started)
+        run = self._speculative_cycle if speculate else self._plain_step
+        if not policy.adaptive:
+            run(seqs)
+            return
+        before = sum(len(s.output_ids) for s in seqs)
+        run(seqs)
+        # A step that captured a CUDA graph took far longer than its kind does: its window says nothing.
+        policy.step_done(sum(len(s.output_ids) for s in seqs) - before, self._graphs_captured() != captured)
+
+    def drain_ahead(self):
+        """Read every cycle (spec_ahead.py) or plain step (decode_ahead.py) still in flight; under the
+        adaptive policy their tokens go to the open window, whose time they took."""
+        for mode in (self.ahead, self.engine.ahead):
+            if mode.active:
+                seqs = mode.seqs
+                before = sum(len(s.output_ids) for s in seqs)
+                mode.drain()
+                self.policy.step_done(sum(len(s.output_ids) for s in seqs) - before)
+
+    def prefill_started(self) -> float:
+        """The engine is about to prefill joining requests: under the adaptive policy, wait for the GPU so
+        that the prefill's time is its own (spec_policy.py books it apart from both modes)."""
+        if self.policy.adaptive:
+            self._settle()
+        return time.perf_counter()
+
+    def prefill_done(self, started: float):
+        if self.policy.adaptive:
+            self._settle()
+            self.policy.set_aside(time.perf_counter() - started)
+
+    def idle(self):
+        """The engine ran out of work: end the policy's window now, so the wait for the next request is
+        charged to neither mode."""
+        if self.policy.adaptive and self.policy.current is not None:
+            self._settle()
+            self.policy.close(time.perf_counter())
+
+    def _settle(self):
+        """Wait until the GPU has run everything queued so far (a no-op on the CPU, where work is synchronous)."""
+        if self.engine.device.type == "cuda":
+            torch.cuda.synchronize(self.engine.device)
+
+    def _graphs_captured(self) -> int:
+        g = self.engine.runner.graphs
+        return 0 if g is None else len(g.graphs) + len(g.functions.graphs)
