@@ -449,10 +449,16 @@ def main():
     if "speed" in sections:
         sp = {}
 
+        def row_done(name):
+            """Each row as it is measured: a run cut short by a time limit still reports what it had."""
+            print(json.dumps({"row": name, "tok_s": round(sp[name]["tok_s"], 1),
+                              "accept_length": sp[name].get("accept_length")}), flush=True)
+
         def speed(name, *engine, env=None):
             """One eyas engine's row; with env (variable, value) set while it is built and run."""
             with env_set(*env) if env else contextlib.nullcontext():
                 sp[name], eng = eyas_speed(path, prompts[:args.prompts], "bf16", *engine)
+            row_done(name)
             return eng
 
         speed("eyas_plain")
@@ -493,7 +499,9 @@ def main():
             speed("eyas_plain_last")
         if args.hf_prompts > 0:
             sp["hf_static"] = hf_speed_isolated(path, prompts[:args.hf_prompts])
+            row_done("hf_static")
             sp["hf_prompt_lookup"] = hf_speed_isolated(path, prompts[:args.hf_prompts], lookup=True)
+            row_done("hf_prompt_lookup")
         results["speed"] = sp
         print(json.dumps({k: round(v["tok_s"], 1) for k, v in sp.items()}), flush=True)
         twins = {k: k[:-len("_in_step")] for k in sp if k.endswith("_in_step")}
