@@ -133,12 +133,11 @@ class SpecPolicy:
         by a change of bucket, with a switch's wait in it, must not decide a bucket alone). Changes nothing."""
         if measured.get((b, True), 0) < self.window:
             return True, None   # measure speculation first ...
+        n = self.windows.get(b, 0) + 1
         if measured.get((b, False), 0) < self.window:
             if self._lead_nearby(b, rates, measured):  # keep speculating; plain measured on the probe schedule
-                n = self.windows.get(b, 0) + 1
                 return n % self.probe_every != 0, True
             return False, None  # ... then plain decoding
-        n = self.windows.get(b, 0) + 1
         g = rates[(b, True)] / max(rates[(b, False)], 1e-9)  # a window may read no tokens of its own (continues)
         current = self.preferred.get(b, g >= 1.0)
         if current and g < 1 / (1 + self.margin):
