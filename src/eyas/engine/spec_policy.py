@@ -19,8 +19,12 @@ tail passes through such buckets for a few windows each. On an H200 (2026-12-02)
 of a 394-ms run in plain windows at buckets 16 and 4, where speculation then read 1.8-1.9x plain's rate per
 sequence; at 16 both neighbours led by 1.4-1.6x (at 4, bucket 2 did not). It runs the faster mode; the slower
 one gets one window now and then (`probe_every` windows, 4x less often when it is far behind) so that a
-change of traffic is noticed. A margin keeps the choice
-from flapping on noise. Both modes are lossless and the draft catches up before it drafts again, so no
+change of traffic is noticed. A margin keeps the choice from flapping on noise. A close call on a first
+window or two is not settled: a window's acceptance depends on its text, and on an H200 (2026-12-02) a
+first speculative window at batch 1 read 0.84x plain's rate while speculation over the whole response was
+1.10x; the policy decoded the rest plain, at 0.86x of always speculating. So until the mode not chosen has
+SETTLE windows' worth of steps at a bucket, it gets every second window there, unless it is very far behind
+(under FAR ** 2 of the other's rate, or over 1 / FAR ** 2: a bad draft is not run for long). Both modes are lossless and the draft catches up before it drafts again, so no
 choice ever changes the output.
 
 Every second of the engine's busy time is booked exactly once, or the rates lie. On an H200 under load,
@@ -55,6 +59,7 @@ from dataclasses import asdict, dataclass, field
 BOOKS = ("speculative", "plain", "void", "prefill")  # where the policy books engine time
 RECENT = 512  # closed windows kept for inspection (a window that stalled shows there with its catch-up time)
 FAR = 0.8     # a mode at less than this times the other's rate is far behind: probed 4x less often
+SETTLE = 4    # windows of steps the mode not chosen needs at a bucket before a close call there is settled
 
 
 def bucket(batch_size: int) -> int:
@@ -145,9 +150,14 @@ class SpecPolicy:
         elif not current and g > 1 + self.margin:
             current = True
         # A probe window has as many steps as any other, and a far slower mode's steps are long: probe it
-        # 4x less often, so that probes cost about 1-2% of the time whatever the ratio.
+        # 4x less often, so that probes cost about 1-2% of the time whatever the ratio. A close call on few
+        # windows is not settled: one window's acceptance depends on its text (a response's opening lines
+        # can accept far less than the rest), so the mode not chosen gets every second window until it has
+        # SETTLE windows' worth of steps there; running the slower of two close modes costs little.
         far = g < FAR or g > 1 / FAR
-        every = self.probe_every * (4 if far else 1)
+        near = FAR ** 2 < g < 1 / FAR ** 2
+        unsettled = near and measured.get((b, not current), 0) < SETTLE * self.window
+        every = 2 if unsettled else self.probe_every * (4 if far else 1)
         return ((not current) if n % every == 0 else current), current
 
     def _lead_nearby(self, b: int, rates: dict, measured: dict) -> bool:
