@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from eyas.engine.kv_cache import KVCache
-from eyas.kernels.attention_splits import SPLIT_COLUMNS, choose_splits, one_pass_columns
+from eyas.kernels.attention_splits import SPLIT_COLUMNS, choose_splits, merge_unrolled, one_pass_columns
 from eyas.kernels.slot_attention import slot_attention, store_kv
 from eyas.layers.attention import AttentionBatch, attend
 
@@ -141,12 +141,16 @@ def test_short_splits(device, monkeypatch, mode):
         _run(device, torch.float32, 2, 3, 64, "tree", starts=[298, 88, 18], visible=[290, 80, 10], max_len=320)
 
 
+@pytest.mark.parametrize("unroll", ["1", "0"])
 @pytest.mark.parametrize("mode", ["causal", "tree"])
-def test_split_merge_inside_the_kernel(device, monkeypatch, mode):
+def test_split_merge_inside_the_kernel(device, monkeypatch, mode, unroll):
     """The default: the last split program of each row block merges; the same output as the merge
     kernel's, bit for bit (the same arithmetic), the counters back at zero after every launch, and a second
-    launch over them right. A short row in the same launch runs one pass, as a launch without splits would."""
+    launch over them right. A short row in the same launch runs one pass, as a launch without splits would.
+    The merge's loops unrolled or not (EYAS_MERGE_UNROLL) add the same sums in the same order."""
     import eyas.kernels.slot_attention as kernels
+
+    monkeypatch.setenv("EYAS_MERGE_UNROLL", unroll)
 
     gen = torch.Generator().manual_seed(7)
     B, T, G, D, max_len = 2, 24, 3, 64, 720  # 72 query rows: two row blocks per kv head
@@ -173,6 +177,20 @@ def test_split_merge_inside_the_kernel(device, monkeypatch, mode):
         assert torch.equal(attention(), reference)
         counters = kernels._counters[q.device]
         assert counters.numel() >= B * KV_HEADS * 2 and not counters.any()
+    monkeypatch.setenv("EYAS_MERGE_UNROLL", "0" if unroll == "1" else "1")
+    assert torch.equal(attention(), reference)
+
+
+def test_merge_unrolled_while_the_partials_fit_in_registers(monkeypatch):
+    """SmolLM2's steps (up to 16 splits of 16 rows at head dim 64) and the 8B decode and 4-token verify (16 x 16
+    x 128) unroll; an 8B verify of 8 tokens (16 x 32 x 128) does not."""
+    assert merge_unrolled(16, 16, 64) and merge_unrolled(16, 16, 128)
+    assert not merge_unrolled(16, 32, 128) and merge_unrolled(8, 32, 128)
+    monkeypatch.setenv("EYAS_MERGE_UNROLL", "1")
+    assert merge_unrolled(16, 64, 128)
+    monkeypatch.setenv("EYAS_MERGE_UNROLL", "yes")
+    with pytest.raises(ValueError, match="EYAS_MERGE_UNROLL"):
+        merge_unrolled(2, 16, 64)
 
 
 def test_outgrown_counters_stay_allocated(monkeypatch):

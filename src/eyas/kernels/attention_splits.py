@@ -64,3 +64,20 @@ def choose_splits(programs: int, columns: int) -> int:
             return 1
         return max(1, min(triton.cdiv(128, programs), columns // split_columns(), 16))
     return max(1, min(triton.cdiv(128, programs), columns // (2 * split_columns()), 16))
+
+
+MERGE_UNROLL_VALUES = 32768  # partial-accumulator values (splits x rows x head dim) up to which the merge is unrolled
+
+
+def merge_unrolled(splits: int, block_m: int, head_dim: int) -> bool:
+    """Whether the split merge loads every split's partials at once (its loops unrolled) rather than one
+    split after the other. At once is faster while they fit in registers. On an H200 (2026-12-02,
+    bench_step_ab.py, 8B shape at 512 cached tokens, graph replays side by side) unrolled won 2.8% / 2.5% of
+    a decode / 4-token verify step (16 splits x 16 rows x 128 = 32,768 values) and lost 8.0% of an 8-token
+    verify (16 x 32 x 128). EYAS_MERGE_UNROLL=0 / 1 forces it, for timing."""
+    forced = os.environ.get("EYAS_MERGE_UNROLL")
+    if forced:
+        if forced not in ("0", "1"):
+            raise ValueError(f"EYAS_MERGE_UNROLL={forced!r} is not 0 or 1")
+        return forced == "1"
+    return splits * block_m * head_dim <= MERGE_UNROLL_VALUES

@@ -31,7 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from eyas.kernels.attention_splits import attention_block_n, choose_splits, one_pass_columns, split_columns
+from eyas.kernels.attention_splits import attention_block_n, choose_splits, merge_unrolled, one_pass_columns, \
+    split_columns
 from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
 
@@ -89,7 +90,8 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
                            KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, TREE: tl.constexpr, PARTIAL: tl.constexpr,
                            DOT_F32: tl.constexpr, MERGE: tl.constexpr, ROTARY: tl.constexpr,
-                           ONE_PASS_COLS: tl.constexpr, SPLIT_COLS: tl.constexpr, USE_PDL: tl.constexpr):
+                           ONE_PASS_COLS: tl.constexpr, SPLIT_COLS: tl.constexpr, UNROLL: tl.constexpr,
+                           USE_PDL: tl.constexpr):
     signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     b = tl.program_id(0)
@@ -193,7 +195,7 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
                 counter = counters + (b * KV_HEADS + hk) * m_blocks + mblk
                 if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == splits - 1:
                     _merge_splits(out, part_m, part_l, part_acc, b, hk, mblk, T, splits, M_PAD, SPLITS, KV_HEADS,
-                                  G, D, BLOCK_M, ".cg")
+                                  G, D, BLOCK_M, ".cg", UNROLL)
                     tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
         else:  # a row short enough for one pass, in a split launch
             _store_rows(out, acc, l_i, b64, T, t, h, offs_d, m_ok, KV_HEADS, G, D)
@@ -222,13 +224,16 @@ def _rotated(x_ptrs, partner_ptrs, cos_row, sin_row, offs, sign, mask, dtype: tl
 
 @triton.jit
 def _merge_splits(out, part_m, part_l, part_acc, b, hk, mblk, T, used, M_PAD, SPLITS: tl.constexpr,
-                  KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, CACHE: tl.constexpr):
+                  KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, CACHE: tl.constexpr,
+                  UNROLL: tl.constexpr):
     """Row block mblk of (b, hk): the partial (max, sum, acc) of its first `used` of SPLITS splits merged
     into the output rows. CACHE is the partials' load modifier: ".cg" (from L2, where other programs'
     stores are) inside the attention kernel, "" in the merge kernel.
 
-    The loops over splits are unrolled (SPLITS is a constant; splits past `used` are masked off), so the
-    loads of every split's partials are in flight together instead of one round trip per split in turn."""
+    With UNROLL the loops over splits are unrolled (SPLITS is a constant; splits past `used` are masked off),
+    so the loads of every split's partials are in flight together instead of one round trip per split in
+    turn; without it (merge_unrolled: partials too many for registers) they are read one split after the
+    other. The same sums in the same order either way."""
     offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < T * G
     t = offs_m // G
@@ -237,33 +242,49 @@ def _merge_splits(out, part_m, part_l, part_acc, b, hk, mblk, T, used, M_PAD, SP
     base = (b.to(tl.int64) * KV_HEADS + hk) * SPLITS * M_PAD + offs_m
 
     m_g = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in tl.static_range(SPLITS):
-        ok = m_ok & (tl.full([BLOCK_M], s, tl.int32) < used)
-        m_g = tl.maximum(m_g, tl.load(part_m + base + s * M_PAD, mask=ok, other=float("-inf"), cache_modifier=CACHE))
+    if UNROLL:
+        for s in tl.static_range(SPLITS):
+            ok = m_ok & (tl.full([BLOCK_M], s, tl.int32) < used)
+            m_g = tl.maximum(m_g, tl.load(part_m + base + s * M_PAD, mask=ok, other=float("-inf"),
+                                          cache_modifier=CACHE))
+    else:
+        for s in range(used):
+            m_g = tl.maximum(m_g, tl.load(part_m + base + s * M_PAD, mask=m_ok, other=float("-inf"),
+                                          cache_modifier=CACHE))
     m_use = tl.where(m_g == float("-inf"), 0., m_g)
     l_g = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for s in tl.static_range(SPLITS):
-        ok = m_ok & (tl.full([BLOCK_M], s, tl.int32) < used)
-        row = base + s * M_PAD
-        # empty and unused splits (max -inf) weigh nothing
-        w = tl.exp2(tl.load(part_m + row, mask=ok, other=float("-inf"), cache_modifier=CACHE) - m_use)
-        l_g += w * tl.load(part_l + row, mask=ok, other=0., cache_modifier=CACHE)
-        acc += w[:, None] * tl.load(part_acc + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.,
-                                    cache_modifier=CACHE)
+    if UNROLL:
+        for s in tl.static_range(SPLITS):
+            ok = m_ok & (tl.full([BLOCK_M], s, tl.int32) < used)
+            l_g, acc = _merge_one(part_m, part_l, part_acc, base + s * M_PAD, ok, m_use, l_g, acc, offs_d, D, CACHE)
+    else:
+        for s in range(used):
+            l_g, acc = _merge_one(part_m, part_l, part_acc, base + s * M_PAD, m_ok, m_use, l_g, acc, offs_d, D, CACHE)
     o = acc / tl.where(l_g > 0, l_g, 1.)[:, None]
     o_ptrs = out + (b.to(tl.int64) * T + t[:, None]) * (KV_HEADS * G * D) + h[:, None] * D + offs_d[None, :]
     tl.store(o_ptrs, o.to(out.dtype.element_ty), mask=m_ok[:, None])
 
 
 @triton.jit
+def _merge_one(part_m, part_l, part_acc, row, ok, m_use, l_g, acc, offs_d, D: tl.constexpr, CACHE: tl.constexpr):
+    """One split's partial rows added into the running (l, acc), weighed by exp2(its max - m_use)."""
+    # empty and unused splits (max -inf) weigh nothing
+    w = tl.exp2(tl.load(part_m + row, mask=ok, other=float("-inf"), cache_modifier=CACHE) - m_use)
+    l_g += w * tl.load(part_l + row, mask=ok, other=0., cache_modifier=CACHE)
+    acc += w[:, None] * tl.load(part_acc + row[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.,
+                                cache_modifier=CACHE)
+    return l_g, acc
+
+
+@triton.jit
 def _combine_splits_kernel(out, part_m, part_l, part_acc, T, M_PAD, SPLITS: tl.constexpr,
                            KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                           USE_PDL: tl.constexpr):
+                           UNROLL: tl.constexpr, USE_PDL: tl.constexpr):
     signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     _merge_splits(out, part_m, part_l, part_acc, tl.program_id(0), tl.program_id(1), tl.program_id(2), T, SPLITS,
-                  M_PAD, SPLITS, KV_HEADS, G, D, BLOCK_M, "")
+                  M_PAD, SPLITS, KV_HEADS, G, D, BLOCK_M, "", UNROLL)
 
 
 _counters: dict[torch.device, torch.Tensor] = {}
@@ -334,6 +355,7 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     else:
         part_m = part_l = part_acc = out
     num_warps = 8 if D >= 256 else 4
+    unroll = merge_unrolled(splits, block_m, D)
     pdl = pdl_args(q)
     if rotary is not None:
         k_new, v_new, cos, sin, positions, write_pos = rotary
@@ -362,11 +384,11 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         T, W, cap, scale * LOG2E, m_pad, SPLITS=splits,
         KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, TREE=tree, PARTIAL=splits > 1,
         MERGE=counters is not None, ROTARY=rotary is not None, ONE_PASS_COLS=one_pass_columns(D),
-        SPLIT_COLS=split_columns(),
+        SPLIT_COLS=split_columns(), UNROLL=unroll,
         DOT_F32=not q.is_cuda,  # Triton's interpreter (CPU tensors) multiplies the raw bits of bf16 dot operands
         num_warps=num_warps, num_stages=2, **options)
     if splits > 1 and counters is None:
         _combine_splits_kernel[(B, kv_heads, m_blocks)](
             out, part_m, part_l, part_acc, T, m_pad, SPLITS=splits,
-            KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, num_warps=num_warps, **pdl)
+            KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, UNROLL=unroll, num_warps=num_warps, **pdl)
     return out
