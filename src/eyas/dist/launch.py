@@ -95,6 +95,12 @@ class WorkerGroup:
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> ModelInfo:
         """Spawn the workers, check their environments, wait until every engine is built."""
+        self.spawn()
+        return self.wait_ready()
+
+    def spawn(self) -> None:
+        """Start the worker processes and return at once: the caller may do its own work while they import
+        and load (the server's front end loads the tokenizer meanwhile), then wait_ready()."""
         port = free_port()
         self.results = self.ctx.Queue()
         # Workers ignore SIGTERM, which multiprocessing's own exit hook relies on; this hook (run before it, as
@@ -109,6 +115,13 @@ class WorkerGroup:
                     p.start()
                 self.procs.append(p)
                 self.commands.append(q)
+        except BaseException:
+            self.stop(grace=0)
+            raise
+
+    def wait_ready(self) -> ModelInfo:
+        """Check the spawned workers' environments, wait until every engine is built; stops them on failure."""
+        try:
             self.reports = [EnvReport.from_dict(m.report) for m in self._gather(EnvReported, "report its environment")]
             self.env_problems = env_report.mismatches(self.reports, self.env)
             if self.env_problems and self.env_check == "fail":

@@ -11,6 +11,7 @@ then serves HTTP until SIGTERM/SIGINT (drain running requests, exit 0) or until 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import signal
 import sys
@@ -87,14 +88,21 @@ def run(args) -> int:
 
     config = config_from_args(args)
     steps_in_flight()  # a bad EYAS_STEPS_IN_FLIGHT fails here, before any worker starts
-    # The front end owns text. A bad checkpoint is reported as such (not as a tokenizer problem), and both
-    # before any worker loads weights.
+    # The front end owns text. A bad checkpoint is reported as such (not as a tokenizer problem) before any
+    # worker starts; the tokenizer loads while the workers import and load (seconds each, on a CPU the most
+    # of a small server's start), and a bad one stops them before they report.
     path = resolve_model_path(config.model)
     ModelConfig.from_dir(path)
-    tokenizer = load_tokenizer(path)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as load_tokenizer sets it, and before the workers inherit
     group = WorkerGroup(config.worker_spec(), tp=config.tp, env=config.env, env_check=config.env_check, log=log)
+    group.spawn()
+    try:
+        tokenizer = load_tokenizer(path)
+    except BaseException:
+        group.stop(grace=0)
+        raise
     log(f"eyas: starting {config.tp} worker(s) for {config.model}")
-    info = group.start()
+    info = group.wait_ready()
     fatal: list[str] = []
     scheduler = None
     try:
