@@ -24,8 +24,8 @@ window or two is not settled: a window's acceptance depends on its text, and on 
 first speculative window at batch 1 read 0.84x plain's rate while speculation over the whole response was
 1.10x; the policy decoded the rest plain, at 0.86x of always speculating. So until the mode not chosen has
 SETTLE windows' worth of steps at a bucket, it gets every second window there, unless it is very far behind
-(under FAR ** 2 of the other's rate, or over 1 / FAR ** 2: a bad draft is not run for long). Both modes are lossless and the draft catches up before it drafts again, so no
-choice ever changes the output.
+(under FAR ** 2 of the other's rate, or over 1 / FAR ** 2: a bad draft is not run for long). Both modes are
+lossless and the draft catches up before it drafts again, so no choice ever changes the output.
 
 Every second of the engine's busy time is booked exactly once, or the rates lie. On an H200 under load,
 a version that dropped windows cut short by a change of batch bucket and charged the draft's catch-up at
