@@ -10,7 +10,7 @@ import transformers
 from eyas.cli import main
 from tests.helpers import tiny_llama
 
-PROMPTS = ["Name three birds of prey.", "What is 17 times 23?", "Translate 'good morning' into French."]
+PROMPTS = ["Name three birds of prey.", "What is 17 times 23?"]  # 64 tokens each, the HF side eager on the CPU
 
 
 def run_cli(capsys, *argv):
