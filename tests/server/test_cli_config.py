@@ -54,3 +54,22 @@ def test_a_bad_steps_in_flight_is_one_line_before_any_worker_starts(tmp_path):
                        capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 2
     assert p.stderr.strip() == "eyas: error: EYAS_STEPS_IN_FLIGHT must be a positive integer, not 'x'"
+
+
+def test_a_bad_tokenizer_is_one_line_and_stops_the_workers_started_beside_it(tmp_path, monkeypatch, capsys):
+    """The front end loads the tokenizer while the workers start: when it cannot load, the workers spawned
+    beside it are stopped, and the error is the tokenizer's one line."""
+    from eyas.cli import main
+    from eyas.dist import launch
+    from tests.helpers import tiny_llama
+
+    tiny_llama(tmp_path)  # config and weights, no tokenizer
+    groups = []
+    spawn = launch.WorkerGroup.spawn
+    monkeypatch.setattr(launch.WorkerGroup, "spawn", lambda self: (groups.append(self), spawn(self))[1])
+    capsys.readouterr()
+    code = main(["serve", "--model", str(tmp_path), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().count("\n") == 0 and "cannot load the tokenizer" in err, err
+    (group,) = groups
+    assert len(group.procs) == 1 and not group.procs[0].is_alive()
