@@ -33,11 +33,11 @@ def wide_target_dir(tmp_path_factory):
     return str(path)
 
 
-WIDE = dict(hidden=128, tokens=(6, 8))  # the wide target's width, and fewer tokens: its attention kernels
+WIDE = dict(hidden=128, tokens=(4, 6))  # the wide target's width, and fewer tokens: its attention kernels
 # step through the interpreter slowly on the CPU
 
 
-def _generate(target_dir, kernels: str, monkeypatch, spec=None, hidden=64, tokens=(7, 10)):
+def _generate(target_dir, kernels: str, monkeypatch, spec=None, hidden=64, tokens=(5, 8)):
     monkeypatch.setenv("EYAS_KERNELS", kernels)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 32, (n,), generator=g).tolist() for n in (5, 11)]
