@@ -64,12 +64,13 @@ def hardware(device: str) -> str:
 class Server:
     """One `eyas serve` process in its own session, so a kill reaches its workers too."""
 
-    def __init__(self, name: str, argv: list[str], port: int, log_path: Path):
+    def __init__(self, name: str, argv: list[str], port: int, log_path: Path, env: dict[str, str] | None = None):
         self.name, self.url, self.log_path = name, f"http://127.0.0.1:{port}", log_path
         self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=env)
 
-    def wait_healthy(self, timeout_s: float) -> dict:
+    def wait_healthy(self, timeout_s: float, poll_s: float = 0.5) -> dict:
         deadline = time.monotonic() + timeout_s
         with httpx.Client(base_url=self.url, timeout=5.0, trust_env=False) as http:
             while time.monotonic() < deadline:
@@ -81,7 +82,7 @@ class Server:
                         return http.get("/server_info").json()
                 except httpx.HTTPError:
                     pass  # not listening yet
-                time.sleep(0.5)
+                time.sleep(poll_s)
         raise EyasError(f"server '{self.name}' not healthy after {timeout_s:.0f} s (log: {self.log_path})")
 
     def last_log_line(self) -> str:

@@ -3,7 +3,8 @@
     python3 benchmarks/bench_serve_start.py --model DIR [--tp 1] [--rounds 5] [--trees old=/tmp/old/src,new=src]
 
 Each round starts one server per tree, one after the other (the order flips every round), on a free port,
-times the first 200 from /health, then stops it with SIGTERM and waits for it to exit. A tree is a `src`
+times the first 200 from /health (and the /server_info request that bench_serve_load's Server makes right
+after it, milliseconds on localhost), then stops it with SIGTERM and waits for it to exit. A tree is a `src`
 folder put first on PYTHONPATH (unpack an older commit with `git archive COMMIT src | tar -x -C /tmp/old`);
 without --trees the installed eyas runs. Reported per tree: the median, fastest and slowest start.
 """
@@ -13,64 +14,34 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
+from bench_serve_load import Server, free_port  # benchmarks/ (the script's own folder is on sys.path)
+from eyas.errors import EyasError
+
 STARTUP_LIMIT_S = 300.0
+POLL_S = 0.02  # between /health requests: the start's resolution
 
 
-class BenchError(Exception):
-    """Bad input, or a server that did not come up: one line on stderr, exit 2."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2.0) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def start_once(model: str, tp: int, src: str | None, device: str) -> float:
+def start_once(model: str, tp: int, src: str | None, device: str, log_path: Path) -> float:
     """Seconds from the command to the first 200 from /health; the server is stopped before returning."""
     env = dict(os.environ)
     if src:
         env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     port = free_port()
-    cmd = [sys.executable, "-m", "eyas.cli", "serve", "--model", model, "--tp", str(tp), "--port", str(port),
-           "--device", device]
+    argv = [sys.executable, "-m", "eyas.cli", "serve", "--model", model, "--tp", str(tp), "--port", str(port),
+            "--device", device]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    server = Server(log_path.stem, argv, port, log_path, env=env)
     try:
-        while not healthy(port):
-            if proc.poll() is not None:
-                raise BenchError(f"the server exited with code {proc.returncode}: "
-                                 f"{(proc.stderr.read().strip().splitlines() or ['(no output)'])[-1]}")
-            if time.perf_counter() - start > STARTUP_LIMIT_S:
-                raise BenchError(f"no 200 from /health within {STARTUP_LIMIT_S:g} s")
-            time.sleep(0.02)
+        server.wait_healthy(STARTUP_LIMIT_S, poll_s=POLL_S)
         return time.perf_counter() - start
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        server.stop()
 
 
 def parse_trees(text: str) -> list[tuple[str, str | None]]:
@@ -80,9 +51,9 @@ def parse_trees(text: str) -> list[tuple[str, str | None]]:
     for item in text.split(","):
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise BenchError(f"--trees item {item!r} is not NAME=SRC_DIR")
+            raise EyasError(f"--trees item {item!r} is not NAME=SRC_DIR")
         if not (Path(path) / "eyas" / "cli.py").is_file():
-            raise BenchError(f"{path} has no eyas/cli.py (want a tree's src folder)")
+            raise EyasError(f"{path} has no eyas/cli.py (want a tree's src folder)")
         trees.append((name, str(Path(path).resolve())))
     return trees
 
@@ -98,21 +69,22 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         return run(args)
-    except BenchError as e:
+    except EyasError as e:
         print(f"bench_serve_start: error: {e}", file=sys.stderr)
         return 2
 
 
 def run(args) -> int:
     if args.rounds < 1 or args.tp < 1:
-        raise BenchError("--rounds and --tp must be at least 1")
+        raise EyasError("--rounds and --tp must be at least 1")
     if args.model != "demo" and not Path(args.model).is_dir():
-        raise BenchError(f"model directory {args.model} not found")
+        raise EyasError(f"model directory {args.model} not found")
     trees = parse_trees(args.trees)
     times: dict[str, list[float]] = {name: [] for name, _ in trees}
+    logs = Path(tempfile.mkdtemp(prefix="bench_serve_start-"))
     for r in range(args.rounds):
         for name, src in (trees if r % 2 == 0 else trees[::-1]):
-            times[name].append(start_once(args.model, args.tp, src, args.device))
+            times[name].append(start_once(args.model, args.tp, src, args.device, logs / f"{name}-{r + 1}.log"))
             print(f"round {r + 1} {name}: {times[name][-1]:.2f} s", flush=True)
     rows = []
     for name, _ in trees:
