@@ -6,10 +6,9 @@ count, this times, as CUDA-graph replays (launch gaps included, as in a decode s
 copy of the weights, enough copies to outgrow the L2 cache (as a step streams every layer's weights once):
   unfused: eyas.kernels.norm.add_rms_norm then F.linear (cuBLAS), or eyas.kernels.activation.silu_mul then F.linear,
            or F.linear alone
-  fused:   eyas.kernels.fused_linear.norm_linear / silu_mul_linear / linear_rows, twice: with the tiles the
-           warm-up's timing picks among the SUM tiles alone (EYAS_FUSED_TILES=classic) and among all
-and prints µs per call, the weight bytes per µs, the largest difference between the outputs, and the tiles
-picked.
+  fused:   eyas.kernels.fused_linear.norm_linear / silu_mul_linear / linear_rows
+and prints µs per call, the weight bytes per µs, the largest difference between the two outputs, and the tile
+the fused kernel's timing picked.
 
     python3 benchmarks/bench_fused_linear.py --shape smollm2 --rows 1,2 --out fused_linear.json
 
@@ -22,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -36,28 +33,11 @@ from eyas.kernels.fused_linear import KERNEL_ROWS, WIDE_MAX_K
 from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 SHAPES = {"smollm2": SMOLLM2, "llama-8b": LLAMA_8B}
-CALLS_PER_GRAPH = 20
-
-
 def graphed_us(fn, copies: list, reps: int = 20) -> float:
     """Median µs per call of fn(w), called once per weight copy in one CUDA graph (captured as the engine's
     are): the copies outgrow the L2 cache, so each call reads its weights from device memory, as in a step."""
     graph, _ = capture(lambda: [fn(w) for w in copies], pool=None)
     return median_ms(graph.replay, reps=reps, cuda=True) * 1e3 / len(copies)
-
-
-@contextmanager
-def tiles(which: str):
-    """EYAS_FUSED_TILES set to `which` ("classic" or "all") for the calls inside."""
-    before = os.environ.get("EYAS_FUSED_TILES")
-    os.environ["EYAS_FUSED_TILES"] = which
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["EYAS_FUSED_TILES"]
-        else:
-            os.environ["EYAS_FUSED_TILES"] = before
 
 
 def cases(shape: dict):
@@ -78,7 +58,7 @@ def measure(name: str, kind: str, k: int, n: int, rows: int) -> dict:
     dt, dev = torch.bfloat16, "cuda"
     w0 = (torch.randn(n, k, generator=g, device=dev) * k ** -0.5).to(dt)
     l2 = torch.cuda.get_device_properties(dev).L2_cache_size
-    copies = [w0] + [w0.clone() for _ in range(min(CALLS_PER_GRAPH, copies_for(w0.numel() * 2, l2)) - 1)]
+    copies = [w0] + [w0.clone() for _ in range(copies_for(w0.numel() * 2, l2) - 1)]  # twice the L2 cache
     if kind == "norm":
         x, delta = (torch.randn(rows, k, generator=g, device=dev).to(dt) for _ in range(2))
         nw = (1 + 0.1 * torch.randn(k, generator=g, device=dev)).to(dt)
@@ -108,19 +88,15 @@ def measure(name: str, kind: str, k: int, n: int, rows: int) -> dict:
             return fused.silu_mul_linear(gate_up, w)
         kernel = fused._silu_mul_linear_kernel
     reference = unfused(w0).float()
-    scale = reference.abs().max().item()
-    got = dict(proj=name, k=k, n=n, rows=rows, copies=len(copies), out_scale=scale,
-               unfused_us=round(graphed_us(unfused, copies), 2))
-    for which in ("classic", "all"):
-        with tiles(which):
-            diff = (reference - fused_fn(w0).float()).abs().max().item()  # also times the tiles (first call)
-            t = graphed_us(fused_fn, copies)
-            best = fused.tile_for(kernel.fn.__name__, rows, n, k)
-        got[which] = dict(us=round(t, 2), speedup=round(got["unfused_us"] / t, 3), max_abs_diff=diff,
-                          weight_gb_s=round(w0.numel() * 2 / 1e3 / t, 1),
-                          tile=dict(BLOCK_N=best.kwargs["BLOCK_N"], CHUNK_K=best.kwargs["CHUNK_K"],
-                                    KIND=best.kwargs["KIND"], num_warps=best.num_warps))
-    return got
+    diff = (reference - fused_fn(w0).float()).abs().max().item()  # the first call also picks the tile
+    t_unfused, t_fused = graphed_us(unfused, copies), graphed_us(fused_fn, copies)
+    best = fused.tile_for(kernel.fn.__name__, rows, n, k)
+    return dict(proj=name, k=k, n=n, rows=rows, copies=len(copies), unfused_us=round(t_unfused, 2),
+                fused_us=round(t_fused, 2), speedup=round(t_unfused / t_fused, 3),
+                weight_gb_s_fused=round(w0.numel() * 2 / 1e3 / t_fused, 1), max_abs_diff=diff,
+                out_scale=reference.abs().max().item(),
+                tile=dict(BLOCK_N=best.kwargs["BLOCK_N"], CHUNK_K=best.kwargs["CHUNK_K"], num_stages=best.num_stages,
+                          num_warps=best.num_warps))
 
 
 def main():
@@ -144,8 +120,7 @@ def main():
     out = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, copy_bw_tb_s=copy_bandwidth() / 1e12,
                results=[])
     print(f"copy bandwidth {out['copy_bw_tb_s']:.2f} TB/s")
-    print("| shape | proj | K | N | rows | unfused µs | fused µs, SUM tiles | fused µs, all tiles | speedup (all) "
-          "| GB/s (all) | tile (all: KIND BLOCK_N CHUNK_K warps) |")
+    print("| shape | proj | K | N | rows | unfused µs | fused µs | speedup | fused weight GB/s | tile |")
     for shape in shapes:
         for name, kind, k, n in cases(SHAPES[shape]):
             if k > WIDE_MAX_K:
@@ -154,10 +129,8 @@ def main():
             for r in rows:
                 m = dict(shape=shape, **measure(name, kind, k, n, r))
                 out["results"].append(m)
-                t = m["all"]["tile"]
-                print(f"| {shape} | {name} | {k} | {n} | {r} | {m['unfused_us']} | {m['classic']['us']} "
-                      f"| {m['all']['us']} | {m['all']['speedup']} | {m['all']['weight_gb_s']} "
-                      f"| {t['KIND']} {t['BLOCK_N']} {t['CHUNK_K']} {t['num_warps']} |", flush=True)
+                print(f"| {shape} | {name} | {k} | {n} | {r} | {m['unfused_us']} | {m['fused_us']} | {m['speedup']} "
+                      f"| {m['weight_gb_s_fused']} | {m['tile']} |", flush=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=2)
 

@@ -45,29 +45,24 @@ def _torch_references(monkeypatch):
     monkeypatch.setenv("EYAS_KERNELS", "0")
 
 
-@pytest.fixture(params=[(0, 0), (32, 0), (64, 0), (32, 1), (64, 1), (32, 2)],
-                ids=["whole-rows", "k-chunks-32", "k-chunks-64", "late-sum-32", "late-sum-64", "dot-32"])
+@pytest.fixture(params=[0, 32, 64], ids=["whole-rows", "k-chunks-32", "k-chunks-64"])
 def chunk_k(request, monkeypatch, device):
-    """The tile: whole rows, or K in chunks (96 = 3 x 32, or 64 + a partial 32) summed per chunk (SUM),
-    added up elementwise and summed at the end (LATE), or multiplied on tensor cores (DOT, rows padded to
-    16; in the interpreter from DOT_MIN_ROWS rows, below that the SUM tile). In the interpreter through its
-    module settings; on a GPU as the only candidate tile, so that each case compiles and runs that tile,
-    deterministically, instead of timing every tile for every case (the kernel tests took 317 s on an H200
-    that way)."""
+    """The tile: whole rows, or K in chunks (96 = 3 x 32, or 64 + a partial 32). In the interpreter through
+    its module setting; on a GPU as the only candidate tile, so that each case compiles and runs
+    that tile, deterministically, instead of timing every tile for every case (the kernel tests took 317 s on
+    an H200 that way)."""
     import triton
 
     import eyas.kernels.fused_linear as kernels
 
-    chunk, kind = request.param
-    monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", chunk)
-    monkeypatch.setattr(kernels, "_INTERPRETER_KIND", kind)
+    monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", request.param)
     if device == "cuda":
         from eyas.kernels import tile_choice
 
-        tile = triton.Config({"BLOCK_N": 16 if chunk else 8, "CHUNK_K": chunk, "KIND": kind}, num_warps=4)
+        tile = triton.Config({"BLOCK_N": 16 if request.param else 8, "CHUNK_K": request.param}, num_warps=4)
         monkeypatch.setattr(kernels, "_candidates", lambda m, k: [tile])
         monkeypatch.setattr(tile_choice, "_picked", {})
-    return chunk
+    return request.param
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -209,57 +204,38 @@ def test_layers_keep_torch_paths_for_training(monkeypatch, device):
     assert col.weight.grad is not None and norm.weight.grad is not None
 
 
-def _tiles(**args):
-    from eyas.kernels.fused_linear import _CONFIGS, _prune
+def test_tile_pruning_keeps_every_tile_of_decode_rows():
+    """The warm-up times every tile for 1-2 rows (as before the K-chunked tiles existed); at 8 rows of 1,536
+    features the wide whole-row tiles, whose products would spill, are not even compiled."""
+    from eyas.kernels.fused_linear import _CONFIGS, SMALL_CONFIGS, _prune
 
-    return {(c.kwargs["KIND"], c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in _prune(_CONFIGS, args)}
+    def tiles(**args):
+        return {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in _prune(_CONFIGS, args)}
 
-
-def _family(configs):
-    return {(c.kwargs["KIND"], c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in configs}
-
-
-def test_tile_pruning_keeps_every_tile_of_decode_rows(monkeypatch):
-    """The warm-up times every SUM tile for 1-2 rows (as before the K-chunked tiles existed), the LATE tiles
-    whose accumulator fits, and no tensor-core tile (rows padded to 16 cannot win at 1-2); at 8 rows of 1,536
-    features the wide whole-row tiles, whose products would spill, are not even compiled, and the
-    tensor-core tiles are. EYAS_FUSED_TILES=classic times the SUM tiles alone."""
-    from eyas.kernels.fused_linear import DOT_CONFIGS, LATE_CONFIGS, SMALL_CONFIGS
-
-    monkeypatch.delenv("EYAS_FUSED_TILES", raising=False)
-    every = _family(SMALL_CONFIGS)
-    late = {t for t in _family(LATE_CONFIGS) if t[2] < 256}
-    assert _tiles(M=1, K=576) == _tiles(M=2, I=1536) == every | late
-    assert _tiles(M=4, K=576) == every - {t for t in every if t[2] == 0 and 4 * t[1] * 1024 > 65536} | {
-        t for t in late if 4 * t[1] * t[2] <= 8192} | _family(DOT_CONFIGS)
-    eight = _tiles(M=8, I=1536)
-    assert {(n, w) for _, n, c, w in every - eight} == {(8, 4), (8, 8), (16, 4), (16, 8)}
-    assert all(c == 0 for _, _, c, _ in every - eight)
-    assert _family(DOT_CONFIGS) <= eight and {t for t in eight if t[0] == 1} == {(1, 4, 64, 4), (1, 4, 128, 4),
-                                                                                 (1, 8, 64, 4), (1, 8, 128, 4),
-                                                                                 (1, 16, 64, 4)}
-    monkeypatch.setenv("EYAS_FUSED_TILES", "classic")
-    assert _tiles(M=1, K=576) == every and all(t[0] == 0 for t in _tiles(M=8, I=1536))
+    every = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in SMALL_CONFIGS}
+    assert tiles(M=1, K=576) == tiles(M=2, I=1536) == every
+    eight = tiles(M=8, I=1536)
+    assert {(n, w) for n, c, w in every - eight} == {(8, 4), (8, 8), (16, 4), (16, 8)}
+    assert all(c == 0 for _, c, _ in every - eight)
 
 
-def test_wide_rows_take_the_wide_chunks_only(monkeypatch):
+def test_wide_rows_take_the_wide_chunks_only():
     """Past MAX_K (an 8B model's 4,096 and 14,336 features) only the 256-1,024-column chunks are timed,
-    those of up to 65,536 products at 8 rows (SUM) or 8,192 accumulated (LATE), never on tensor cores."""
-    from eyas.kernels.fused_linear import _CONFIGS, LATE_CONFIGS, WIDE_CONFIGS, _prune
+    those of up to 65,536 products at 8 rows."""
+    from eyas.kernels.fused_linear import _CONFIGS, WIDE_CONFIGS, _prune
 
-    monkeypatch.delenv("EYAS_FUSED_TILES", raising=False)
-    wide = _family(WIDE_CONFIGS) | {t for t in _family(LATE_CONFIGS) if t[2] >= 256}
-    assert _tiles(M=1, K=4096) == wide
-    assert _tiles(M=2, I=14336) == wide - {(1, 8, 1024, 4), (1, 8, 1024, 8)}
-    assert {(n, c) for kind, n, c, _ in _tiles(M=8, K=4096) if kind == 0} == {
-        (4, 256), (4, 512), (4, 1024), (8, 256), (8, 512), (8, 1024), (16, 256), (16, 512)}
-    assert {(n, c) for kind, n, c, _ in _tiles(M=8, K=4096) if kind == 1} == {(2, 256), (2, 512), (4, 256)}
+    def tiles(**args):
+        return {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in _prune(_CONFIGS, args)}
+
+    wide = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in WIDE_CONFIGS}
+    assert tiles(M=1, K=4096) == tiles(M=2, I=14336) == wide
+    assert {(n, c) for n, c, _ in tiles(M=8, K=4096)} == {(4, 256), (4, 512), (4, 1024), (8, 256), (8, 512),
+                                                           (8, 1024), (16, 256), (16, 512)}
     import copy  # the autotuner may hand the pruning copies of the configs: it sorts them by value
 
     copies = [copy.deepcopy(c) for c in _CONFIGS]
-    assert len(_prune(copies, {"M": 1, "K": 4096})) == len(wide)
-    monkeypatch.setenv("EYAS_FUSED_TILES", "classic")
-    assert _tiles(M=1, K=4096) == _family(WIDE_CONFIGS)
+    assert len(_prune(copies, {"M": 1, "K": 4096})) == len(WIDE_CONFIGS)
+    assert len(_prune(copies, {"M": 1, "K": 576})) == len(_CONFIGS) - len(WIDE_CONFIGS)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

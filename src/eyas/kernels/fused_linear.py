@@ -80,49 +80,6 @@ def max_k() -> int:
     return WIDE_MAX_K if os.environ.get("EYAS_FUSED_WIDE") == "1" else MAX_K
 
 
-# How a K-chunked tile accumulates its products (the KIND of its config; whole-row tiles take SUM):
-SUM: tl.constexpr = tl.constexpr(0)   # each chunk's [rows, BLOCK_N, CHUNK_K] products reduced over K at once
-LATE: tl.constexpr = tl.constexpr(1)  # the products added elementwise chunk by chunk, reduced once at the end
-DOT: tl.constexpr = tl.constexpr(2)   # tensor cores: the rows padded to DOT_ROWS, tl.dot per chunk
-DOT_ROWS: tl.constexpr = tl.constexpr(16)  # the smallest M that tl.dot takes
-
-
-@triton.jit
-def _zeros(ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK_K: tl.constexpr, KIND: tl.constexpr):
-    """The accumulator of a K-chunked tile: [ROWS, BLOCK_N, CHUNK_K] for LATE, else [ROWS, BLOCK_N]."""
-    if KIND == LATE:
-        acc = tl.zeros([ROWS, BLOCK_N, CHUNK_K], tl.float32)
-    else:
-        acc = tl.zeros([ROWS, BLOCK_N], tl.float32)
-    return acc
-
-
-@triton.jit
-def _accumulate(x, w, acc, KIND: tl.constexpr, EXACT_DOT: tl.constexpr):
-    """acc plus the products of x [ROWS, C] (fp32 values, exact in w's dtype) and w [BLOCK_N, C]. A DOT
-    multiplies on tensor cores in w's dtype (fp32 without TF32); EXACT_DOT (Triton's CPU interpreter, whose
-    bf16 dot multiplies the raw bits) takes fp32 inputs, exact for bf16 and fp16 values."""
-    if KIND == SUM:
-        acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-    elif KIND == LATE:
-        acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
-    elif EXACT_DOT or w.dtype == tl.float32:
-        acc = tl.dot(x, tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-    else:
-        acc = tl.dot(x.to(w.dtype), tl.trans(w), acc)
-    return acc
-
-
-@triton.jit
-def _result(acc, KIND: tl.constexpr):
-    """The [ROWS, BLOCK_N] sums of a K-chunked tile's accumulator."""
-    if KIND == LATE:
-        y = tl.sum(acc, axis=2)
-    else:
-        y = acc
-    return y
-
-
 @triton.jit
 def _residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA: tl.constexpr):
     """fp32 values of h = x + delta (rounded as torch's add) at [rows, cols] of the [M, K] inputs, and the mask."""
@@ -137,14 +94,13 @@ def _residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA: tl.constexpr):
 @triton.jit
 def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, K, eps,
                         HAS_NORM: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, KIND: tl.constexpr,
-                        EXACT_DOT: tl.constexpr, USE_PDL: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr,
+                        USE_PDL: tl.constexpr):
     signal_dependents(USE_PDL)
     dtype: tl.constexpr = x_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     n_idx = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    ROWS: tl.constexpr = DOT_ROWS if KIND == DOT else BLOCK_M
-    rows = tl.arange(0, ROWS)
+    rows = tl.arange(0, BLOCK_M)
     n_ok = n_idx < N
     if CHUNK_K == 0:  # whole rows: one load of each, one product, one reduction
         cols = tl.arange(0, BLOCK_K)
@@ -169,7 +125,7 @@ def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, 
         w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & (cols < K)[None, :], other=0.0)
         wait_for_previous(USE_PDL)
         if HAS_NORM:  # the plain projection (HAS_NORM False) takes no delta: nothing to sum or store first
-            sum_sq = tl.zeros([ROWS], tl.float32)
+            sum_sq = tl.zeros([BLOCK_M], tl.float32)
             for k0 in range(0, K, CHUNK_K):
                 h, offs, mask = _residual_chunk(x_ptr, d_ptr, rows, k0 + cols, M, K, HAS_DELTA)
                 if HAS_DELTA:
@@ -177,7 +133,7 @@ def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, 
                         tl.store(h_ptr + offs, h.to(dtype), mask=mask)
                 sum_sq += tl.sum(h * h, axis=1)
             inv_rms = tl.rsqrt(sum_sq / K + eps)
-        acc = _zeros(ROWS, BLOCK_N, CHUNK_K, KIND)
+        y = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, K, CHUNK_K):
             h, offs, mask = _residual_chunk(x_ptr, d_ptr, rows, k0 + cols, M, K, HAS_DELTA)
             if HAS_NORM:
@@ -185,10 +141,9 @@ def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, 
                 xn = rounded(nw[None, :] * rounded(h * inv_rms[:, None], dtype), dtype)
             else:
                 xn = h
-            acc = _accumulate(xn, w, acc, KIND, EXACT_DOT)
+            y += tl.sum(xn[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
             nxt = k0 + CHUNK_K + cols
             w = tl.load(w_ptr + n_idx[:, None] * K + nxt[None, :], mask=n_ok[:, None] & (nxt < K)[None, :], other=0.0)
-        y = _result(acc, KIND)
     if HAS_BIAS:
         y += tl.load(b_ptr + n_idx, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * N + n_idx[None, :], y.to(dtype), mask=(rows < M)[:, None] & n_ok[None, :])
@@ -208,12 +163,10 @@ def _silu_mul_chunk(gu_ptr, rows, cols, M, I):
 
 @triton.jit
 def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, KIND: tl.constexpr,
-                            EXACT_DOT: tl.constexpr, USE_PDL: tl.constexpr):
+                            BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, USE_PDL: tl.constexpr):
     signal_dependents(USE_PDL)
     n_idx = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
-    ROWS: tl.constexpr = DOT_ROWS if KIND == DOT else BLOCK_M
-    rows = tl.arange(0, ROWS)
+    rows = tl.arange(0, BLOCK_M)
     n_ok = n_idx < N
     if CHUNK_K == 0:
         cols = tl.arange(0, BLOCK_K)
@@ -225,12 +178,12 @@ def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_M: tl.constexpr
         cols = tl.arange(0, CHUNK_K)
         w = tl.load(w_ptr + n_idx[:, None] * I + cols[None, :], mask=n_ok[:, None] & (cols < I)[None, :], other=0.0)
         wait_for_previous(USE_PDL)
-        acc = _zeros(ROWS, BLOCK_N, CHUNK_K, KIND)
+        y = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, I, CHUNK_K):
-            acc = _accumulate(_silu_mul_chunk(gu_ptr, rows, k0 + cols, M, I), w, acc, KIND, EXACT_DOT)
+            act = _silu_mul_chunk(gu_ptr, rows, k0 + cols, M, I)
+            y += tl.sum(act[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
             nxt = k0 + CHUNK_K + cols
             w = tl.load(w_ptr + n_idx[:, None] * I + nxt[None, :], mask=n_ok[:, None] & (nxt < I)[None, :], other=0.0)
-        y = _result(acc, KIND)
     dtype: tl.constexpr = gu_ptr.dtype.element_ty
     tl.store(y_ptr + rows[:, None] * N + n_idx[None, :], y.to(dtype), mask=(rows < M)[:, None] & n_ok[None, :])
 
@@ -239,52 +192,28 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # On a GPU the tile is timed at first use of each (rows, N, K) by eyas.kernels.tile_choice, which the engine's
 # warm-up runs before any CUDA graph is captured: whole rows (CHUNK_K 0) with small output tiles, or K in
-# chunks with wider ones, summed per chunk (SUM), added up elementwise and summed once (LATE), or, from
-# DOT_MIN_ROWS rows, on tensor cores (DOT).
+# chunks with wider ones.
 # Wide rows (K > MAX_K) are timed over chunks of 256-1,024 columns alone.
-SMALL_CONFIGS = ([triton.Config({"BLOCK_N": n, "CHUNK_K": 0, "KIND": 0}, num_warps=w) for n in (2, 4, 8, 16)
-                  for w in (4, 8)]
-                 + [triton.Config({"BLOCK_N": n, "CHUNK_K": c, "KIND": 0}, num_warps=4) for n in (8, 16, 32)
-                    for c in (64, 128)])
-WIDE_CONFIGS = [triton.Config({"BLOCK_N": n, "CHUNK_K": c, "KIND": 0}, num_warps=w)
+SMALL_CONFIGS = ([triton.Config({"BLOCK_N": n, "CHUNK_K": 0}, num_warps=w) for n in (2, 4, 8, 16) for w in (4, 8)]
+                 + [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=4) for n in (8, 16, 32) for c in (64, 128)])
+WIDE_CONFIGS = [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=w)
                 for n in (4, 8, 16) for c in (256, 512, 1024) for w in (4, 8)]
-LATE_CONFIGS = ([triton.Config({"BLOCK_N": n, "CHUNK_K": c, "KIND": 1}, num_warps=4) for n in (4, 8, 16)
-                 for c in (64, 128)]
-                + [triton.Config({"BLOCK_N": n, "CHUNK_K": c, "KIND": 1}, num_warps=w) for n in (2, 4, 8)
-                   for c in (256, 512, 1024) for w in (4, 8)])
-DOT_CONFIGS = [triton.Config({"BLOCK_N": n, "CHUNK_K": c, "KIND": 2}, num_warps=4)
-               for n in (16, 32, 64) for c in (64, 128, 256) if n * c <= 8192]
-DOT_MIN_ROWS = 3  # rows from which tensor-core tiles are timed (padded to 16 rows, they cannot win below)
-_CONFIGS = SMALL_CONFIGS + WIDE_CONFIGS + LATE_CONFIGS + DOT_CONFIGS
+_CONFIGS = SMALL_CONFIGS + WIDE_CONFIGS
 _WIDE_CHUNK = 256  # the smallest chunk of a wide tile
 _PRODUCT_LIMIT = 65536  # rows x output columns x input columns of one product: every tile of 1-2 rows fits
-_LATE_LIMIT = 8192  # rows x output columns x chunk columns of a LATE accumulator, held across the loop
-
-
-def tile_set() -> str:
-    """Which tiles are timed: "all", or with EYAS_FUSED_TILES=classic only those of SUM (the tiles before
-    LATE and DOT existed), for side-by-side timing."""
-    return "classic" if os.environ.get("EYAS_FUSED_TILES") == "classic" else "all"
 
 
 def _prune(configs, named_args, **kwargs):
     """The small tiles up to MAX_K input features, the wide ones past it; of those, the tiles whose [rows,
-    BLOCK_N, K or CHUNK_K] product (or LATE accumulator) fits: the others spill registers by the kilobyte.
-    From DOT_MIN_ROWS rows up to MAX_K also the tensor-core tiles. Sized from the runtime arguments M and K
-    (I), which every Triton version hands over in named_args. Compared by value: the autotuner may hand
-    over copies of the configs."""
-    rows = named_args["M"]
-    m = triton.next_power_of_2(rows)
+    BLOCK_N, K or CHUNK_K] product fits: the others spill registers by the kilobyte. Sized from the runtime
+    arguments M and K (I), which every Triton version hands over in named_args."""
+    m = triton.next_power_of_2(named_args["M"])
     k = triton.next_power_of_2(named_args["K"] if "K" in named_args else named_args["I"])
-    classic = tile_set() == "classic"
-    kind = [c for c in configs if c.kwargs["KIND"] != 2 and (c.kwargs["CHUNK_K"] >= _WIDE_CHUNK) == (k > MAX_K)
-            and not (classic and c.kwargs["KIND"])]
-    fit = [c for c in kind if c.kwargs["CHUNK_K"] < k
-           and m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= (_LATE_LIMIT if c.kwargs["KIND"] else
-                                                                     _PRODUCT_LIMIT)]
-    dot = [c for c in configs if c.kwargs["KIND"] == 2 and not classic and rows >= DOT_MIN_ROWS and k <= MAX_K
-           and c.kwargs["CHUNK_K"] < k]
-    return fit + dot or kind[:1] or configs[:1]
+    kind = [c for c in configs if (c.kwargs["CHUNK_K"] >= _WIDE_CHUNK) == (k > MAX_K)]  # by value: the
+    # autotuner may hand over copies of the configs
+    fit = [c for c in kind
+           if m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= _PRODUCT_LIMIT and c.kwargs["CHUNK_K"] < k]
+    return fit or kind[:1] or configs[:1]
 
 
 def _candidates(m: int, k: int) -> list:
@@ -313,21 +242,17 @@ def _launch(kernel, m: int, n: int, k: int, weight_at: int, *args, **meta):
     pdl = pdl_args(args[0])
     meta.update(BLOCK_M=triton.next_power_of_2(m), BLOCK_K=triton.next_power_of_2(k), **pdl)
     if not args[0].is_cuda:  # Triton's CPU interpreter (tests) steps through every program: the fewer, the faster
-        if _INTERPRETER_KIND == 2 and m >= DOT_MIN_ROWS and k <= MAX_K:
-            chunk, kind = _INTERPRETER_CHUNK_K or 32, 2
-        else:  # as on a GPU, DOT only from DOT_MIN_ROWS rows; whole rows take no KIND
-            chunk, kind = _INTERPRETER_CHUNK_K, _INTERPRETER_KIND if _INTERPRETER_CHUNK_K and _INTERPRETER_KIND == 1 else 0
-        kernel[(triton.cdiv(n, _INTERPRETER_BLOCK_N),)](*args, BLOCK_N=_INTERPRETER_BLOCK_N, CHUNK_K=chunk, KIND=kind,
-                                                        EXACT_DOT=True, **meta)
+        kernel[(triton.cdiv(n, _INTERPRETER_BLOCK_N),)](*args, BLOCK_N=_INTERPRETER_BLOCK_N,
+                                                        CHUNK_K=_INTERPRETER_CHUNK_K, **meta)
         return
 
     def run(tile, weight):
         call = list(args)
         call[weight_at] = weight
         kernel[(triton.cdiv(n, tile.kwargs["BLOCK_N"]),)](*call, **tile.kwargs, num_warps=tile.num_warps,
-                                                          num_stages=tile.num_stages, EXACT_DOT=False, **meta)
+                                                          num_stages=tile.num_stages, **meta)
 
-    key = (kernel.fn.__name__, m, n, k, args[0].dtype, args[0].device, tile_set(), tuple(sorted(meta.items())))
+    key = (kernel.fn.__name__, m, n, k, args[0].dtype, args[0].device, tuple(sorted(meta.items())))
     run(tile_choice.choose(key, lambda: _candidates(m, k), run, args[weight_at]), args[weight_at])
 
 
@@ -340,7 +265,6 @@ def tile_for(kernel_name: str, m: int, n: int, k: int):
 
 _INTERPRETER_BLOCK_N = 64
 _INTERPRETER_CHUNK_K = 0  # whole rows; the tests set a chunk size to run the K loop
-_INTERPRETER_KIND = 0     # with chunks: SUM; the tests set LATE, or DOT (which runs from DOT_MIN_ROWS rows)
 
 
 def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
