@@ -42,8 +42,12 @@ def reference(gguf_src):
         # times, each built from scratch (a third of this fixture's time); the table is a pure function of
         # its arguments, so the same loader reads the same weights when it is built once.
         m.setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(gguf.get_tensor_name_map))
+        # Likewise it parses the file's metadata (49,152 tokens and their merges, field by field) anew for the
+        # config, the weights and the tokenizer; a reader is a read-only view of the file, so one is shared.
+        m.setattr(gguf, "GGUFReader", functools.lru_cache(maxsize=None)(gguf.GGUFReader))
         model = AutoModelForCausalLM.from_pretrained(gguf_src.parent, dtype=torch.float32, **kwargs).eval()
-    return model, AutoTokenizer.from_pretrained(gguf_src.parent, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_src.parent, **kwargs)
+    return model, tokenizer
 
 
 def test_logits_match_transformers_gguf_loader(demo_dir, reference):
