@@ -1,5 +1,6 @@
 """`eyas launch --host` through a real sshd on 127.0.0.1: the environment arrives byte for byte in every server
-process, the server outlives its ssh connection, and bad hosts fail in one line without a successful record."""
+process, the server outlives its ssh connection, a replay runs it again, and bad hosts fail in one line without a
+successful record."""
 
 import re
 import subprocess
@@ -26,38 +27,26 @@ def remote(sshd, tmp_path, *extra):
     return ["--host", "root@127.0.0.1", *sshd.options(), "--remote-dir", str(tmp_path / "remote"), *extra]
 
 
-def test_remote_launch_verifies_env_byte_for_byte_and_replays(sshd, tmp_path, capsys, tiny, prompts):
-    spec = write_spec(tmp_path / "r.toml", model=str(tiny), env={"NCCL_PROTO": "LL", "HOSTILE": HOSTILE},
-                      bench={"dataset": str(prompts), "num_prompts": 2, "max_tokens": 8})
-    code, out, err = eyas(capsys, "launch", spec, *remote(sshd, tmp_path))
-    assert code == 0, err
-    run_id = run_id_of(out)
-    with Ledger() as ledger:
-        run = ledger.get(run_id)
-    assert run.host == "127.0.0.1" and run.status == "ok" and run.config["launch"]["target"] == "root@127.0.0.1"
-    assert run.workers and all(w.env["HOSTILE"] == HOSTILE and w.env["NCCL_PROTO"] == "LL" for w in run.workers)
-    assert all(w.info["host"] == "127.0.0.1" for w in run.workers)
-    assert run.results["log"] == f"{tmp_path}/remote/{run_id}/server.log" and run.results["completed"] == 2
-    assert (tmp_path / "remote" / run_id / "launch.sh").read_text().startswith("#!/bin/sh")
-    assert run.versions["python"] and run.hardware["cpu_count"]
-
-    code, out, err = eyas(capsys, "runs", "replay", run_id, "--threshold", "5")
-    assert code == 0 and "PASS" in out, out + err
-    with Ledger() as ledger:
-        again = ledger.list(descending=True, limit=1)[0]
-    assert again.host == "127.0.0.1" and again.config["launch"]["replay_of"] == run_id
-    assert all(w.env["HOSTILE"] == HOSTILE for w in again.workers)
-
-
-def test_server_outlives_its_ssh_connection_and_remote_stop_still_stops_it(tmp_path, capsys, tiny, sshd):
+def test_remote_launch_verifies_env_outlives_its_ssh_connection_stops_and_replays(sshd, tmp_path, capsys, tiny,
+                                                                                 prompts):
+    """One kept-running launch serves the environment checks and the ssh-loss checks; its replay then runs (and
+    stops) the usual way. (`sshd`: skipped where no sshd can run.)"""
     own = Sshd(tmp_path / "sshd").start()  # this test kills its sshd; the shared one stays up
     try:
-        spec = write_spec(tmp_path / "k.toml", model=str(tiny), env={"NCCL_PROTO": "LL"})
+        spec = write_spec(tmp_path / "r.toml", model=str(tiny), env={"NCCL_PROTO": "LL", "HOSTILE": HOSTILE},
+                          bench={"dataset": str(prompts), "num_prompts": 2, "max_tokens": 8})
         code, out, err = eyas(capsys, "launch", spec, *remote(own, tmp_path), "--keep-running")
         assert code == 0 and "eyas remote status|logs|stop" in out, err
         run_id = run_id_of(out)
         with Ledger() as ledger:
-            url = f"http://127.0.0.1:{ledger.get(run_id).config['port']}/health"
+            run = ledger.get(run_id)
+        assert run.host == "127.0.0.1" and run.status == "ok" and run.config["launch"]["target"] == "root@127.0.0.1"
+        assert run.workers and all(w.env["HOSTILE"] == HOSTILE and w.env["NCCL_PROTO"] == "LL" for w in run.workers)
+        assert all(w.info["host"] == "127.0.0.1" for w in run.workers)
+        assert run.results["log"] == f"{tmp_path}/remote/{run_id}/server.log" and run.results["completed"] == 2
+        assert (tmp_path / "remote" / run_id / "launch.sh").read_text().startswith("#!/bin/sh")
+        assert run.versions["python"] and run.hardware["cpu_count"]
+        url = f"http://127.0.0.1:{run.config['port']}/health"
 
         code, out, _ = eyas(capsys, "remote", "status", run_id)
         assert code == 0 and re.search(r"[1-9]\d* process\(es\)", out) and ": 200" in out
@@ -79,6 +68,14 @@ def test_server_outlives_its_ssh_connection_and_remote_stop_still_stops_it(tmp_p
             pass
         code, out, _ = eyas(capsys, "remote", "stop", run_id)
         assert code == 0 and "nothing was running" in out
+
+        code, out, err = eyas(capsys, "runs", "replay", run_id, "--threshold", "5")
+        assert code == 0 and "PASS" in out, out + err
+        with Ledger() as ledger:
+            again = ledger.list(descending=True, limit=1)[0]
+        assert again.host == "127.0.0.1" and again.config["launch"]["replay_of"] == run_id
+        assert all(w.env["HOSTILE"] == HOSTILE for w in again.workers)
+        assert again.results["stopped"] == "terminated"  # without --keep-running the launch stops it over ssh
     finally:
         own.stop()
 
