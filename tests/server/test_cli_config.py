@@ -68,8 +68,53 @@ def test_a_bad_tokenizer_is_one_line_and_stops_the_workers_started_beside_it(tmp
     spawn = launch.WorkerGroup.spawn
     monkeypatch.setattr(launch.WorkerGroup, "spawn", lambda self: (groups.append(self), spawn(self))[1])
     capsys.readouterr()
-    code = main(["serve", "--model", str(tmp_path), "--device", "cpu"])
+    code = main(["serve", "--model", str(tmp_path), "--device", "cpu", "--port", "0"])
     err = capsys.readouterr().err
     assert code == 2 and err.strip().count("\n") == 0 and "cannot load the tokenizer" in err, err
     (group,) = groups
     assert len(group.procs) == 1 and not group.procs[0].is_alive()
+
+
+def test_a_port_in_use_is_one_line_before_any_worker_starts(tmp_path, monkeypatch, capsys):
+    """The front end takes its port before it spawns the workers (whose rendezvous connections could take an
+    ephemeral port while they start): a port in use is one line, and no worker is started."""
+    import socket
+
+    from eyas.cli import main
+    from eyas.dist import launch
+    from tests.helpers import tiny_llama
+
+    tiny_llama(tmp_path)
+    spawned = []
+    monkeypatch.setattr(launch.WorkerGroup, "spawn", lambda self: spawned.append(self))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        capsys.readouterr()
+        code = main(["serve", "--model", str(tmp_path), "--device", "cpu", "--port", str(taken.getsockname()[1])])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().count("\n") == 0 and "the port is in use" in err, err
+    assert spawned == []
+
+
+def test_listen_binds_the_port_it_is_given_or_one_the_system_picks(monkeypatch):
+    import socket
+
+    from eyas.server.cli import listen
+
+    sock = listen("127.0.0.1", 0)
+    try:
+        port = sock.getsockname()[1]
+        assert port > 0 and sock.family == socket.AF_INET
+        with pytest.raises(EyasError, match=f"cannot listen on 127.0.0.1:{port}: the port is in use"):
+            sock.listen()
+            listen("127.0.0.1", port)
+    finally:
+        sock.close()
+
+    def unknown(*args, **kwargs):  # as a resolver answers for a name it does not know (no DNS in the test)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unknown)
+    with pytest.raises(EyasError, match="cannot listen on no-such-host:8000: .*not known"):
+        listen("no-such-host", 8000)

@@ -11,12 +11,15 @@ then serves HTTP until SIGTERM/SIGINT (drain running requests, exit 0) or until 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import platform
 import signal
+import socket
 import sys
 
 from eyas.config import SpecConfig
+from eyas.errors import EyasError
 from eyas.server.config import ServeConfig, parse_env_pairs
 
 DRAIN_TIMEOUT_S = 120  # on SIGTERM, how long running requests may take to finish before they are cut
@@ -93,32 +96,57 @@ def run(args) -> int:
     # of a small server's start), and a bad one stops them before they report.
     path = resolve_model_path(config.model)
     ModelConfig.from_dir(path)
+    # The port is taken now, before any worker starts: a port in use fails at once, and nothing the workers
+    # open meanwhile (their rendezvous' connections take ephemeral ports) can take it before uvicorn serves.
+    listener = listen(config.host, config.port)
+    config.port = listener.getsockname()[1]  # --port 0: the port the system chose
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as load_tokenizer sets it, and before the workers inherit
     group = WorkerGroup(config.worker_spec(), tp=config.tp, env=config.env, env_check=config.env_check, log=log)
-    group.spawn()
     try:
+        group.spawn()
         tokenizer = load_tokenizer(path)
     except BaseException:
         group.stop(grace=0)
+        listener.close()
         raise
     log(f"eyas: starting {config.tp} worker(s) for {config.model}")
-    info = group.wait_ready()
     fatal: list[str] = []
     scheduler = None
     try:
+        info = group.wait_ready()
         server, scheduler = _prepare(config, group, info, tokenizer, fatal)
         scheduler.start()
-        server.run()
+        server.run(sockets=[listener])
     finally:
         if scheduler is not None:
             scheduler.stop()
         group.stop(grace=0 if fatal else STOP_GRACE_S)
+        listener.close()
     if fatal:
         return 1
-    if not server.started:  # e.g. the port was taken: uvicorn logged why
+    if not server.started:  # uvicorn logged why
         return 1
     log("eyas: stopped")
     return 0
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) for uvicorn to serve on, as uvicorn binds one (SO_REUSEADDR, so a
+    restart does not wait out TIME_WAIT); a host that does not resolve or a port in use is an EyasError."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError, OverflowError) as e:
+        raise EyasError(f"cannot listen on {host}:{port}: {e}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        reason = "the port is in use" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
+        raise EyasError(f"cannot listen on {host}:{port}: {reason}") from None
+    return sock
 
 
 def _prepare(config, group, info, tokenizer, fatal: list[str]):
