@@ -144,6 +144,13 @@ class ModelConfig:
         if arch is None:
             supported = ", ".join(ARCHITECTURES)
             raise EyasError(f"unsupported architecture {archs or hf.get('model_type')!r}; supported: {supported}")
+        try:
+            return cls._from_hf(hf, arch)
+        except KeyError as e:
+            raise EyasError(f"config.json lacks required field {e.args[0]!r}") from None
+
+    @classmethod
+    def _from_hf(cls, hf: dict, arch: str) -> "ModelConfig":
         flags = dict(ARCHITECTURES[arch])
         heads = hf["num_attention_heads"]
         head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
@@ -222,9 +229,12 @@ def read_config_json(path: Path) -> dict:
     if not cfg.exists():
         raise EyasError(f"no config.json in {path}")
     try:
-        return json.loads(cfg.read_text())
+        hf = json.loads(cfg.read_text())
     except json.JSONDecodeError as e:
         raise EyasError(f"config.json in {path} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    if not isinstance(hf, dict):
+        raise EyasError(f"config.json in {path} is not a JSON object (it holds a {type(hf).__name__})")
+    return hf
 
 
 @dataclass

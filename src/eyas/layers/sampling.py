@@ -24,8 +24,8 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise EyasError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):  # NaN and inf fail too: they would sample garbage
+            raise EyasError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise EyasError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

@@ -1,0 +1,50 @@
+"""Bad input found by an audit of every verb: each case is one line on stderr and exit 2, never a traceback."""
+
+import json
+import shutil
+
+import pytest
+
+from eyas.cli import main
+from tests.helpers import tiny_llama
+
+
+def run_cli(capsys, *argv):
+    capsys.readouterr()
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def assert_one_line(code, err, *needles):
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("eyas: error: ") and "Traceback" not in err, err
+    for n in needles:
+        assert n in err, (n, err)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny") / "tiny"
+    tiny_llama(path, layers=2)
+    return path
+
+
+@pytest.mark.parametrize("config, needle", [("[1, 2]", "is not a JSON object"),
+                                            ('{"architectures": ["LlamaForCausalLM"]}',
+                                             "lacks required field 'num_attention_heads'")])
+def test_generate_config_json_wrong_shape(capsys, tmp_path, tiny_dir, config, needle):
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_dir, bad)
+    (bad / "config.json").write_text(config)
+    code, _, err = run_cli(capsys, "generate", "--model", bad, "--prompt", "hi", "--max-tokens", "2", "--device", "cpu")
+    assert_one_line(code, err, needle)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_generate_temperature_not_finite(capsys, value):
+    # Checked before any model is read: the directory does not need to exist.
+    code, _, err = run_cli(capsys, "generate", "--model", "/nonexistent", "--prompt", "hi", "--device", "cpu",
+                           "--temperature", value)
+    assert_one_line(code, err, "temperature must be a finite number", value)
