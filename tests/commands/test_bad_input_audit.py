@@ -48,3 +48,12 @@ def test_generate_temperature_not_finite(capsys, value):
     code, _, err = run_cli(capsys, "generate", "--model", "/nonexistent", "--prompt", "hi", "--device", "cpu",
                            "--temperature", value)
     assert_one_line(code, err, "temperature must be a finite number", value)
+
+
+def test_convert_gguf_output_under_a_regular_file(capsys, tmp_path):
+    from eyas.models.demo import demo_gguf_path
+
+    (tmp_path / "file").write_text("x")
+    code, _, err = run_cli(capsys, "convert-gguf", demo_gguf_path(), tmp_path / "file" / "sub" / "out")
+    assert_one_line(code, err, "cannot create output directory", "is not a directory")
+    assert (tmp_path / "file").read_text() == "x"

@@ -57,6 +57,11 @@ def convert_gguf(src: Path, out_dir: Path, dtype: str = "bfloat16") -> Path:
     _check_source(src)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise EyasError(f"output directory {out_dir} already exists and is not an empty directory")
+    ancestor = out_dir.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():  # checked before the (long) conversion, which would fail only at the end
+        raise EyasError(f"cannot create output directory {out_dir}: {ancestor} is not a directory")
 
     reader = _open(src)
     meta = _scalar_metadata(reader)
@@ -67,7 +72,10 @@ def convert_gguf(src: Path, out_dir: Path, dtype: str = "bfloat16") -> Path:
     config = _hf_config(meta, arch, tensors, dtype=str(DTYPES[dtype]).removeprefix("torch."))
     tokenizer = _tokenizer(src, meta)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EyasError(f"cannot create output directory {out_dir}: {e.strerror or e}") from None
     need, free = sum(t.numel() * t.element_size() for t in tensors.values()), shutil.disk_usage(out_dir.parent).free
     if free < need + (16 << 20):  # the weights, plus room for the tokenizer and config files
         raise EyasError(f"not enough disk space for {out_dir}: the weights need {need / 2**20:.0f} MiB, "
