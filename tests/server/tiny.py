@@ -1,4 +1,5 @@
-"""A tiny random Llama with a real tokenizer and chat template, and a real `eyas serve` subprocess to drive.
+"""A tiny random Llama with a real tokenizer and chat template, a real `eyas serve` subprocess to drive, and a
+streaming request to it in a thread.
 
 The tokenizer is a byte-level BPE trained in milliseconds on Python's own documentation strings, with the
 ChatML special tokens, so chat templating, special-token skipping and incremental UTF-8 decoding are all real.
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -117,6 +119,29 @@ class Server:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def open_stream(server, max_tokens: int):
+    """Start a streaming completion in a thread; returns (first chunk seen event, result dict)."""
+    started, result = threading.Event(), {"chunks": [], "error": None}
+
+    def run():
+        body = {"model": server.model, "prompt": "drain me", "max_tokens": max_tokens, "temperature": 0,
+                "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+        try:
+            with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+                result["status"] = r.status_code
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        result["chunks"].append(line[6:])
+                        started.set()
+        except httpx.HTTPError as e:
+            result["error"] = repr(e)
+        started.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    return started, result, t
 
 
 def predictable_pair(target_dir: Path, draft_dir: Path, seed: int = 0) -> tuple[Path, Path]:
