@@ -57,3 +57,11 @@ def test_convert_gguf_output_under_a_regular_file(capsys, tmp_path):
     code, _, err = run_cli(capsys, "convert-gguf", demo_gguf_path(), tmp_path / "file" / "sub" / "out")
     assert_one_line(code, err, "cannot create output directory", "is not a directory")
     assert (tmp_path / "file").read_text() == "x"
+
+
+def test_generate_model_without_tokenizer_names_the_missing_files(capsys, tiny_dir):
+    # transformers' own message is several lines, of which the first ends in "from one of:"
+    code, _, err = run_cli(capsys, "generate", "--model", tiny_dir, "--prompt", "hi", "--max-tokens", "2",
+                           "--device", "cpu")
+    assert_one_line(code, err, "cannot load the tokenizer", "tokenizer.json")
+    assert not err.rstrip().endswith(":"), err
