@@ -8,14 +8,21 @@ from pathlib import Path
 from eyas.errors import EyasError
 
 
+# A checkpoint directory holding none of these has no tokenizer that transformers could load.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
 def load_tokenizer(path: Path):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
+    if Path(path).is_dir() and not any((Path(path) / f).exists() for f in TOKENIZER_FILES):
+        raise EyasError(f"cannot load the tokenizer from {path}: it holds none of {', '.join(TOKENIZER_FILES)}")
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except Exception as e:
-        raise EyasError(f"cannot load the tokenizer from {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        # transformers' messages run over several lines; the whole of it, as one.
+        raise EyasError(f"cannot load the tokenizer from {path}: {' '.join(str(e).split()) or type(e).__name__}") from None
 
 
 def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
