@@ -65,3 +65,17 @@ def test_generate_model_without_tokenizer_names_the_missing_files(capsys, tiny_d
                            "--device", "cpu")
     assert_one_line(code, err, "cannot load the tokenizer", "tokenizer.json")
     assert not err.rstrip().endswith(":"), err
+
+
+@pytest.mark.parametrize("flag", ["--spec-steps", "--spec-topk", "--spec-draft-tokens"])
+def test_generate_spec_settings_without_a_draft(capsys, flag):
+    # They were ignored silently: the user believed they speculated. Checked before any model is read.
+    code, _, err = run_cli(capsys, "generate", "--model", "/nonexistent", "--prompt", "hi", "--device", "cpu",
+                           flag, "2")
+    assert_one_line(code, err, "need --draft")
+
+
+def test_serve_spec_adaptive_without_a_draft_names_the_flag(capsys):
+    code, _, err = run_cli(capsys, "serve", "--model", "/nonexistent", "--device", "cpu", "--port", "0",
+                           "--no-spec-adaptive")
+    assert_one_line(code, err, "spec-adaptive", "need --draft")

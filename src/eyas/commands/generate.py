@@ -28,8 +28,8 @@ def add_arguments(p):
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     p.add_argument("--dtype", default=None, help="bf16 | fp16 | fp32 (default: bf16 on cuda, fp32 on cpu)")
     p.add_argument("--draft", help="EAGLE-3 draft directory (EAGLE, SGLang or speculators layout)")
-    p.add_argument("--spec-steps", type=int, default=3, help="draft depth")
-    p.add_argument("--spec-topk", type=int, default=1, help="branching per step (1 = chain)")
+    p.add_argument("--spec-steps", type=int, default=None, help="draft depth (default 3)")
+    p.add_argument("--spec-topk", type=int, default=None, help="branching per step (default 1 = chain)")
     p.add_argument("--spec-draft-tokens", type=int, default=None, help="tokens sent to verify, root included")
     p.add_argument("--profile", action="store_true", default=os.environ.get("EYAS_PROFILE") == "1",
                    help="time every speculative cycle's phases (also EYAS_PROFILE=1)")
@@ -60,7 +60,13 @@ def run(args) -> int:
         text = args.prompt
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed)
-    spec = SpecConfig(args.spec_steps, args.spec_topk, args.spec_draft_tokens) if args.draft else None
+    spec_flags = (args.spec_steps, args.spec_topk, args.spec_draft_tokens)
+    if not args.draft and any(v is not None for v in spec_flags):
+        raise EyasError("--spec-steps/--spec-topk/--spec-draft-tokens need --draft")
+    spec = None
+    if args.draft:
+        steps, topk = (3 if args.spec_steps is None else args.spec_steps), (1 if args.spec_topk is None else args.spec_topk)
+        spec = SpecConfig(steps, topk, args.spec_draft_tokens)
     model_path = resolve_model_path(args.model)
     # Weights first: a broken checkpoint should be reported as such, not as a tokenizer problem.
     config = ModelConfig.from_dir(model_path)

@@ -59,7 +59,8 @@ class ServeConfig:
         if self.device not in ("auto", "cpu", "cuda"):
             raise EyasError(f"--device must be auto, cpu or cuda, got {self.device!r}")
         if self.spec is not None and self.draft is None:
-            raise EyasError("--spec-steps/--spec-topk/--spec-draft-tokens need --draft")
+            raise EyasError("speculative settings (--spec-steps/--spec-topk/--spec-draft-tokens/--spec-max-batch/"
+                            "--[no-]spec-adaptive) need --draft")
         if self.draft is not None and self.spec is None:
             self.spec = SpecConfig()
         if self.api_key == "":
