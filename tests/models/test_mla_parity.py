@@ -20,6 +20,7 @@ from eyas.models.loader import load_model
 from eyas.models.mla import softmax_scale
 from eyas.models.moe import SparseMoE
 from tests.models.tiny_moe import assert_matches_hf, save_tiny
+from tests.models.tp_ranks import logits, tp_worker
 
 
 @pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v3-full-q", "kimi_k2"])
@@ -63,30 +64,14 @@ def test_mtp_layer_is_skipped_and_other_strays_are_not(tmp_path):
         load_model(tmp_path, "fp32", "cpu")
 
 
-def _tp_worker(rank: int, port: int, path: str, out: str):
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    model = load_model(path, "fp32", "cpu", tp=TPContext(rank=rank, size=2))
-    torch.save(_logits(model), f"{out}/rank{rank}.pt")
-    torch.distributed.destroy_process_group()
-
-
-def _logits(model):
-    runner = ModelRunner(model, num_slots=2, max_len=64, device="cpu")
-    ids = torch.randint(0, 96, (1, 24), generator=torch.Generator().manual_seed(2))
-    first = model.logits(runner.forward(ids[:, :20], torch.arange(20)[None], [1], [0]).hidden)
-    rest = model.logits(runner.forward(ids[:, 20:], torch.arange(20, 24)[None], [1], [20]).hidden)
-    return torch.cat([first, rest], dim=1)
-
-
 def test_tp2_equals_tp1(tmp_path):
     """Two gloo ranks: heads, kv_b_proj, every expert's and the shared expert's intermediate dim split in two."""
     save_tiny("deepseek_v3", tmp_path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_tp_worker, args=(port, str(tmp_path), str(tmp_path)), nprocs=2, join=True)
-    want = _logits(load_model(tmp_path, "fp32", "cpu"))
+    mp.spawn(tp_worker, args=(port, str(tmp_path), str(tmp_path)), nprocs=2, join=True)
+    want = logits(load_model(tmp_path, "fp32", "cpu"))
     for r in (0, 1):
         got = torch.load(tmp_path / f"rank{r}.pt")
         assert torch.allclose(got, want, atol=1e-4, rtol=0), (got - want).abs().max()
