@@ -79,3 +79,32 @@ def test_serve_spec_adaptive_without_a_draft_names_the_flag(capsys):
     code, _, err = run_cli(capsys, "serve", "--model", "/nonexistent", "--device", "cpu", "--port", "0",
                            "--no-spec-adaptive")
     assert_one_line(code, err, "spec-adaptive", "need --draft")
+
+
+@pytest.mark.parametrize("action", [["list"], ["show", "1"], ["export"], ["best", "--metric", "output_tok_s"]])
+def test_runs_ledger_not_a_database(capsys, tmp_path, action):
+    garbage = tmp_path / "runs.db"
+    garbage.write_bytes(b"\x00\x01 not a database, but someone's file")
+    code, _, err = run_cli(capsys, "runs", "--db", garbage, *action)
+    assert_one_line(code, err, "cannot open the run ledger", "not a database")
+    assert garbage.read_bytes() == b"\x00\x01 not a database, but someone's file"
+
+
+def test_runs_ledger_is_a_directory(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "runs", "--db", tmp_path, "list")
+    assert_one_line(code, err, "is a directory")
+
+
+def test_ledger_under_a_regular_file(tmp_path):
+    from eyas.errors import EyasError
+    from eyas.runs.ledger import Ledger
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(EyasError, match="a folder above it is a regular file"):
+        Ledger(tmp_path / "file" / "sub" / "runs.db")
+
+
+def test_bench_temperature_nan(capsys):
+    # Checked before the server is contacted (nothing listens on port 1).
+    code, _, err = run_cli(capsys, "bench", "--url", "http://127.0.0.1:1", "--no-record", "--temperature", "nan")
+    assert_one_line(code, err, "--temperature must be a finite number")

@@ -46,8 +46,8 @@ class BenchConfig:
             raise EyasError(f"--num-prompts must be at least 1, got {self.num_prompts}")
         if self.max_tokens < 1:
             raise EyasError(f"--max-tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise EyasError(f"--temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):
+            raise EyasError(f"--temperature must be a finite number >= 0, got {self.temperature}")
         if self.warmup < 0:
             raise EyasError(f"--warmup must be >= 0, got {self.warmup}")
         if self.endpoint not in ENDPOINTS:

@@ -164,8 +164,16 @@ def _typed(value: str) -> Any:
 class Ledger:
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path else eyas_home() / "runs.db"
-        self.conn = connect(self.path)
-        migrate(self.conn)
+        if self.path.is_dir():
+            raise EyasError(f"the run ledger {self.path} is a directory, not a file")
+        try:
+            self.conn = connect(self.path)
+            migrate(self.conn)
+        except sqlite3.DatabaseError as e:  # not an SQLite file (sqlite3 leaves it as it was), or unreadable
+            raise EyasError(f"cannot open the run ledger {self.path}: {e}") from None
+        except OSError as e:  # its folder cannot be created
+            why = "a folder above it is a regular file" if isinstance(e, FileExistsError) else e.strerror or e
+            raise EyasError(f"cannot create the run ledger {self.path}: {why}") from None
 
     def close(self) -> None:
         self.conn.close()
