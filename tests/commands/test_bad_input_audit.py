@@ -100,11 +100,59 @@ def test_ledger_under_a_regular_file(tmp_path):
     from eyas.runs.ledger import Ledger
 
     (tmp_path / "file").write_text("x")
-    with pytest.raises(EyasError, match="a folder above it is a regular file"):
-        Ledger(tmp_path / "file" / "sub" / "runs.db")
+    for db in (tmp_path / "file" / "runs.db", tmp_path / "file" / "sub" / "runs.db"):
+        with pytest.raises(EyasError, match="a folder above it is a regular file"):
+            Ledger(db)
 
 
 def test_bench_temperature_nan(capsys):
     # Checked before the server is contacted (nothing listens on port 1).
     code, _, err = run_cli(capsys, "bench", "--url", "http://127.0.0.1:1", "--no-record", "--temperature", "nan")
     assert_one_line(code, err, "--temperature must be a finite number")
+
+
+@pytest.fixture
+def ledger_db(tmp_path):
+    from eyas.runs.ledger import Ledger
+
+    db = tmp_path / "runs.db"
+    with Ledger(db) as ledger:
+        for steps, tok_s in ((2, 10.0), (3, 11.0)):
+            run_id = ledger.start_run(kind="bench", argv=["eyas", "bench"], cwd="/", env={},
+                                      config={"spec_steps": steps})
+            ledger.finish_run(run_id, "ok", {"output_tok_s": tok_s})
+    return db
+
+
+@pytest.mark.parametrize("where, needle", [("dir", "is a directory"), ("under_file", "is not a directory")])
+@pytest.mark.parametrize("action", [["export"], ["plot", "--metric", "output_tok_s", "--by", "spec_steps"]])
+def test_runs_out_unwritable(capsys, tmp_path, ledger_db, action, where, needle):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path if where == "dir" else tmp_path / "file" / "out.png"
+    code, _, err = run_cli(capsys, "runs", "--db", ledger_db, *action, "--out", out)
+    assert_one_line(code, err, "--out", needle)
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_runs_plot_unknown_image_type(capsys, tmp_path, ledger_db):
+    code, _, err = run_cli(capsys, "runs", "--db", ledger_db, "plot", "--metric", "output_tok_s", "--by",
+                           "spec_steps", "--out", tmp_path / "p.xyz")
+    assert_one_line(code, err, "unsupported image type '.xyz'")
+
+
+def test_runs_plot_without_extension_reports_the_file_written(capsys, tmp_path, ledger_db):
+    code, _, err = run_cli(capsys, "runs", "--db", ledger_db, "plot", "--metric", "output_tok_s", "--by",
+                           "spec_steps", "--out", tmp_path / "p")
+    assert code == 0 and (tmp_path / "p.png").is_file()
+    assert f"wrote {tmp_path / 'p.png'} " in err, err
+
+
+def test_runs_list_negative_limit(capsys, ledger_db):
+    # SQLite's LIMIT -1 means no limit: every run was listed.
+    code, _, err = run_cli(capsys, "runs", "--db", ledger_db, "list", "--limit", "-1")
+    assert_one_line(code, err, "--limit must be >= 1")
+
+
+def test_runs_replay_threshold_nan(capsys, ledger_db):
+    code, _, err = run_cli(capsys, "runs", "--db", ledger_db, "replay", "1", "--threshold", "nan")
+    assert_one_line(code, err, "--threshold must be >= 0")

@@ -93,6 +93,8 @@ def _headline(run: RunRecord, n: int = 3) -> str:
 
 
 def _list(ledger: Ledger, args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise EyasError(f"--limit must be >= 1, got {args.limit}")
     where = parse_where(args.where)
     runs = ledger.list(where, args.sort, args.limit, descending=not args.ascending)
     if not runs:
@@ -160,7 +162,19 @@ def export_rows(runs: list[RunRecord]) -> tuple[list[str], list[dict]]:
     return fixed + sorted(extra), rows
 
 
+def _check_out(out: str) -> Path:
+    """--out, checked before any work: a file to (over)write in a folder that exists."""
+    path = Path(out)
+    if path.is_dir():
+        raise EyasError(f"--out {out} is a directory; give a file path")
+    if not path.parent.is_dir():
+        raise EyasError(f"--out {out}: the folder {path.parent} does not exist or is not a directory")
+    return path
+
+
 def _export(ledger: Ledger, args: argparse.Namespace) -> int:
+    if args.out:
+        _check_out(args.out)
     runs = ledger.list(parse_where(args.where), descending=False)
     if not runs:
         raise EyasError("no runs to export")
@@ -173,7 +187,10 @@ def _export(ledger: Ledger, args: argparse.Namespace) -> int:
         writer.writeheader()
         writer.writerows(rows)
     if args.out:
-        Path(args.out).write_text(buf.getvalue())
+        try:
+            Path(args.out).write_text(buf.getvalue())
+        except OSError as e:
+            raise EyasError(f"cannot write --out {args.out}: {e.strerror or e}") from None
         print(f"wrote {len(runs)} runs to {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(buf.getvalue())
@@ -181,6 +198,9 @@ def _export(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 def _plot(ledger: Ledger, args: argparse.Namespace) -> int:
+    out = _check_out(args.out)
+    if not out.suffix:  # matplotlib would write OUT.png and we would report OUT: name the file it writes
+        out = out.with_name(out.name + ".png")
     by = args.by if "." in args.by or args.by in COLUMNS else f"config.{args.by}"
     metric = metric_field(args.metric)
     points = [(r.get(by), r.get(metric)) for r in ledger.list(parse_where(args.where))]
@@ -191,6 +211,12 @@ def _plot(ledger: Ledger, args: argparse.Namespace) -> int:
 
     matplotlib.use("Agg")  # files only: no display on a GPU box
     import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if out.suffix[1:].lower() not in formats:
+        raise EyasError(f"--out {args.out}: unsupported image type '{out.suffix}'; use one of "
+                        f"{', '.join('.' + f for f in sorted(formats))}")
 
     numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x, _ in points)
     categories = sorted({str(x) for x, _ in points})
@@ -204,9 +230,13 @@ def _plot(ledger: Ledger, args: argparse.Namespace) -> int:
     ax.set_title(f"{metric} by {by} ({len(points)} runs)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(args.out, dpi=120)
-    plt.close(fig)
-    print(f"wrote {args.out} ({len(points)} runs)", file=sys.stderr)
+    try:
+        fig.savefig(out, dpi=120)
+    except OSError as e:
+        raise EyasError(f"cannot write --out {out}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+    print(f"wrote {out} ({len(points)} runs)", file=sys.stderr)
     return 0
 
 

@@ -172,7 +172,8 @@ class Ledger:
         except sqlite3.DatabaseError as e:  # not an SQLite file (sqlite3 leaves it as it was), or unreadable
             raise EyasError(f"cannot open the run ledger {self.path}: {e}") from None
         except OSError as e:  # its folder cannot be created
-            why = "a folder above it is a regular file" if isinstance(e, FileExistsError) else e.strerror or e
+            above_is_file = isinstance(e, (FileExistsError, NotADirectoryError))
+            why = "a folder above it is a regular file" if above_is_file else e.strerror or e
             raise EyasError(f"cannot create the run ledger {self.path}: {why}") from None
 
     def close(self) -> None:

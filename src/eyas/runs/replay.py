@@ -85,7 +85,7 @@ def plan_from_record(run: RunRecord) -> tuple[Plan, object]:
 
 def replay(ledger: Ledger, run_id: str, threshold: float, keep_running: bool = False,
            launched_by: list[str] | None = None) -> tuple[Outcome, list[Change], bool]:
-    if threshold < 0:
+    if not threshold >= 0:  # NaN too: every comparison with it is false, so nothing could fail
         raise EyasError(f"--threshold must be >= 0, got {threshold}")
     original = ledger.get(run_id)
     plan, host = plan_from_record(original)
