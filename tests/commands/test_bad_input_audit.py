@@ -156,3 +156,20 @@ def test_runs_list_negative_limit(capsys, ledger_db):
 def test_runs_replay_threshold_nan(capsys, ledger_db):
     code, _, err = run_cli(capsys, "runs", "--db", ledger_db, "replay", "1", "--threshold", "nan")
     assert_one_line(code, err, "--threshold must be >= 0")
+
+
+@pytest.mark.parametrize("where, needle", [("dir", "is a directory"), ("under_file", "is not a directory")])
+def test_launch_from_shell_write_unwritable(capsys, tmp_path, where, needle):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path if where == "dir" else tmp_path / "file" / "spec.toml"
+    code, _, err = run_cli(capsys, "launch", "--from-shell", "eyas serve --model x", "--write", out)
+    assert_one_line(code, err, "--write", needle)
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_launch_spec_missing_key_names_the_key_not_an_argument(capsys, tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text("tp = 1\n")
+    code, _, err = run_cli(capsys, "launch", spec, "--dry-run")
+    assert_one_line(code, err, "missing required key", "'backend'", "'model'")
+    assert "positional" not in err

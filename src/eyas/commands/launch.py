@@ -136,11 +136,19 @@ def run(args: argparse.Namespace) -> int:
 def _from_shell(args: argparse.Namespace) -> LaunchSpec | None:
     from eyas.runs.from_shell import import_line
 
+    if args.write and Path(args.write).is_dir():
+        raise EyasError(f"--write {args.write} is a directory; give a file path")
+    if args.write and not Path(args.write).parent.is_dir():
+        raise EyasError(f"--write {args.write}: the folder {Path(args.write).parent} does not exist or is not a "
+                        "directory")
     imported = import_line(args.from_shell)
     print(imported.explain())
     spec = imported.spec(args.as_intended)
     if args.write:
-        Path(args.write).write_text(spec.to_toml())
+        try:
+            Path(args.write).write_text(spec.to_toml())
+        except OSError as e:
+            raise EyasError(f"cannot write --write {args.write}: {e.strerror or e}") from None
         print(f"wrote {args.write}", file=sys.stderr)
     else:
         print("\nequivalent launch spec:\n" + spec.to_toml(), end="")

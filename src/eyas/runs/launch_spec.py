@@ -161,7 +161,8 @@ def load_spec(path: str | Path) -> LaunchSpec:
     try:
         spec = LaunchSpec.from_dict(data, str(path))
     except TypeError as e:  # a required key is missing
-        raise EyasError(f"{path}: {e}".replace("LaunchSpec.__init__() ", "")) from None
+        missing = re.search(r"missing \d+ required (?:positional |keyword-only )?arguments?: (.*)", str(e))
+        raise EyasError(f"{path}: missing required key(s) {missing.group(1)}" if missing else f"{path}: {e}") from None
     except EyasError as e:
         raise EyasError(f"{path}: {e}") from None
     # A relative dataset path means "next to the spec"; built-in names (mt-bench, humaneval) stay as they are.
