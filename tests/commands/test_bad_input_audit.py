@@ -173,3 +173,30 @@ def test_launch_spec_missing_key_names_the_key_not_an_argument(capsys, tmp_path)
     code, _, err = run_cli(capsys, "launch", spec, "--dry-run")
     assert_one_line(code, err, "missing required key", "'backend'", "'model'")
     assert "positional" not in err
+
+
+@pytest.fixture
+def tune_spec(tmp_path, monkeypatch):
+    import eyas.runs.tune
+
+    def no_sweep(*a, **k):
+        raise AssertionError("the sweep started")
+
+    monkeypatch.setattr(eyas.runs.tune, "run_sweep", no_sweep)
+    spec = tmp_path / "spec.toml"
+    spec.write_text('backend = "eyas"\nmodel = "/nonexistent/m"\ndraft = "/nonexistent/d"\n'
+                    '[bench]\ndataset = "mt-bench"\nnum_prompts = 1\n')
+    return spec
+
+
+def test_tune_env_sets_is_a_directory(capsys, tmp_path, tune_spec):
+    code, _, err = run_cli(capsys, "tune", "--spec", tune_spec, "--db", tmp_path / "runs.db", "--env-sets", tmp_path)
+    assert_one_line(code, err, "cannot read --env-sets", "Is a directory")
+
+
+@pytest.mark.parametrize("where, needle", [("dir", "is a directory"), ("under_file", "is not a directory")])
+def test_tune_plot_unwritable_is_refused_before_the_sweep(capsys, tmp_path, tune_spec, where, needle):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path if where == "dir" else tmp_path / "file" / "p.png"
+    code, _, err = run_cli(capsys, "tune", "--spec", tune_spec, "--db", tmp_path / "runs.db", "--plot", out)
+    assert_one_line(code, err, "--plot", needle)

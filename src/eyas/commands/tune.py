@@ -64,6 +64,12 @@ def run(args: argparse.Namespace) -> int:
         raise EyasError("tuning needs a bench: pass --dataset or add [bench] to the spec")
     spec = replace(spec, bench=replace(spec.bench or BenchSpec(), **given))
     env_sets = load_env_sets(args.env_sets) if args.env_sets else {"spec": {}}
+    if args.plot:  # checked before the sweep, which can take hours, rather than when the plot is written
+        if Path(args.plot).is_dir():
+            raise EyasError(f"--plot {args.plot} is a directory; give a file path")
+        if not Path(args.plot).parent.is_dir():
+            raise EyasError(f"--plot {args.plot}: the folder {Path(args.plot).parent} does not exist or is not a "
+                            "directory")
     points, skipped = sweep_points(args.steps, args.topk, args.draft_tokens, spec.backend)
     for reason in skipped:
         print(f"eyas tune: skipped {reason}", file=sys.stderr)
@@ -83,6 +89,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"best: steps {steps}, topk {topk}, draft tokens {tokens} (env set {top.env_set}): "
           f"{top.output_tok_s:.1f} tok/s, accept length {top.accept_length or 0:.2f}, {margin}; run {top.run_id}")
     out = args.plot or f"tune-{sweep}.png"
-    plot(rows, out, f"{Path(args.spec).name}: output tok/s per setting (sweep {sweep})")
+    if not Path(out).suffix:  # matplotlib writes OUT.png: name the file it writes
+        out += ".png"
+    try:
+        plot(rows, out, f"{Path(args.spec).name}: output tok/s per setting (sweep {sweep})")
+    except OSError as e:  # every run is in the ledger already
+        raise EyasError(f"cannot write the plot {out}: {e.strerror or e} (the runs are recorded: eyas runs list "
+                        f"--where kind=tune)") from None
     print(f"plot: {out}")
     return 0 if all(r.status == "ok" for r in rows) else 1

@@ -64,6 +64,8 @@ def load_env_sets(path: str | Path) -> dict[str, dict[str, str]]:
         data = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
         raise EyasError(f"no env-sets file at {path}") from None
+    except (OSError, UnicodeDecodeError) as e:  # a directory, unreadable, not text
+        raise EyasError(f"cannot read --env-sets {path}: {getattr(e, 'strerror', None) or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise EyasError(f"{path} is not valid TOML: {e}") from None
     sets = {}
