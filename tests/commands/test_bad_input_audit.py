@@ -200,3 +200,19 @@ def test_tune_plot_unwritable_is_refused_before_the_sweep(capsys, tmp_path, tune
     out = tmp_path if where == "dir" else tmp_path / "file" / "p.png"
     code, _, err = run_cli(capsys, "tune", "--spec", tune_spec, "--db", tmp_path / "runs.db", "--plot", out)
     assert_one_line(code, err, "--plot", needle)
+
+
+def test_remote_mistyped_db_is_not_created(capsys, tmp_path):
+    db = tmp_path / "typo.db"
+    code, _, err = run_cli(capsys, "remote", "--db", db, "status", "1")
+    assert_one_line(code, err, "does not exist")
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("argv, needle", [(["logs", "1", "-n", "0"], "--lines must be >= 1"),
+                                          (["logs", "1", "-n", "-5"], "--lines must be >= 1"),
+                                          (["stop", "1", "--timeout", "-1"], "--timeout must be a positive"),
+                                          (["stop", "1", "--timeout", "nan"], "--timeout must be a positive")])
+def test_remote_bad_numbers(capsys, ledger_db, argv, needle):
+    code, _, err = run_cli(capsys, "remote", "--db", ledger_db, *argv)
+    assert_one_line(code, err, needle)
