@@ -216,3 +216,44 @@ def test_remote_mistyped_db_is_not_created(capsys, tmp_path):
 def test_remote_bad_numbers(capsys, ledger_db, argv, needle):
     code, _, err = run_cli(capsys, "remote", "--db", ledger_db, *argv)
     assert_one_line(code, err, needle)
+
+
+@pytest.fixture
+def recipe(tmp_path, monkeypatch):
+    import eyas.train.pipeline
+
+    def no_run(*a, **k):
+        raise AssertionError("the pipeline started")
+
+    monkeypatch.setattr(eyas.train.pipeline.Pipeline, "run", no_run)
+    path = tmp_path / "recipe.toml"
+    path.write_text('target = "/nonexistent/target"\n')
+    return path
+
+
+@pytest.mark.parametrize("device, needle", [("bogus", "device must be auto, cpu, cuda or cuda:N"),
+                                            ("cuda:7", "no CUDA device is available")])
+def test_train_bad_device(capsys, tmp_path, recipe, device, needle):
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("a CUDA device is available")
+    code, _, err = run_cli(capsys, "train", "--config", recipe, "--device", device, "--out", tmp_path / "out")
+    assert_one_line(code, err, needle)
+
+
+@pytest.mark.parametrize("what", ["missing", "directory"])
+def test_train_sharegpt_checked_before_any_stage(capsys, tmp_path, recipe, what):
+    path = tmp_path / "nope.json" if what == "missing" else tmp_path
+    code, _, err = run_cli(capsys, "train", "--config", recipe, "--device", "cpu", "--out", tmp_path / "out",
+                           "--sharegpt", path)
+    assert_one_line(code, err, "conversation file", "not found" if what == "missing" else "a directory")
+
+
+@pytest.mark.parametrize("where, needle", [("file", "is a regular file"), ("under_file", "is not a directory")])
+def test_train_out_unusable_checked_before_any_stage(capsys, tmp_path, recipe, where, needle):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" if where == "file" else tmp_path / "file" / "out"
+    code, _, err = run_cli(capsys, "train", "--config", recipe, "--device", "cpu", "--out", out)
+    assert_one_line(code, err, "output directory", needle)
+    assert (tmp_path / "file").read_text() == "x"

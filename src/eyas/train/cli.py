@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import tomllib
+from pathlib import Path
 
 from eyas.errors import EyasError
 
@@ -59,6 +60,22 @@ def overrides_from(args) -> dict:
     return out
 
 
+def _check_paths(recipe) -> None:
+    """What the stages would find wrong only after the earlier ones ran (synth can take hours): checked first."""
+    for f in recipe.data.sharegpt:
+        if not Path(f).is_file():
+            raise EyasError(f"conversation file {f} ({'a directory' if Path(f).is_dir() else 'not found'}): "
+                            "[data] sharegpt and --sharegpt take JSON or JSONL files")
+    out = recipe.out
+    if out.exists() and not out.is_dir():
+        raise EyasError(f"output directory {out} is a regular file")
+    ancestor = out.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise EyasError(f"cannot create output directory {out}: {ancestor} is not a directory")
+
+
 def run(args) -> int:
     from eyas.train.pipeline import Pipeline
     from eyas.train.recipe import load_recipe
@@ -72,5 +89,6 @@ def run(args) -> int:
         recipe.regen.max_samples = args.num_samples
         if recipe.synth.num:
             recipe.synth.num = min(recipe.synth.num, args.num_samples + recipe.data.heldout)
+    _check_paths(recipe)
     Pipeline(recipe, progress=not args.no_progress).run([args.stage], argv=getattr(args, "argv", []))
     return 0

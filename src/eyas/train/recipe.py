@@ -201,9 +201,16 @@ class Recipe:
         return Path(self.out_dir)
 
     def resolved_device(self) -> str:
-        if self.device != "auto":
-            return self.device
         import torch
+
+        if self.device != "auto":
+            try:
+                kind = torch.device(self.device).type
+            except (RuntimeError, TypeError):
+                raise EyasError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}") from None
+            if kind == "cuda" and not torch.cuda.is_available():
+                raise EyasError(f"device {self.device!r} was asked for but no CUDA device is available")
+            return self.device
 
         return "cuda" if torch.cuda.is_available() else "cpu"
 
