@@ -257,3 +257,22 @@ def test_train_out_unusable_checked_before_any_stage(capsys, tmp_path, recipe, w
     code, _, err = run_cli(capsys, "train", "--config", recipe, "--device", "cpu", "--out", out)
     assert_one_line(code, err, "output directory", needle)
     assert (tmp_path / "file").read_text() == "x"
+
+
+@pytest.mark.parametrize("argv, needle", [(["--device", "cuda"], "no CUDA device is available"),
+                                          (["--bench-prompts", "0"], "--bench-prompts must be >= 1"),
+                                          (["--port", "70000"], "--port must be in 1..65535")])
+def test_demo_bad_input_before_the_demo_runs(capsys, monkeypatch, argv, needle):
+    import torch
+
+    import eyas.models.demo
+
+    if "cuda" in argv and torch.cuda.is_available():
+        pytest.skip("a CUDA device is available")
+
+    def no_demo():
+        raise AssertionError("the demo started")
+
+    monkeypatch.setattr(eyas.models.demo, "demo_model_path", no_demo)
+    code, _, err = run_cli(capsys, "demo", *argv)
+    assert_one_line(code, err, needle)

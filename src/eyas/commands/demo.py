@@ -43,13 +43,22 @@ def run(args) -> int:
     from eyas.models.demo import demo_model_path
     from eyas.models.tokenizer import encode_prompt, load_tokenizer
 
+    from eyas.errors import EyasError
+
+    # Checked before the demo's generation, which takes a while, rather than when the bench starts after it.
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise EyasError("--device cuda was asked for but no CUDA device is available")
+    params = SamplingParams(max_tokens=args.max_tokens)
+    if not args.no_bench and args.bench_prompts < 1:
+        raise EyasError(f"--bench-prompts must be >= 1, got {args.bench_prompts}")
+    if not args.no_bench and not 1 <= args.port <= 65535:
+        raise EyasError(f"--port must be in 1..65535, got {args.port}")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = "bf16" if device == "cuda" else "fp32"
     path = demo_model_path()
     print(f"demo target: SmolLM2-135M-Instruct at {path} ({device}, {dtype})")
     tok = load_tokenizer(path)
     prompts = [encode_prompt(tok, q, chat=True) for q in QUESTIONS]
-    params = SamplingParams(max_tokens=args.max_tokens)
     draft = bundled_draft()
     runs = [("plain", None, None)]
     if draft is not None:
