@@ -71,6 +71,20 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     _skip_nested_interpreter_patching()
 
 
+def _one_intra_op_thread():
+    """One torch thread in the test process. The tests' models are small: a second thread gains nothing (the
+    demo-model tests take as long with one), while beside any other load on a small machine OpenMP's threads
+    wait on each other at every op: on 2 cores the warm-up coverage test took 33 s instead of 11 s next to one
+    busy process, and tests of tiny models ran up to 20x slower in full-suite runs beside another job. Server and
+    worker subprocesses choose their own (eyas.dist.worker); spawned test ranks set theirs."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+_one_intra_op_thread()
+
+
 @pytest.fixture(scope="session")
 def demo_dir():
     """The converted SmolLM2 demo checkpoint (float32), converted once per test session."""
