@@ -1,7 +1,9 @@
-"""Where eyas keeps its own files."""
+"""Where eyas keeps its own files, and the checks of the paths a command will write, made before its work."""
 
 import os
 from pathlib import Path
+
+from eyas.errors import EyasError
 
 
 def eyas_home() -> Path:
@@ -9,3 +11,23 @@ def eyas_home() -> Path:
     home = Path(os.environ.get("EYAS_HOME") or Path.home() / ".cache" / "eyas")
     home.mkdir(parents=True, exist_ok=True)
     return home
+
+
+def output_file(path: str | Path, flag: str) -> Path:
+    """`path` as a file a command may (over)write, given as `flag`: not a directory, in a folder that exists."""
+    path = Path(path)
+    if path.is_dir():
+        raise EyasError(f"{flag} {path} is a directory; give a file path")
+    if not path.parent.is_dir():
+        raise EyasError(f"{flag} {path}: the folder {path.parent} does not exist or is not a directory")
+    return path
+
+
+def creatable_dir(path: Path) -> None:
+    """Refuse `path` as an output directory when its nearest existing ancestor is not a directory (mkdir would
+    fail there only after the command's work)."""
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise EyasError(f"cannot create output directory {path}: {ancestor} is not a directory")

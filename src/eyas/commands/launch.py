@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from eyas.errors import EyasError
+from eyas.paths import output_file
 from eyas.runs import hostprobe
 from eyas.runs.launch_spec import BenchSpec, LaunchSpec, load_spec
 
@@ -136,11 +137,8 @@ def run(args: argparse.Namespace) -> int:
 def _from_shell(args: argparse.Namespace) -> LaunchSpec | None:
     from eyas.runs.from_shell import import_line
 
-    if args.write and Path(args.write).is_dir():
-        raise EyasError(f"--write {args.write} is a directory; give a file path")
-    if args.write and not Path(args.write).parent.is_dir():
-        raise EyasError(f"--write {args.write}: the folder {Path(args.write).parent} does not exist or is not a "
-                        "directory")
+    if args.write:
+        output_file(args.write, "--write")
     imported = import_line(args.from_shell)
     print(imported.explain())
     spec = imported.spec(args.as_intended)

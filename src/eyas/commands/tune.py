@@ -17,6 +17,7 @@ from pathlib import Path
 
 from eyas.commands.launch import add_host_arguments, make_host
 from eyas.errors import EyasError
+from eyas.paths import output_file
 from eyas.runs.launch_spec import BenchSpec, load_spec
 
 
@@ -65,11 +66,7 @@ def run(args: argparse.Namespace) -> int:
     spec = replace(spec, bench=replace(spec.bench or BenchSpec(), **given))
     env_sets = load_env_sets(args.env_sets) if args.env_sets else {"spec": {}}
     if args.plot:  # checked before the sweep, which can take hours, rather than when the plot is written
-        if Path(args.plot).is_dir():
-            raise EyasError(f"--plot {args.plot} is a directory; give a file path")
-        if not Path(args.plot).parent.is_dir():
-            raise EyasError(f"--plot {args.plot}: the folder {Path(args.plot).parent} does not exist or is not a "
-                            "directory")
+        output_file(args.plot, "--plot")
     points, skipped = sweep_points(args.steps, args.topk, args.draft_tokens, spec.backend)
     for reason in skipped:
         print(f"eyas tune: skipped {reason}", file=sys.stderr)

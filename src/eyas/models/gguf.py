@@ -20,6 +20,7 @@ from gguf import GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
 from eyas.errors import EyasError
+from eyas.paths import creatable_dir
 from eyas.models.tensor_file import save_tensors
 
 # Accepted spellings on the command line -> torch dtype.
@@ -57,11 +58,7 @@ def convert_gguf(src: Path, out_dir: Path, dtype: str = "bfloat16") -> Path:
     _check_source(src)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise EyasError(f"output directory {out_dir} already exists and is not an empty directory")
-    ancestor = out_dir.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():  # checked before the (long) conversion, which would fail only at the end
-        raise EyasError(f"cannot create output directory {out_dir}: {ancestor} is not a directory")
+    creatable_dir(out_dir)  # before the (long) conversion, which would fail only at the end
 
     reader = _open(src)
     meta = _scalar_metadata(reader)

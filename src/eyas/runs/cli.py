@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from eyas.errors import EyasError
-from eyas.paths import eyas_home
+from eyas.paths import eyas_home, output_file
 from eyas.runs.diff import diff_runs, flatten
 from eyas.runs.ledger import Ledger, field_sql
 from eyas.runs.record import COLUMNS, RunRecord, metric_field
@@ -162,19 +162,9 @@ def export_rows(runs: list[RunRecord]) -> tuple[list[str], list[dict]]:
     return fixed + sorted(extra), rows
 
 
-def _check_out(out: str) -> Path:
-    """--out, checked before any work: a file to (over)write in a folder that exists."""
-    path = Path(out)
-    if path.is_dir():
-        raise EyasError(f"--out {out} is a directory; give a file path")
-    if not path.parent.is_dir():
-        raise EyasError(f"--out {out}: the folder {path.parent} does not exist or is not a directory")
-    return path
-
-
 def _export(ledger: Ledger, args: argparse.Namespace) -> int:
     if args.out:
-        _check_out(args.out)
+        output_file(args.out, "--out")
     runs = ledger.list(parse_where(args.where), descending=False)
     if not runs:
         raise EyasError("no runs to export")
@@ -198,7 +188,7 @@ def _export(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 def _plot(ledger: Ledger, args: argparse.Namespace) -> int:
-    out = _check_out(args.out)
+    out = output_file(args.out, "--out")
     if not out.suffix:  # matplotlib would write OUT.png and we would report OUT: name the file it writes
         out = out.with_name(out.name + ".png")
     by = args.by if "." in args.by or args.by in COLUMNS else f"config.{args.by}"

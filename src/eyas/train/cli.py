@@ -15,6 +15,7 @@ import tomllib
 from pathlib import Path
 
 from eyas.errors import EyasError
+from eyas.paths import creatable_dir
 
 STAGES = ("all", "synth", "regen", "vocab", "capture", "fit", "export", "eval")
 
@@ -69,11 +70,7 @@ def _check_paths(recipe) -> None:
     out = recipe.out
     if out.exists() and not out.is_dir():
         raise EyasError(f"output directory {out} is a regular file")
-    ancestor = out.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise EyasError(f"cannot create output directory {out}: {ancestor} is not a directory")
+    creatable_dir(out)
 
 
 def run(args) -> int:
