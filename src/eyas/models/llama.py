@@ -15,7 +15,6 @@ from torch import nn
 
 from eyas.config import ModelConfig
 from eyas.dist.parallel import SINGLE, TPContext
-from eyas.layers import prefetch
 from eyas.layers.activation import silu_mul
 from eyas.layers.attention import AttentionBatch, rotate_and_attend
 from eyas.layers.fused_linear import norm_linear, project_rows, silu_mul_linear
@@ -53,17 +52,13 @@ class Attention(nn.Module):
 
     def attend(self, qkv, positions, batch: AttentionBatch, rotary: RotaryEmbedding):
         """Attention and the output projection, from the fused q/k/v projection's output."""
-        return project_rows(self.o_proj, self.attention(qkv, positions, batch, rotary))
-
-    def attention(self, qkv, positions, batch: AttentionBatch, rotary: RotaryEmbedding):
-        """Attention from the fused q/k/v projection's output, before the output projection."""
         B, T, _ = qkv.shape
         d = self.head_dim
         q, k, v = qkv.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
         q, k, v = q.view(B, T, self.heads, d), k.view(B, T, self.kv_heads, d), v.view(B, T, self.kv_heads, d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        return rotate_and_attend(q, k, v, positions, rotary, self.layer, batch, d ** -0.5)
+        return project_rows(self.o_proj, rotate_and_attend(q, k, v, positions, rotary, self.layer, batch, d ** -0.5))
 
 
 class MLP(nn.Module):
@@ -104,10 +99,7 @@ class DecoderLayer(nn.Module):
         attn, mlp = self.self_attn, self.mlp
         if isinstance(attn, Attention):
             h, qkv = norm_linear(self.input_layernorm, attn.qkv_proj, h, delta)
-            if isinstance(mlp, MLP) and prefetch.applies(qkv):
-                out = self._attend_prefetching(qkv, positions, batch, rotary)
-            else:
-                out = attn.attend(qkv, positions, batch, rotary)
+            out = attn.attend(qkv, positions, batch, rotary)
         else:
             h, x = self.input_layernorm.residual(h, delta)
             out = attn(x, positions, batch, rotary)
@@ -116,17 +108,6 @@ class DecoderLayer(nn.Module):
             return h, mid, mlp.down(gate_up)
         mid, x = self.post_attention_layernorm.residual(h, out)
         return h, mid, mlp(x)
-
-    def _attend_prefetching(self, qkv, positions, batch, rotary):
-        """attend, with the output projection's weight prefetched into L2 beside the attention kernel and,
-        if asked, the head of the gate/up weight beside the output projection (eyas.layers.prefetch)."""
-        attn = self.self_attn
-        prefetch.ahead(attn.o_proj.weight, qkv)
-        attended = attn.attention(qkv, positions, batch, rotary)
-        gate_up_bytes = prefetch.megabytes("EYAS_L2_PREFETCH_GATE_UP_MB")
-        if gate_up_bytes:
-            prefetch.ahead(self.mlp.gate_up_proj.weight, qkv, gate_up_bytes)
-        return project_rows(attn.o_proj, attended)
 
 
 class Decoder(nn.Module):
@@ -166,7 +147,6 @@ class CausalLM(nn.Module):
             if i in self.capture_layers:
                 captured[i] = entering
         h, x = self.model.norm.residual(h, delta)
-        prefetch.join(x)
         # Small models can list one layer twice (L=5 gives 2, 2, 2): index, don't filter.
         aux = torch.cat([captured[i] for i in self.capture_layers], dim=-1) if self.capture_layers else None
         return ModelOutput(x, aux)
