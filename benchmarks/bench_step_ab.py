@@ -24,7 +24,7 @@ import torch
 
 from bench_join import SMOLLM2
 from bench_tp import LLAMA_8B, random_runner
-from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
+from timing import kernel_table, median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 SHAPES = {"smollm2": SMOLLM2, "llama-8b": LLAMA_8B}
 MAX_LEN = 2048
@@ -67,6 +67,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="step_ab.json")
+    ap.add_argument("--profile", action="store_true", help="also list each variant's kernels per graph replay "
+                    "(torch.profiler; under PDL a kernel's time includes its wait for the one before)")
     args = ap.parse_args()
     variants = parse_variants(args.variants)
     try:
@@ -132,6 +134,17 @@ def main():
                                  over_first=round(med / ref, 4), rounds_ms=[round(t, 4) for t in got]))
                 print(f"{kind:6s} T={T} {name:16s} {med:.4f} ms  x{med / ref:.3f}  rounds {min(got):.4f}-"
                       f"{max(got):.4f}", flush=True)
+    kernels = []
+    if args.profile:
+        for name, _ in variants:
+            for T in tokens:
+                graph = next(g for key, g in graphs[name].graphs.items() if key[1] == T).graph
+                table = kernel_table(graph.replay, top=14)
+                kernels.append(dict(variant=name, T=T, **table))
+                print(f"kernels T={T} {name}: {table['kernels']:.0f} per replay, {table['gpu_busy_us']:.1f} us busy",
+                      flush=True)
+                for k in table["top"]:
+                    print(f"  {k['us']:8.1f} us  {k['calls']:5.1f}x  {k['name']}", flush=True)
     from eyas.kernels import tile_choice
 
     tiles = [dict(kernel=k[0], m=k[1], n=k[2], k=k[3], tile=dict(t.kwargs, num_warps=t.num_warps))
@@ -139,7 +152,7 @@ def main():
     for t in tiles:
         print("tile", json.dumps(t))
     json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape,
-                   context=args.context, rounds=args.rounds, reps=args.reps, rows=rows, tiles=tiles),
+                   context=args.context, rounds=args.rounds, reps=args.reps, rows=rows, tiles=tiles, kernels=kernels),
               open(args.out, "w"), indent=2)
 
 

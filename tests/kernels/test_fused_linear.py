@@ -219,6 +219,19 @@ def test_tile_pruning_keeps_every_tile_of_decode_rows():
     assert all(c == 0 for _, c, _ in every - eight)
 
 
+def test_a_lower_product_limit_drops_the_larger_whole_row_tiles(monkeypatch):
+    """EYAS_FUSED_PRODUCT_LIMIT (a bench switch) bounds the products of the tiles timed: at 16,384 a 4-row
+    verify of 576 features keeps whole rows of at most 4 outputs and every chunked tile."""
+    from eyas.kernels.fused_linear import _CONFIGS, _prune, product_limit
+
+    monkeypatch.setenv("EYAS_FUSED_PRODUCT_LIMIT", "16384")
+    assert product_limit() == 16384
+    kept = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"]) for c in _prune(_CONFIGS, {"M": 4, "K": 576})}
+    assert {n for n, c in kept if c == 0} == {2, 4} and {(32, 128), (16, 64)} <= kept
+    monkeypatch.setenv("EYAS_FUSED_PRODUCT_LIMIT", "many")  # not a count: the default
+    assert product_limit() == 65536
+
+
 def test_wide_rows_take_the_wide_chunks_only():
     """Past MAX_K (an 8B model's 4,096 and 14,336 features) only the 256-1,024-column chunks are timed,
     those of up to 65,536 products at 8 rows."""

@@ -203,6 +203,13 @@ _WIDE_CHUNK = 256  # the smallest chunk of a wide tile
 _PRODUCT_LIMIT = 65536  # rows x output columns x input columns of one product: every tile of 1-2 rows fits
 
 
+def product_limit() -> int:
+    """The largest [rows, BLOCK_N, K or CHUNK_K] product a timed tile may hold: EYAS_FUSED_PRODUCT_LIMIT (a
+    bench switch), else _PRODUCT_LIMIT."""
+    value = os.environ.get("EYAS_FUSED_PRODUCT_LIMIT")
+    return int(value) if value and value.isdigit() else _PRODUCT_LIMIT
+
+
 def _prune(configs, named_args, **kwargs):
     """The small tiles up to MAX_K input features, the wide ones past it; of those, the tiles whose [rows,
     BLOCK_N, K or CHUNK_K] product fits: the others spill registers by the kilobyte. Sized from the runtime
@@ -212,7 +219,7 @@ def _prune(configs, named_args, **kwargs):
     kind = [c for c in configs if (c.kwargs["CHUNK_K"] >= _WIDE_CHUNK) == (k > MAX_K)]  # by value: the
     # autotuner may hand over copies of the configs
     fit = [c for c in kind
-           if m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= _PRODUCT_LIMIT and c.kwargs["CHUNK_K"] < k]
+           if m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= product_limit() and c.kwargs["CHUNK_K"] < k]
     return fit or kind[:1] or configs[:1]
 
 
@@ -252,7 +259,7 @@ def _launch(kernel, m: int, n: int, k: int, weight_at: int, *args, **meta):
         kernel[(triton.cdiv(n, tile.kwargs["BLOCK_N"]),)](*call, **tile.kwargs, num_warps=tile.num_warps,
                                                           num_stages=tile.num_stages, **meta)
 
-    key = (kernel.fn.__name__, m, n, k, args[0].dtype, args[0].device, tuple(sorted(meta.items())))
+    key = (kernel.fn.__name__, m, n, k, args[0].dtype, args[0].device, tuple(sorted(meta.items())), product_limit())
     run(tile_choice.choose(key, lambda: _candidates(m, k), run, args[weight_at]), args[weight_at])
 
 
