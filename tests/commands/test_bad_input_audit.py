@@ -250,6 +250,32 @@ def test_train_sharegpt_checked_before_any_stage(capsys, tmp_path, recipe, what)
     assert_one_line(code, err, "conversation file", "not found" if what == "missing" else "a directory")
 
 
+@pytest.mark.parametrize("content, needle", [
+    (b"\x8f\xff\x00garbage\xfe", "is not UTF-8 text"),
+    (b'{\n  "data": [1, 2]\n}\n', "expected 'conversations' (ShareGPT) or 'messages' (OpenAI) list"),
+    (b"[1, 2, 3]", "item 0: expected a JSON object, got int"),
+    (b'"just a string"', "expected a JSON object, got str"),
+    (b'[{"conversations": []}]', "has no conversation with a user turn"),
+    (b"not json at all\n", "line 1: not valid JSON"),
+])
+def test_train_sharegpt_content_checked_before_any_stage(capsys, tmp_path, recipe, content, needle):
+    # Read only by regen: a garbage file failed after synth had run (hours on a real recipe).
+    path = tmp_path / "garbage.json"
+    path.write_bytes(content)
+    code, _, err = run_cli(capsys, "train", "--config", recipe, "--device", "cpu", "--out", tmp_path / "out",
+                           "--sharegpt", path)
+    assert_one_line(code, err, str(path), needle)
+
+
+def test_train_sharegpt_pretty_printed_single_record_is_read(tmp_path):
+    from eyas.train.prompts import read_conversations
+
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]}, indent=2))
+    (conv,) = read_conversations(path)
+    assert conv.id == "a" and conv.first_user() == "hi"
+
+
 @pytest.mark.parametrize("where, needle", [("file", "is a regular file"), ("under_file", "is not a directory")])
 def test_train_out_unusable_checked_before_any_stage(capsys, tmp_path, recipe, where, needle):
     (tmp_path / "file").write_text("x")
