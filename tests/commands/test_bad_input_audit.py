@@ -153,6 +153,27 @@ def test_runs_list_negative_limit(capsys, ledger_db):
     assert_one_line(code, err, "--limit must be >= 1")
 
 
+@pytest.mark.parametrize("key, needle", [("nosuch", "valid keys: kind, status,"),
+                                         ("nosuch", "output_tok_s"),
+                                         ("config.nosuch", "config.spec_steps"),
+                                         ("env.NOSUCH", "no run records any env.X")])
+def test_runs_list_unknown_sort_key(capsys, ledger_db, key, needle):
+    # It listed every run with a column of None, in no meaningful order.
+    code, out, err = run_cli(capsys, "runs", "--db", ledger_db, "list", "--sort", key)
+    assert_one_line(code, err, f"unknown --sort key '{key}'", needle)
+    assert out == ""
+
+
+def test_runs_list_sort_key_some_runs_lack_is_fine(capsys, ledger_db):
+    from eyas.runs.ledger import Ledger
+
+    with Ledger(ledger_db) as ledger:
+        ledger.finish_run(ledger.start_run(kind="bench", argv=["eyas"], cwd="/", env={}, config={}), "ok",
+                          {"ttft_ms": 3.0})
+    code, out, _ = run_cli(capsys, "runs", "--db", ledger_db, "list", "--sort", "ttft_ms")
+    assert code == 0 and "results.ttft_ms" in out
+
+
 def test_runs_replay_threshold_nan(capsys, ledger_db):
     code, _, err = run_cli(capsys, "runs", "--db", ledger_db, "replay", "1", "--threshold", "nan")
     assert_one_line(code, err, "--threshold must be >= 0")
