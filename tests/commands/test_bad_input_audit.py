@@ -147,6 +147,13 @@ def test_runs_plot_without_extension_reports_the_file_written(capsys, tmp_path, 
     assert f"wrote {tmp_path / 'p.png'} " in err, err
 
 
+def test_runs_plot_without_extension_checks_the_png_it_writes(capsys, tmp_path, ledger_db):
+    (tmp_path / "p.png").mkdir()
+    code, _, err = run_cli(capsys, "runs", "--db", ledger_db, "plot", "--metric", "output_tok_s", "--by",
+                           "spec_steps", "--out", tmp_path / "p")
+    assert_one_line(code, err, f"--out {tmp_path / 'p.png'} is a directory")
+
+
 def test_runs_list_negative_limit(capsys, ledger_db):
     # SQLite's LIMIT -1 means no limit: every run was listed.
     code, _, err = run_cli(capsys, "runs", "--db", ledger_db, "list", "--limit", "-1")
@@ -221,6 +228,13 @@ def test_tune_plot_unwritable_is_refused_before_the_sweep(capsys, tmp_path, tune
     out = tmp_path if where == "dir" else tmp_path / "file" / "p.png"
     code, _, err = run_cli(capsys, "tune", "--spec", tune_spec, "--db", tmp_path / "runs.db", "--plot", out)
     assert_one_line(code, err, "--plot", needle)
+
+
+def test_tune_plot_without_extension_checks_the_png_it_writes_before_the_sweep(capsys, tmp_path, tune_spec):
+    # matplotlib writes p.png for --plot p: a directory there failed only after the sweep.
+    (tmp_path / "p.png").mkdir()
+    code, _, err = run_cli(capsys, "tune", "--spec", tune_spec, "--db", tmp_path / "runs.db", "--plot", tmp_path / "p")
+    assert_one_line(code, err, f"--plot {tmp_path / 'p.png'} is a directory")
 
 
 def test_remote_mistyped_db_is_not_created(capsys, tmp_path):

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from eyas.errors import EyasError
-from eyas.paths import eyas_home, output_file
+from eyas.paths import eyas_home, image_file, output_file
 from eyas.runs.diff import diff_runs, flatten
 from eyas.runs.ledger import Ledger, field_sql
 from eyas.runs.record import COLUMNS, RunRecord, metric_field
@@ -202,9 +202,7 @@ def _export(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 def _plot(ledger: Ledger, args: argparse.Namespace) -> int:
-    out = output_file(args.out, "--out")
-    if not out.suffix:  # matplotlib would write OUT.png and we would report OUT: name the file it writes
-        out = out.with_name(out.name + ".png")
+    out = image_file(args.out, "--out")
     by = args.by if "." in args.by or args.by in COLUMNS else f"config.{args.by}"
     metric = metric_field(args.metric)
     points = [(r.get(by), r.get(metric)) for r in ledger.list(parse_where(args.where))]
