@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ import httpx
 from eyas.bench.client import run_benchmark
 from eyas.bench.config import BenchConfig
 from eyas.bench.prometheus import labeled_samples, parse_metrics
+from eyas.dist.launch import free_port
 from eyas.errors import EyasError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,12 +41,6 @@ CONFIGS = {  # name -> extra `eyas serve` flags; "{draft}" is filled in from --d
                  "--spec-adaptive"],
 }
 STOP_TIMEOUT_S = 60  # SIGTERM drains running requests; past this the server's process group is killed
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def hardware(device: str) -> str:

@@ -20,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_serve_load import Server, free_port  # benchmarks/ (the script's own folder is on sys.path)
+from bench_serve_load import Server  # benchmarks/ (the script's own folder is on sys.path)
+from eyas.dist.launch import free_port
 from eyas.errors import EyasError
 
 STARTUP_LIMIT_S = 300.0

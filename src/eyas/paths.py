@@ -23,6 +23,13 @@ def output_file(path: str | Path, flag: str) -> Path:
     return path
 
 
+def image_file(path: str | Path, flag: str) -> Path:
+    """The file a plot given as `flag` is written to, checked as output_file: matplotlib writes OUT.png for an
+    OUT without an extension, so that is the file named and checked."""
+    path = output_file(path, flag)
+    return path if path.suffix else output_file(path.with_name(path.name + ".png"), flag)
+
+
 def creatable_dir(path: Path) -> None:
     """Refuse `path` as an output directory when its nearest existing ancestor is not a directory (mkdir would
     fail there only after the command's work)."""

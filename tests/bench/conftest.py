@@ -7,7 +7,6 @@ can be checked against what the server did. It counts requests and the most it e
 import asyncio
 import json
 import math
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,6 +15,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from eyas.dist.launch import free_port
 
 MODEL = "stub-model"
 
@@ -130,12 +131,6 @@ def build_app(state: StubState) -> FastAPI:
         return await complete(request, chat=False)
 
     return app
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -147,10 +147,38 @@ def test_runs_plot_without_extension_reports_the_file_written(capsys, tmp_path, 
     assert f"wrote {tmp_path / 'p.png'} " in err, err
 
 
+def test_runs_plot_without_extension_checks_the_png_it_writes(capsys, tmp_path, ledger_db):
+    (tmp_path / "p.png").mkdir()
+    code, _, err = run_cli(capsys, "runs", "--db", ledger_db, "plot", "--metric", "output_tok_s", "--by",
+                           "spec_steps", "--out", tmp_path / "p")
+    assert_one_line(code, err, f"--out {tmp_path / 'p.png'} is a directory")
+
+
 def test_runs_list_negative_limit(capsys, ledger_db):
     # SQLite's LIMIT -1 means no limit: every run was listed.
     code, _, err = run_cli(capsys, "runs", "--db", ledger_db, "list", "--limit", "-1")
     assert_one_line(code, err, "--limit must be >= 1")
+
+
+@pytest.mark.parametrize("key, needle", [("nosuch", "valid keys: kind, status,"),
+                                         ("nosuch", "output_tok_s"),
+                                         ("config.nosuch", "config.spec_steps"),
+                                         ("env.NOSUCH", "no run records any env.X")])
+def test_runs_list_unknown_sort_key(capsys, ledger_db, key, needle):
+    # It listed every run with a column of None, in no meaningful order.
+    code, out, err = run_cli(capsys, "runs", "--db", ledger_db, "list", "--sort", key)
+    assert_one_line(code, err, f"unknown --sort key '{key}'", needle)
+    assert out == ""
+
+
+def test_runs_list_sort_key_some_runs_lack_is_fine(capsys, ledger_db):
+    from eyas.runs.ledger import Ledger
+
+    with Ledger(ledger_db) as ledger:
+        ledger.finish_run(ledger.start_run(kind="bench", argv=["eyas"], cwd="/", env={}, config={}), "ok",
+                          {"ttft_ms": 3.0})
+    code, out, _ = run_cli(capsys, "runs", "--db", ledger_db, "list", "--sort", "ttft_ms")
+    assert code == 0 and "results.ttft_ms" in out
 
 
 def test_runs_replay_threshold_nan(capsys, ledger_db):
@@ -202,6 +230,13 @@ def test_tune_plot_unwritable_is_refused_before_the_sweep(capsys, tmp_path, tune
     assert_one_line(code, err, "--plot", needle)
 
 
+def test_tune_plot_without_extension_checks_the_png_it_writes_before_the_sweep(capsys, tmp_path, tune_spec):
+    # matplotlib writes p.png for --plot p: a directory there failed only after the sweep.
+    (tmp_path / "p.png").mkdir()
+    code, _, err = run_cli(capsys, "tune", "--spec", tune_spec, "--db", tmp_path / "runs.db", "--plot", tmp_path / "p")
+    assert_one_line(code, err, f"--plot {tmp_path / 'p.png'} is a directory")
+
+
 def test_remote_mistyped_db_is_not_created(capsys, tmp_path):
     db = tmp_path / "typo.db"
     code, _, err = run_cli(capsys, "remote", "--db", db, "status", "1")
@@ -248,6 +283,32 @@ def test_train_sharegpt_checked_before_any_stage(capsys, tmp_path, recipe, what)
     code, _, err = run_cli(capsys, "train", "--config", recipe, "--device", "cpu", "--out", tmp_path / "out",
                            "--sharegpt", path)
     assert_one_line(code, err, "conversation file", "not found" if what == "missing" else "a directory")
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"\x8f\xff\x00garbage\xfe", "is not UTF-8 text"),
+    (b'{\n  "data": [1, 2]\n}\n', "expected 'conversations' (ShareGPT) or 'messages' (OpenAI) list"),
+    (b"[1, 2, 3]", "item 0: expected a JSON object, got int"),
+    (b'"just a string"', "expected a JSON object, got str"),
+    (b'[{"conversations": []}]', "has no conversation with a user turn"),
+    (b"not json at all\n", "line 1: not valid JSON"),
+])
+def test_train_sharegpt_content_checked_before_any_stage(capsys, tmp_path, recipe, content, needle):
+    # Read only by regen: a garbage file failed after synth had run (hours on a real recipe).
+    path = tmp_path / "garbage.json"
+    path.write_bytes(content)
+    code, _, err = run_cli(capsys, "train", "--config", recipe, "--device", "cpu", "--out", tmp_path / "out",
+                           "--sharegpt", path)
+    assert_one_line(code, err, str(path), needle)
+
+
+def test_train_sharegpt_pretty_printed_single_record_is_read(tmp_path):
+    from eyas.train.prompts import read_conversations
+
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]}, indent=2))
+    (conv,) = read_conversations(path)
+    assert conv.id == "a" and conv.first_user() == "hi"
 
 
 @pytest.mark.parametrize("where, needle", [("file", "is a regular file"), ("under_file", "is not a directory")])

@@ -8,14 +8,13 @@ import pytest
 
 from eyas.dist import env_report
 from eyas.dist.env_report import EnvReport
-from eyas.dist.launch import WorkerGroup
+from eyas.dist.launch import WorkerGroup, free_port
 from eyas.dist.messages import AddRequest, Step
 from eyas.dist.worker import WorkerSpec
 from eyas.errors import EyasError
 from eyas.layers.sampling import SamplingParams
 from eyas.runs.procenv import read_environ
 from eyas.server.config import parse_env_pairs
-from tests.server.tiny import free_port
 
 
 def report(rank, **requested):

@@ -1,11 +1,11 @@
 """Fixtures for the launch tests: a private ledger, a tiny TP-able chat model, a prompt file, free ports."""
 
 import json
-import socket
 import sys
 
 import pytest
 
+from eyas.dist.launch import free_port
 from tests.server.tiny import tiny_chat_model
 
 
@@ -38,12 +38,6 @@ def prompts(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "prompts.jsonl"
     path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["Hello there", "The parser reads", "os and"]))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_spec(path, **fields) -> str:

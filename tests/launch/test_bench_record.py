@@ -7,8 +7,9 @@ import pytest
 import uvicorn
 
 from eyas.cli import main
+from eyas.dist.launch import free_port
 from eyas.runs.ledger import Ledger
-from tests.bench.conftest import StubState, build_app, free_port
+from tests.bench.conftest import StubState, build_app
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,9 @@ import socket
 import sys
 
 from eyas.cli import main
+from eyas.dist.launch import free_port
 from eyas.runs.ledger import Ledger
-from tests.launch.conftest import free_port, run_id_of, write_spec
+from tests.launch.conftest import run_id_of, write_spec
 
 
 def eyas(capsys, *argv):

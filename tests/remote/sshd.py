@@ -11,6 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from eyas.dist.launch import free_port
+
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
 
 
@@ -23,12 +25,6 @@ def unavailable() -> str | None:
     if os.geteuid() != 0:
         return "sshd needs root to log a user in"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def keygen(path: Path) -> Path:

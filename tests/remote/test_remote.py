@@ -9,8 +9,9 @@ import sys
 import httpx
 
 from eyas.cli import main
+from eyas.dist.launch import free_port
 from eyas.runs.ledger import Ledger
-from tests.launch.conftest import free_port, run_id_of, write_spec
+from tests.launch.conftest import run_id_of, write_spec
 from tests.remote.sshd import Sshd
 
 # Spaces, both quotes, a `$`, a backslash and a newline: everything a shell could mangle on the way.

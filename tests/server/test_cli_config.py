@@ -75,6 +75,37 @@ def test_a_bad_tokenizer_is_one_line_and_stops_the_workers_started_beside_it(tmp
     assert len(group.procs) == 1 and not group.procs[0].is_alive()
 
 
+def _feeder_threads() -> set:
+    import threading
+
+    return {t for t in threading.enumerate() if t.name == "QueueFeederThread"}
+
+
+def test_a_failed_start_leaves_no_queue_feeder_thread_to_race_the_exit(tmp_path):
+    """A Shutdown sent to a worker about to be killed started a feeder thread that, at exit, unlinked a
+    semaphore without unregistering it: the resource tracker then warned of a leaked semaphore."""
+    from eyas.cli import main
+    from tests.helpers import tiny_llama
+
+    tiny_llama(tmp_path)  # no tokenizer: the front end fails while the worker is still starting
+    before = _feeder_threads()
+    assert main(["serve", "--model", str(tmp_path), "--device", "cpu", "--port", "0"]) == 2
+    assert _feeder_threads() - before == set()
+
+
+def test_a_failed_start_prints_one_line_and_no_resource_tracker_warning(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers import tiny_llama
+
+    tiny_llama(tmp_path)
+    p = subprocess.run([sys.executable, "-m", "eyas.cli", "serve", "--model", str(tmp_path), "--device", "cpu",
+                        "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "leaked semaphore" not in p.stderr, p.stderr
+    assert p.stderr.strip().count("\n") == 0 and "cannot load the tokenizer" in p.stderr, p.stderr
+
+
 def test_a_port_in_use_is_one_line_before_any_worker_starts(tmp_path, monkeypatch, capsys):
     """The front end takes its port before it spawns the workers (whose rendezvous connections could take an
     ephemeral port while they start): a port in use is one line, and no worker is started."""

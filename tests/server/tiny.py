@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from eyas.dist.launch import free_port
 
 VOCAB = 512
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
@@ -56,12 +57,6 @@ def tiny_chat_model(path: Path, seed: int = 0, layers: int = 5, hidden: int = 64
                                    bos_token_id=tok.token_to_id("<|endoftext|>"))
     transformers.LlamaForCausalLM(cfg).save_pretrained(path)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

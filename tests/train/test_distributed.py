@@ -1,12 +1,12 @@
 """Two ranks over gloo (as torchrun would start them): DDP keeps the drafts identical and the run completes."""
 
 import os
-import socket
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
 
+from eyas.dist.launch import free_port
 from eyas.models.tokenizer import load_tokenizer
 from eyas.train.conversation import encode_conversation
 from tests.train.conftest import CONVERSATIONS
@@ -32,14 +32,8 @@ def _worker(rank: int, world: int, port: int, target_dir: str, out: str):
     info.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_ranks_end_with_identical_weights(tiny_target, tmp_path):
-    mp.spawn(_worker, args=(2, _free_port(), str(tiny_target), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tiny_target), str(tmp_path)), nprocs=2, join=True)
     a, b = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert a["step"] == b["step"] == 4
     assert a["first_batch"] != b["first_batch"]  # each rank trained on its own share of the data

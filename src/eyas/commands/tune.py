@@ -17,7 +17,7 @@ from pathlib import Path
 
 from eyas.commands.launch import add_host_arguments, make_host
 from eyas.errors import EyasError
-from eyas.paths import output_file
+from eyas.paths import image_file
 from eyas.runs.launch_spec import BenchSpec, load_spec
 
 
@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
         raise EyasError("tuning needs a bench: pass --dataset or add [bench] to the spec")
     spec = replace(spec, bench=replace(spec.bench or BenchSpec(), **given))
     env_sets = load_env_sets(args.env_sets) if args.env_sets else {"spec": {}}
-    if args.plot:  # checked before the sweep, which can take hours, rather than when the plot is written
-        output_file(args.plot, "--plot")
+    # Checked before the sweep, which can take hours, rather than when the plot is written.
+    plot_file = image_file(args.plot, "--plot") if args.plot else None
     points, skipped = sweep_points(args.steps, args.topk, args.draft_tokens, spec.backend)
     for reason in skipped:
         print(f"eyas tune: skipped {reason}", file=sys.stderr)
@@ -85,9 +85,7 @@ def run(args: argparse.Namespace) -> int:
     steps, topk, tokens = top.point
     print(f"best: steps {steps}, topk {topk}, draft tokens {tokens} (env set {top.env_set}): "
           f"{top.output_tok_s:.1f} tok/s, accept length {top.accept_length or 0:.2f}, {margin}; run {top.run_id}")
-    out = args.plot or f"tune-{sweep}.png"
-    if not Path(out).suffix:  # matplotlib writes OUT.png: name the file it writes
-        out += ".png"
+    out = plot_file or f"tune-{sweep}.png"
     try:
         plot(rows, out, f"{Path(args.spec).name}: output tok/s per setting (sweep {sweep})")
     except OSError as e:  # every run is in the ledger already

@@ -178,11 +178,9 @@ class WorkerGroup:
 
         Use grace=0 when a rank has died: the others may be blocked in a collective that will never complete."""
         for q, p in zip(self.commands, self.procs):
-            if p.is_alive():
+            if grace > 0 and p.is_alive():  # with no grace it would only start a feeder thread (see below)
                 with contextlib.suppress(Exception):
                     q.put(Shutdown())
-            # A dead reader never drains its pipe; don't let our exit wait on the feeder thread.
-            q.cancel_join_thread()
         deadline = time.monotonic() + grace
         for p in self.procs:
             while p.is_alive() and time.monotonic() < deadline:
@@ -192,6 +190,16 @@ class WorkerGroup:
             if p.is_alive():  # workers ignore SIGTERM (see worker.py), so past the grace period it is SIGKILL
                 p.kill()
                 p.join(timeout=2.0)
+        # A queue's feeder thread holds two of its semaphores and, once told to quit, unlinks them as it drops
+        # them. Left running, it races our exit: a semaphore unlinked but never unregistered makes the
+        # resource tracker warn of a leak. A worker that exited 0 read Shutdown, the last command, so its
+        # feeder has nothing left to write and joins at once; any other may have left it blocked on a full pipe.
+        for q, p in zip(self.commands, self.procs):
+            q.close()
+            if p.exitcode == 0:
+                q.join_thread()
+            else:
+                q.cancel_join_thread()
         if self.results is not None:
             self._drain_results()
             self.results.cancel_join_thread()

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from eyas.errors import EyasError
-from eyas.paths import eyas_home, output_file
+from eyas.paths import eyas_home, image_file, output_file
 from eyas.runs.diff import diff_runs, flatten
 from eyas.runs.ledger import Ledger, field_sql
 from eyas.runs.record import COLUMNS, RunRecord, metric_field
@@ -100,12 +100,26 @@ def _list(ledger: Ledger, args: argparse.Namespace) -> int:
     if not runs:
         raise EyasError("no runs match" + (f" {' '.join(args.where)}" if where else ""))
     sort_key = metric_field(args.sort) if args.sort else None
+    if sort_key and sort_key not in COLUMNS and runs[0].get(sort_key) is None:  # runs without it sort last
+        _unknown_sort(args.sort, sort_key, ledger.list(where), args.where)
     headers = ["id", "kind", "status", "started", "model", "draft"] + ([sort_key] if sort_key else []) + ["results"]
     rows = [[r.run_id, r.kind, r.status, _when(r.started_at), clip(Path(r.model).name if r.model else "-", 28),
              clip(Path(r.draft).name if r.draft else "-", 28)] + ([str(r.get(sort_key))] if sort_key else [])
             + [_headline(r)] for r in runs]
     print(format_table(headers, rows))
     return 0
+
+
+def _unknown_sort(sort: str, key: str, runs: list[RunRecord], where: list[str]) -> None:
+    """No matching run has the field: the column would be all None, the order meaningless."""
+    head = key.partition(".")[0]
+    if head == "workers":
+        names = {f"workers.{k}" for r in runs for w in r.workers for k in w.env}
+    else:
+        names = {k if head == "results" else f"{head}.{k}" for r in runs for k in flatten(getattr(r, head))}
+    matching = f" where {' '.join(where)}" if where else ""
+    raise EyasError(f"unknown --sort key '{sort}': no run{matching} has {key}; valid keys: {', '.join(COLUMNS)}"
+                    + (f", {', '.join(sorted(names))}" if names else f" (no run{matching} records any {head}.X)"))
 
 
 def _section(title: str, values: dict) -> list[str]:
@@ -188,9 +202,7 @@ def _export(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 def _plot(ledger: Ledger, args: argparse.Namespace) -> int:
-    out = output_file(args.out, "--out")
-    if not out.suffix:  # matplotlib would write OUT.png and we would report OUT: name the file it writes
-        out = out.with_name(out.name + ".png")
+    out = image_file(args.out, "--out")
     by = args.by if "." in args.by or args.by in COLUMNS else f"config.{args.by}"
     metric = metric_field(args.metric)
     points = [(r.get(by), r.get(metric)) for r in ledger.list(parse_where(args.where))]

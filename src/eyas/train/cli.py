@@ -61,12 +61,17 @@ def overrides_from(args) -> dict:
     return out
 
 
-def _check_paths(recipe) -> None:
+def _check_paths(recipe, stage: str) -> None:
     """What the stages would find wrong only after the earlier ones ran (synth can take hours): checked first."""
+    from eyas.train.prompts import as_prompt, read_conversations
+
     for f in recipe.data.sharegpt:
         if not Path(f).is_file():
             raise EyasError(f"conversation file {f} ({'a directory' if Path(f).is_dir() else 'not found'}): "
                             "[data] sharegpt and --sharegpt take JSON or JSONL files")
+        # Only regen reads them; a stage run alone after it need not parse a large file again.
+        if stage in ("all", "regen") and not any(as_prompt(c, 1) for c in read_conversations(f)):
+            raise EyasError(f"conversation file {f} has no conversation with a user turn")
     out = recipe.out
     if out.exists() and not out.is_dir():
         raise EyasError(f"output directory {out} is a regular file")
@@ -86,6 +91,6 @@ def run(args) -> int:
         recipe.regen.max_samples = args.num_samples
         if recipe.synth.num:
             recipe.synth.num = min(recipe.synth.num, args.num_samples + recipe.data.heldout)
-    _check_paths(recipe)
+    _check_paths(recipe, args.stage)
     Pipeline(recipe, progress=not args.no_progress).run([args.stage], argv=getattr(args, "argv", []))
     return 0

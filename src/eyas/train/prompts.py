@@ -45,15 +45,22 @@ def _records(path: Path):
     """(where, record) pairs from a JSON list or a JSONL file; malformed input is one clear error."""
     if not path.is_file():
         raise EyasError(f"conversation file not found: {path}")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise EyasError(f"{path} is not UTF-8 text: expected a JSON or JSONL conversation file") from None
     if not text.strip():
         raise EyasError(f"{path} is empty")
-    if text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as e:
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError as e:
+        if text.lstrip().startswith("["):
             raise EyasError(f"{path} is not valid JSON: {e.msg} at line {e.lineno}") from None
-        yield from ((f"{path} item {i}", r) for i, r in enumerate(rows))
+    else:  # one JSON document: a list of records, or a single record (pretty-printed or on one line)
+        if isinstance(whole, list):
+            yield from ((f"{path} item {i}", r) for i, r in enumerate(whole))
+        else:
+            yield str(path), whole
         return
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
