@@ -8,6 +8,7 @@ ChatML special tokens, so chat templating, special-token skipping and incrementa
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,9 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from eyas.dist.launch import free_port
-
 VOCAB = 512
+SERVING = re.compile(r"eyas: serving .* on (http://[^\s:]+:(\d+)) ")  # the line `eyas serve` logs once it serves
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
@@ -60,19 +60,31 @@ def tiny_chat_model(path: Path, seed: int = 0, layers: int = 5, hidden: int = 64
 
 
 class Server:
-    """`python -m eyas.cli serve ...` on a free loopback port; stopped (and reaped) on exit."""
+    """`python -m eyas.cli serve ...` on a loopback port the system chooses (`--port 0`: no other process can
+    take it between a choice and the server's bind), read from the server's own log line; its output read as it
+    comes; stopped (and reaped) on exit."""
 
     def __init__(self, model, *args: str, env: dict | None = None, startup_s: float = 120.0):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port: int | None = None
+        self.url: str | None = None
         self.model = str(model)
-        cmd = [sys.executable, "-m", "eyas.cli", "serve", "--model", self.model, "--port", str(self.port),
+        cmd = [sys.executable, "-m", "eyas.cli", "serve", "--model", self.model, "--port", "0",
                "--device", "cpu", *args]
         # Its own session, so a test can signal the server's whole process group as systemd or `timeout` would.
         self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.startup_s = startup_s
-        self._log = None
+        self._lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.append(line)
+            found = SERVING.search(line)
+            if found and self.url is None:
+                self.port = int(found.group(2))
+                self.url = found.group(1)
 
     def wait_ready(self) -> "Server":
         deadline = time.monotonic() + self.startup_s
@@ -80,7 +92,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
+                if self.url and httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -89,9 +101,10 @@ class Server:
         raise RuntimeError(f"server not ready within {self.startup_s}s:\n{self.log()}")
 
     def log(self) -> str:
-        if self._log is None and self.proc.poll() is not None:
-            self._log = self.proc.stdout.read()
-        return self._log or ""
+        """What the server printed so far; all of it once it has exited."""
+        if self.proc.poll() is not None:
+            self._reader.join(timeout=10)
+        return "".join(self._lines)
 
     def wait_exit(self, timeout: float) -> int:
         rc = self.proc.wait(timeout=timeout)
