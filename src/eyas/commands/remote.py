@@ -50,19 +50,13 @@ def locate(run):
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from eyas.paths import eyas_home
     from eyas.runs.ledger import Ledger
 
     if args.action == "logs" and args.lines < 1:
         raise EyasError(f"--lines must be >= 1, got {args.lines}")
     if args.action == "stop" and args.timeout is not None and not 0 < args.timeout < float("inf"):
         raise EyasError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    db = Path(args.db) if args.db else eyas_home() / "runs.db"
-    if not db.exists():  # looking a run up must not create an empty ledger in a mistyped location
-        raise EyasError(f"no runs recorded yet: {db} does not exist")
-    with Ledger(db) as ledger:
+    with Ledger.existing(args.db) as ledger:
         record = ledger.get(args.id)
     host, handle, spec = locate(record)
     where = host.name or "this machine"

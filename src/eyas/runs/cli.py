@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from eyas.errors import EyasError
-from eyas.paths import eyas_home, image_file, output_file
+from eyas.paths import image_file, output_file
 from eyas.runs.diff import diff_runs, flatten
 from eyas.runs.ledger import Ledger, field_sql
 from eyas.runs.record import COLUMNS, RunRecord, metric_field
@@ -74,13 +74,6 @@ def parse_where(items: list[str]) -> dict[str, str]:
         field_sql(key.strip())  # unknown fields fail here, with the list of valid ones
         out[key.strip()] = value
     return out
-
-
-def _open(db: str | None) -> Ledger:
-    path = Path(db) if db else eyas_home() / "runs.db"
-    if not path.exists():  # reading must not create an empty ledger in a mistyped location
-        raise EyasError(f"no runs recorded yet: {path} does not exist")
-    return Ledger(path)
 
 
 def _when(ts: float | None) -> str:
@@ -243,7 +236,7 @@ def _plot(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    with _open(args.db) as ledger:
+    with Ledger.existing(args.db) as ledger:
         if args.action == "list":
             return _list(ledger, args)
         if args.action == "show":

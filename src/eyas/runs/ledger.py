@@ -161,9 +161,14 @@ def _typed(value: str) -> Any:
     return int(parsed) if isinstance(parsed, bool) else parsed if isinstance(parsed, (int, float)) else value
 
 
+def ledger_path(path: str | Path | None = None) -> Path:
+    """The ledger's file: `path`, else runs.db in $EYAS_HOME."""
+    return Path(path) if path else eyas_home() / "runs.db"
+
+
 class Ledger:
     def __init__(self, path: str | Path | None = None):
-        self.path = Path(path) if path else eyas_home() / "runs.db"
+        self.path = ledger_path(path)
         if self.path.is_dir():
             raise EyasError(f"the run ledger {self.path} is a directory, not a file")
         try:
@@ -175,6 +180,15 @@ class Ledger:
             above_is_file = isinstance(e, (FileExistsError, NotADirectoryError))
             why = "a folder above it is a regular file" if above_is_file else e.strerror or e
             raise EyasError(f"cannot create the run ledger {self.path}: {why}") from None
+
+    @classmethod
+    def existing(cls, path: str | Path | None = None) -> "Ledger":
+        """The ledger at `path` for looking runs up: one that does not exist is an error,
+        not a new empty ledger in a mistyped location."""
+        path = ledger_path(path)
+        if not path.exists():
+            raise EyasError(f"no runs recorded yet: {path} does not exist")
+        return cls(path)
 
     def close(self) -> None:
         self.conn.close()
