@@ -60,13 +60,11 @@ def run(args) -> int:
         text = args.prompt
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed)
-    spec_flags = (args.spec_steps, args.spec_topk, args.spec_draft_tokens)
-    if not args.draft and any(v is not None for v in spec_flags):
+    given = {k: v for k, v in dict(steps=args.spec_steps, topk=args.spec_topk, draft_tokens=args.spec_draft_tokens)
+             .items() if v is not None}  # the others keep SpecConfig's defaults
+    if given and not args.draft:
         raise EyasError("--spec-steps/--spec-topk/--spec-draft-tokens need --draft")
-    spec = None
-    if args.draft:
-        steps, topk = (3 if args.spec_steps is None else args.spec_steps), (1 if args.spec_topk is None else args.spec_topk)
-        spec = SpecConfig(steps, topk, args.spec_draft_tokens)
+    spec = SpecConfig(**given) if args.draft else None
     model_path = resolve_model_path(args.model)
     # Weights first: a broken checkpoint should be reported as such, not as a tokenizer problem.
     config = ModelConfig.from_dir(model_path)
