@@ -1,8 +1,8 @@
 """TPContext collectives over two real gloo processes."""
 
-import socket
-
 import torch.multiprocessing as mp
+
+from eyas.dist.launch import free_port
 
 
 def _agree(rank, port, flags, out):
@@ -17,9 +17,7 @@ def _agree(rank, port, flags, out):
 
 
 def test_every_rank_follows_rank_zeros_choice():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     flags = {0: [True, False, True], 1: [False, False, True]}  # rank 1's own choices differ at first
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

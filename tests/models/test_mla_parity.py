@@ -3,7 +3,6 @@ the latent cache: one shared key/value head of width kv_lora_rank + qk_rope_head
 
 import json
 import math
-import socket
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from eyas.config import ModelConfig
+from eyas.dist.launch import free_port
 from eyas.dist.parallel import TPContext
 from eyas.engine.runner import ModelRunner
 from eyas.errors import EyasError
@@ -67,9 +67,7 @@ def test_mtp_layer_is_skipped_and_other_strays_are_not(tmp_path):
 def test_tp2_equals_tp1(tmp_path):
     """Two gloo ranks: heads, kv_b_proj, every expert's and the shared expert's intermediate dim split in two."""
     save_tiny("deepseek_v3", tmp_path)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(tp_worker, args=(port, str(tmp_path), str(tmp_path)), nprocs=2, join=True)
     want = logits(load_model(tmp_path, "fp32", "cpu"))
     for r in (0, 1):

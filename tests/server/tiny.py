@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 VOCAB = 512
-SERVING = re.compile(r"eyas: serving .* on (http://[^\s:]+:(\d+)) ")  # the line `eyas serve` logs once it serves
+SERVING = re.compile(r"eyas: serving .* on (http://[^\s:]+:\d+) ")  # the line `eyas serve` logs once it serves
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
@@ -65,7 +65,6 @@ class Server:
     comes; stopped (and reaped) on exit."""
 
     def __init__(self, model, *args: str, env: dict | None = None, startup_s: float = 120.0):
-        self.port: int | None = None
         self.url: str | None = None
         self.model = str(model)
         cmd = [sys.executable, "-m", "eyas.cli", "serve", "--model", self.model, "--port", "0",
@@ -83,7 +82,6 @@ class Server:
             self._lines.append(line)
             found = SERVING.search(line)
             if found and self.url is None:
-                self.port = int(found.group(2))
                 self.url = found.group(1)
 
     def wait_ready(self) -> "Server":
