@@ -52,13 +52,12 @@ def measure(name: str, kind: str, k: int, n: int, rows: int) -> dict:
     from eyas.kernels import fused_linear as fused
     from eyas.kernels.activation import silu_mul
     from eyas.kernels.norm import add_rms_norm
-    from eyas.kernels.tile_choice import copies_for
+    from eyas.kernels.tile_choice import weight_copies
 
     g = torch.Generator(device="cuda").manual_seed(0)
     dt, dev = torch.bfloat16, "cuda"
     w0 = (torch.randn(n, k, generator=g, device=dev) * k ** -0.5).to(dt)
-    l2 = torch.cuda.get_device_properties(dev).L2_cache_size
-    copies = [w0] + [w0.clone() for _ in range(copies_for(w0.numel() * 2, l2) - 1)]  # twice the L2 cache
+    copies = weight_copies(w0)  # twice the L2 cache
     if kind == "norm":
         x, delta = (torch.randn(rows, k, generator=g, device=dev).to(dt) for _ in range(2))
         nw = (1 + 0.1 * torch.randn(k, generator=g, device=dev)).to(dt)

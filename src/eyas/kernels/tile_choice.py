@@ -31,6 +31,13 @@ def copies_for(weight_bytes: int, l2_bytes: int) -> int:
     return max(2, min(MAX_COPIES, math.ceil(2 * l2_bytes / max(weight_bytes, 1))))
 
 
+def weight_copies(weight: torch.Tensor) -> list[torch.Tensor]:
+    """`weight` and clones of it, copies_for the GPU's L2 cache in all: calls that each read their own copy read
+    it from device memory, as a decode step does."""
+    l2 = torch.cuda.get_device_properties(weight.device).L2_cache_size
+    return [weight] + [weight.clone() for _ in range(copies_for(weight.numel() * weight.element_size(), l2) - 1)]
+
+
 def fastest(candidates: Sequence, times: Sequence[float]):
     """The candidate with the least time (the earliest of equals); a candidate that failed has time inf."""
     if not candidates or len(times) != len(candidates):
@@ -67,8 +74,7 @@ def picked(match: Callable[[tuple], bool]) -> list:
 
 def graph_times(candidates: Sequence, launch: Callable, weight: torch.Tensor) -> list[float]:
     """µs per launch of each candidate, over distinct weight copies, from CUDA-graph replays."""
-    l2 = torch.cuda.get_device_properties(weight.device).L2_cache_size
-    copies = [weight] + [weight.clone() for _ in range(copies_for(weight.numel() * weight.element_size(), l2) - 1)]
+    copies = weight_copies(weight)
     times = []
     for c in candidates:
         try:
