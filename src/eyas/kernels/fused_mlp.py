@@ -124,17 +124,7 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _candidates() -> list:
-    """CONFIGS, or the one tile EYAS_FUSED_MLP_TILE names as "BLOCK_I/BLOCK_K/BLOCK_N/warps" (a bench switch)."""
-    named = os.environ.get("EYAS_FUSED_MLP_TILE")
-    if not named:
-        return CONFIGS
-    i, k, n, w = (int(v) for v in named.split("/"))
-    return [triton.Config({"BLOCK_I": i, "BLOCK_K": k, "BLOCK_N": n}, num_warps=w)]
-
-
-def _pdl_args(x: torch.Tensor) -> dict:
-    """pdl_args, unless EYAS_FUSED_MLP_PDL=0 (a bench switch) launches these two kernels without PDL."""
-    return {"USE_PDL": False} if os.environ.get("EYAS_FUSED_MLP_PDL") == "0" else pdl_args(x)
+    return CONFIGS
 
 
 def norm_mlp(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -162,7 +152,7 @@ def norm_mlp(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Ten
     h = torch.empty_like(xr) if delta is not None else xr
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     gu, wd, nw = gate_up_weight.contiguous(), down_weight.contiguous(), norm_weight.contiguous()
-    pdl = _pdl_args(xr)
+    pdl = pdl_args(xr)
     meta = dict(HAS_DELTA=delta is not None, DOT_F32=x.dtype == torch.float32 or not x.is_cuda,
                 BLOCK_M=max(16, triton.next_power_of_2(m)), **pdl)
 
@@ -176,8 +166,7 @@ def norm_mlp(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Ten
         return parts
 
     if x.is_cuda:
-        key = ("_mlp_parts_kernel", m, k, inter, n, x.dtype, x.device, tuple(sorted(meta.items())),
-               os.environ.get("EYAS_FUSED_MLP_TILE"))
+        key = ("_mlp_parts_kernel", m, k, inter, n, x.dtype, x.device, tuple(sorted(meta.items())))
         parts = run(tile_choice.choose(key, _candidates, run, gu), gu)
     else:  # Triton's CPU interpreter (tests): one tile
         parts = parts_for(_INTERPRETER_TILE)
