@@ -55,15 +55,6 @@ def test_kernels_give_the_reference_tokens(target_dir, monkeypatch, spec):
     assert _generate(target_dir, "force", monkeypatch, spec) == reference
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(3, 2, 5)], ids=["chain", "tree"])
-def test_fused_mlp_block_gives_the_reference_tokens(target_dir, monkeypatch, spec):
-    """With the verify's MLP blocks in two kernels each (eyas.kernels.fused_mlp, for up to 16 rows: both
-    sequences' verify rows), still plain greedy's tokens."""
-    reference = _generate(target_dir, "0", monkeypatch)
-    monkeypatch.setenv("EYAS_FUSED_MLP_ROWS", "16")
-    assert _generate(target_dir, "force", monkeypatch, spec) == reference
-
-
 @pytest.mark.parametrize("spec", [None, SpecConfig(3, 2, 5)], ids=["plain", "tree"])
 def test_kernels_over_the_cache_give_the_reference_tokens(wide_target_dir, monkeypatch, spec):
     """The same with the slot-attention kernels in play, in the target and the draft (head dim 32): rotary

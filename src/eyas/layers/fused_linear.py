@@ -48,27 +48,6 @@ def norm_linear(norm: RMSNorm, linear, h: torch.Tensor,
     return h, linear(x)
 
 
-def norm_mlp(norm: RMSNorm, gate_up, down, h: torch.Tensor,
-             delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h + delta, down(silu_mul(gate_up(norm(h + delta))))) for a dense MLP block (`gate_up` column-,
-    `down` row-parallel). A verify's few rows, more than the fused projections take and at most
-    eyas.kernels.fused_mlp.max_rows(), run the block in two kernels (eyas.kernels.fused_mlp); other rows run
-    norm_linear then silu_mul_linear."""
-    from eyas.kernels import fused_mlp
-    from eyas.kernels.fused_linear import max_rows
-
-    k = h.shape[-1]
-    rows = h.numel() // max(k, 1)
-    present = [t for t in (delta, norm.weight, gate_up.weight, down.weight) if t is not None]
-    if (max_rows() < rows <= fused_mlp.max_rows() and k <= fused_mlp.MAX_K and gate_up.bias is None
-            and os.environ.get("EYAS_FUSED_LINEAR", "1") != "0" and enabled(h, *present)
-            and all(t.dtype == h.dtype for t in present)):
-        h, y = fused_mlp.norm_mlp(h, delta, norm.weight, norm.eps, gate_up.weight, down.weight)
-        return h, down.finish(y)
-    mid, gu = norm_linear(norm, gate_up, h, delta)
-    return mid, silu_mul_linear(down, gu)
-
-
 def project_rows(linear, x: torch.Tensor) -> torch.Tensor:
     """linear(x) for a row-parallel `linear` (the attention's output projection). Wider than MAX_K and with
     EYAS_FUSED_WIDE=1, through the kernels' wide tiles (no split-K reduce); up to MAX_K (small models) through

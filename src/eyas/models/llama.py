@@ -17,7 +17,7 @@ from eyas.config import ModelConfig
 from eyas.dist.parallel import SINGLE, TPContext
 from eyas.layers.activation import silu_mul
 from eyas.layers.attention import AttentionBatch, rotate_and_attend
-from eyas.layers.fused_linear import norm_linear, norm_mlp, project_rows
+from eyas.layers.fused_linear import norm_linear, project_rows, silu_mul_linear
 from eyas.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from eyas.layers.norm import RMSNorm
 from eyas.layers.rotary import RotaryEmbedding
@@ -71,6 +71,10 @@ class MLP(nn.Module):
     def forward(self, x):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
+    def down(self, gate_up):
+        """The MLP from its gate/up projection's output on: activation and down projection, one kernel at decode."""
+        return silu_mul_linear(self.down_proj, gate_up)
+
 
 def make_mlp(cfg: ModelConfig, layer: int, tp: TPContext) -> nn.Module:
     if layer not in cfg.moe_layers:
@@ -100,8 +104,8 @@ class DecoderLayer(nn.Module):
             h, x = self.input_layernorm.residual(h, delta)
             out = attn(x, positions, batch, rotary)
         if isinstance(mlp, MLP):
-            mid, y = norm_mlp(self.post_attention_layernorm, mlp.gate_up_proj, mlp.down_proj, h, out)
-            return h, mid, y
+            mid, gate_up = norm_linear(self.post_attention_layernorm, mlp.gate_up_proj, h, out)
+            return h, mid, mlp.down(gate_up)
         mid, x = self.post_attention_layernorm.residual(h, out)
         return h, mid, mlp(x)
 
