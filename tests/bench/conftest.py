@@ -5,8 +5,10 @@ can be checked against what the server did. It counts requests and the most it e
 """
 
 import asyncio
+import contextlib
 import json
 import math
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -139,20 +141,32 @@ def unused_port() -> int:
     return free_port()
 
 
+@contextlib.contextmanager
+def serving(app):
+    """`app` served by uvicorn in a thread; yields its URL. The socket is bound here (port 0) and handed to uvicorn,
+    so no other process can take the port between its choice and uvicorn listening on it."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "stub server did not start within 10 s"
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=5)
+        sock.close()
+
+
 @pytest.fixture(scope="session")
 def _server():
     state = StubState()
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "stub server did not start within 10 s"
-        time.sleep(0.02)
-    yield state, f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=5)
+    with serving(build_app(state)) as url:
+        yield state, url
 
 
 @pytest.fixture

@@ -1,30 +1,17 @@
 """Every `eyas bench` is recorded in the ledger (kind "bench"), unless --no-record, and recording never breaks it."""
 
-import threading
-import time
-
 import pytest
-import uvicorn
 
 from eyas.cli import main
 from eyas.dist.launch import free_port
 from eyas.runs.ledger import Ledger
-from tests.bench.conftest import StubState, build_app
+from tests.bench.conftest import StubState, build_app, serving
 
 
 @pytest.fixture(scope="module")
 def stub_url():
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(StubState()), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=5)
+    with serving(build_app(StubState())) as url:
+        yield url
 
 
 def bench(url, prompts, *extra):
