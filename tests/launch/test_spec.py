@@ -44,6 +44,7 @@ def test_spec_loads_typed_and_round_trips(tmp_path):
     ('port = 8000', 'prot = 8000'),
     ('backend = "sglang"', 'backend = "trt"'),
     ('spec_draft_tokens = 3', 'spec_draft_tokens = 5'),
+    ('spec_steps = 2', 'spec_steps = 0'),
     ('max_tokens = 256', 'max_token = 256'),
     ('NCCL_PROTO = "LL"', 'NCCL_PROTO = ["LL"]'),
 ])
@@ -56,6 +57,7 @@ def test_each_mistake_is_one_clear_error(tmp_path, edit, message):
     assert "\n" not in text and str(path) in text
     expected = {'tp = "8"': "'tp' must be an int", "prot = 8000": "unknown key 'prot'",
                 'backend = "trt"': "backend must be one of", "spec_draft_tokens = 5": "impossible with spec_topk 1",
+                "spec_steps = 0": "spec_steps must be >= 1, got 0",
                 "max_token = 256": "unknown key 'bench.max_token'", 'NCCL_PROTO = ["LL"]': "env.NCCL_PROTO must be"}
     assert expected[message] in text
 

@@ -112,8 +112,11 @@ class LaunchSpec:
             if any(v is not None for v in given.values()):
                 raise EyasError("spec_steps/spec_topk/spec_draft_tokens need a draft")
             return
+        for key in ("spec_steps", "spec_topk"):
+            if given[key] is not None and given[key] < 1:  # a 0 is a value given, not one left to the default
+                raise EyasError(f"{key} must be >= 1, got {given[key]}")
         # Every value is written out: SGLang picks per-model defaults for missing ones, which a record can't replay.
-        sc = SpecConfig(steps=self.spec_steps or 3, topk=self.spec_topk or 1, draft_tokens=self.spec_draft_tokens)
+        sc = SpecConfig(**{k.removeprefix("spec_"): v for k, v in given.items() if v is not None})
         if sc.topk == 1 and self.spec_draft_tokens not in (None, sc.draft_tokens):
             raise EyasError(f"spec_draft_tokens {self.spec_draft_tokens} is impossible with spec_topk 1: a chain of "
                             f"{sc.steps} steps verifies {sc.draft_tokens} tokens (steps + 1)")
