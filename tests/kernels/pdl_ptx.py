@@ -1,10 +1,10 @@
 """Compile the decode path's kernels for sm_90 with PDL on or off, without a GPU; print what the PTX holds.
 
-Usage: TRITON_INTERPRET=0 python tests/kernels/pdl_ptx.py on|off   -> one JSON object per line
+Usage: TRITON_INTERPRET=0 python tests/kernels/pdl_ptx.py on|late|off   -> one JSON object per line
 
 Run in a subprocess by test_pdl.py: the tests' own process runs Triton's interpreter, whose kernels do not
 compile. For each kernel: the number of griddepcontrol.launch_dependents and griddepcontrol.wait
-instructions, and the number of global loads before the wait.
+instructions, the number of global loads before the wait, and whether the signal comes after the wait.
 """
 
 import json
@@ -14,7 +14,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from eyas.kernels import activation, fused_linear, norm, rotary, slot_attention
+from eyas.kernels import activation, fused_linear, norm, pdl, rotary, slot_attention
 
 BF16, I32, F32, U8 = "*bf16", "i32", "fp32", "*u8"
 
@@ -77,14 +77,15 @@ def signature(kernel, pointers: dict, constexprs: dict) -> dict:
     return sig
 
 
-def inspect(name: str, pdl: bool) -> dict:
+def inspect(name: str, mode: str) -> dict:
     kernel, pointers, constexprs = KERNELS[name]
-    constexprs = dict(constexprs, USE_PDL=pdl)
+    constexprs = dict(constexprs, USE_PDL={"off": pdl.OFF, "on": pdl.EARLY, "late": pdl.LATE}[mode])
     src = ASTSource(kernel, signature(kernel, pointers, constexprs), constexprs=constexprs)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": pdl}).asm["ptx"]
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": mode != "off"}).asm["ptx"]
     lines = [line.strip() for line in ptx.splitlines()]
     wait = next((i for i, line in enumerate(lines) if "griddepcontrol.wait" in line), len(lines))
-    return {"kernel": name, "pdl": pdl,
+    signal = next((i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line), len(lines))
+    return {"kernel": name, "mode": mode, "signal_after_wait": signal > wait,
             "launch_dependents": sum("griddepcontrol.launch_dependents" in line for line in lines),
             "wait": sum("griddepcontrol.wait" in line for line in lines),
             "loads_before_wait": sum("ld.global" in line for line in lines[:wait]),
@@ -96,6 +97,5 @@ def inspect(name: str, pdl: bool) -> dict:
 
 
 if __name__ == "__main__":
-    pdl = sys.argv[1] == "on"
     for kernel_name in sys.argv[2:] or KERNELS:
-        print(json.dumps(inspect(kernel_name, pdl)), flush=True)
+        print(json.dumps(inspect(kernel_name, sys.argv[1])), flush=True)

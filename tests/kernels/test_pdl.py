@@ -43,6 +43,15 @@ def test_with_pdl_each_decode_kernel_signals_once_and_waits_once_before_its_data
             assert f["loads_before_wait"] == 0, f
 
 
+def test_late_signal_moves_each_kernels_signal_after_its_wait():
+    """EYAS_PDL_SIGNAL=late: one signal and one wait still, the signal after the wait; the weights still first."""
+    facts = _ptx_facts("late", "norm_linear", "silu_mul_linear_chunked", "add_rms_norm", "slot_attention")
+    for name, f in facts.items():
+        assert (f["launch_dependents"], f["wait"], f["signal_after_wait"]) == (1, 1, True), f
+        assert (f["loads_before_wait"] > 0) == (name in WEIGHT_FIRST), f
+    assert not any(f["signal_after_wait"] for f in _ptx_facts("on", "norm_linear", "add_rms_norm").values())
+
+
 def test_without_pdl_no_grid_dependency_instructions():
     facts = _ptx_facts("off", "norm_linear", "slot_attention", "slot_attention_merging")
     for f in facts.values():
@@ -71,7 +80,9 @@ def test_pdl_is_on_for_sm90_unless_switched_off_and_never_on_the_cpu(monkeypatch
     monkeypatch.delenv("EYAS_PDL")
     assert not pdl_on(cuda)
     monkeypatch.setattr(pdl, "pdl_on", lambda t: True)
-    assert pdl.pdl_args(x) == {"USE_PDL": True, "launch_pdl": True}
+    assert pdl.pdl_args(x) == {"USE_PDL": pdl.EARLY, "launch_pdl": True}
+    monkeypatch.setenv("EYAS_PDL_SIGNAL", "late")
+    assert pdl.pdl_args(x) == {"USE_PDL": pdl.LATE, "launch_pdl": True}
 
 
 @pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] < 9, reason="needs an sm_90+ GPU")

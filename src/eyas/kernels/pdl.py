@@ -13,6 +13,11 @@ kernels signal as they start; the fused projections load their weight tile befor
 overlaps the previous kernel. Launches captured in a CUDA graph keep these programmatic edges. A kernel
 that follows a cuBLAS or torch kernel (which never signal) starts when that kernel ends, as before.
 
+Signalling as they start lets a row of waiting kernels launch ahead, each holding its SM room (and, for the
+projections, its weight tile) until the kernels before it end. EYAS_PDL_SIGNAL=late (a bench switch) makes
+each kernel signal only once its own wait returns, so that at most the next kernel waits ahead of the one
+running.
+
 It is on for CUDA devices of compute capability 9.0 and up; EYAS_PDL=0 switches it off. Measured on an H200
 (docs/BENCHMARKS.md, 2026-12-01): the 8B-shaped decode step 1.2-3.0% faster, SmolLM2's plain decode 3.6-5.6%,
 its chain −1% to +2%, its tree ~1% slower.
@@ -42,22 +47,29 @@ def pdl_on(x: torch.Tensor) -> bool:
     return _capable(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
+OFF, EARLY, LATE = 0, 1, 2  # USE_PDL: no PDL; signal as the kernel starts; signal after its wait
+
+
 def pdl_args(x: torch.Tensor) -> dict:
-    """A decode kernel's launch keywords for x's device: its USE_PDL meta-parameter and, when on, Triton's
-    launch_pdl option (never when off: Triton's interpreter takes no such option)."""
-    on = pdl_on(x)
-    return {"USE_PDL": True, "launch_pdl": True} if on else {"USE_PDL": False}
+    """A decode kernel's launch keywords for x's device: its USE_PDL meta-parameter (OFF, EARLY, or LATE with
+    EYAS_PDL_SIGNAL=late) and, when on, Triton's launch_pdl option (never when off: Triton's interpreter takes
+    no such option)."""
+    if not pdl_on(x):
+        return {"USE_PDL": OFF}
+    return {"USE_PDL": LATE if os.environ.get("EYAS_PDL_SIGNAL") == "late" else EARLY, "launch_pdl": True}
 
 
 @triton.jit
 def signal_dependents(USE_PDL: tl.constexpr):
-    """Let the next kernel launch now; it still waits for this one's end before it touches its data."""
-    if USE_PDL:
+    """Let the next kernel launch now (EARLY); it still waits for this one's end before it touches its data."""
+    if USE_PDL == 1:
         tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
 def wait_for_previous(USE_PDL: tl.constexpr):
-    """Block until the previous kernel has ended and its writes are visible."""
-    if USE_PDL:
+    """Block until the previous kernel has ended and its writes are visible; LATE signals the next kernel here."""
+    if USE_PDL != 0:
         tl.extra.cuda.gdc_wait()
+    if USE_PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
