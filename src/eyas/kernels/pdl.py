@@ -3,24 +3,26 @@
 Usage: kernel[grid](..., **pdl_args(x))
        # in the kernel: signal_dependents(USE_PDL); <loads of weights>; wait_for_previous(USE_PDL); <the rest>
 
-At batch 1 a decode step is a row of ~220 small kernels, and much of each one's time is its launch and
+At batch 1 a decode step is a row of ~180 small kernels, and much of each one's time is its launch and
 ramp. On Hopper (compute capability 9.0) and later, a kernel launched with `launch_pdl` may start once every
 program of the kernel before it has executed `gdc_launch_dependents` (or ended). It must call `gdc_wait`,
 which returns when that kernel has ended and its writes are visible, before it reads what any earlier kernel
 wrote and before it writes anything at all (the caching allocator may hand it a buffer that an earlier
-kernel still reads). Before the wait it may only read what no kernel writes: weights and norm gains. Our
-kernels signal as they start; the fused projections load their weight tile before they wait, so that load
-overlaps the previous kernel. Launches captured in a CUDA graph keep these programmatic edges. A kernel
-that follows a cuBLAS or torch kernel (which never signal) starts when that kernel ends, as before.
+kernel still reads). Before the wait it may only read what no kernel writes: weights and norm gains. The
+fused projections load their weight tile before they wait, so that load overlaps the previous kernel.
+Launches captured in a CUDA graph keep these programmatic edges. A kernel that follows a cuBLAS or torch
+kernel (which never signal) starts when that kernel ends, as before.
 
-Signalling as they start lets a row of waiting kernels launch ahead, each holding its SM room (and, for the
-projections, its weight tile) until the kernels before it end. EYAS_PDL_SIGNAL=late (a bench switch) makes
-each kernel signal only once its own wait returns, so that at most the next kernel waits ahead of the one
-running.
+Our kernels signal once their own wait has returned (LATE), so that one kernel at most waits ahead of the
+one running. Signalling as they start (EARLY, EYAS_PDL_SIGNAL=early, a bench switch) lets a row of waiting
+kernels launch ahead of the running one, each holding its SM room and, for the projections, its weight
+tile. Measured on an H200 (docs/BENCHMARKS.md, twenty-eighth session, bench_step_ab.py side by side):
+LATE replays SmolLM2's decode step in 0.489 ms against EARLY's 0.552, its 4-row verify in 0.742 against
+0.786, and the 8B-shaped step as fast (4.304 against 4.308).
 
 It is on for CUDA devices of compute capability 9.0 and up; EYAS_PDL=0 switches it off. Measured on an H200
-(docs/BENCHMARKS.md, 2026-12-01): the 8B-shaped decode step 1.2-3.0% faster, SmolLM2's plain decode 3.6-5.6%,
-its chain −1% to +2%, its tree ~1% slower.
+(docs/BENCHMARKS.md, 2026-12-01, signalling EARLY): the 8B-shaped decode step 1.2-3.0% faster, SmolLM2's
+plain decode 3.6-5.6%, its chain −1% to +2%, its tree ~1% slower.
 """
 
 from __future__ import annotations
@@ -51,12 +53,12 @@ OFF, EARLY, LATE = 0, 1, 2  # USE_PDL: no PDL; signal as the kernel starts; sign
 
 
 def pdl_args(x: torch.Tensor) -> dict:
-    """A decode kernel's launch keywords for x's device: its USE_PDL meta-parameter (OFF, EARLY, or LATE with
-    EYAS_PDL_SIGNAL=late) and, when on, Triton's launch_pdl option (never when off: Triton's interpreter takes
+    """A decode kernel's launch keywords for x's device: its USE_PDL meta-parameter (OFF; LATE, or EARLY with
+    EYAS_PDL_SIGNAL=early) and, when on, Triton's launch_pdl option (never when off: Triton's interpreter takes
     no such option)."""
     if not pdl_on(x):
         return {"USE_PDL": OFF}
-    return {"USE_PDL": LATE if os.environ.get("EYAS_PDL_SIGNAL") == "late" else EARLY, "launch_pdl": True}
+    return {"USE_PDL": EARLY if os.environ.get("EYAS_PDL_SIGNAL") == "early" else LATE, "launch_pdl": True}
 
 
 @triton.jit
