@@ -361,21 +361,38 @@ def parse_specs(text: str, flag: str = "--specs") -> list[SpecConfig]:
     return specs
 
 
+def parse_twin(text: str) -> tuple[str, str] | None:
+    """--twin NAME=VALUE as (NAME, VALUE); empty: None."""
+    if not text:
+        return None
+    name, eq, value = text.partition("=")
+    if not eq or not name.strip() or not value.strip():
+        raise SystemExit(f"bench_smollm2: --twin takes NAME=VALUE, got {text!r}")
+    return name.strip(), value.strip()
+
+
 def spec_name(spec: SpecConfig) -> str:
     return f"{spec.steps}/{spec.topk}/{spec.draft_tokens}"
 
 
-def sweep(model_path, prompts, draft, specs, rounds=2):
+def sweep(model_path, prompts, draft, specs, rounds=2, twin=None):
     """Plain decode and each setting on the same prompts, every engine built first and kept, then timed in
     `rounds` rounds, each in the opposite order of the one before (A B C, C B A, ...): an effect of build
     or timing order would show as a spread between rounds instead of as a difference between settings.
     Per setting: median tok/s over the rounds, every round's, acceptance, the speed-up over plain's median,
-    and the cycle's phases from a separate profiled pass."""
+    and the cycle's phases from a separate profiled pass. `twin` (NAME, VALUE): each setting also as an engine
+    built with that environment variable set, a row of its own beside it (switches read at build time)."""
     import statistics
 
-    names = ["plain"] + [spec_name(s) for s in specs]
-    engines = [eyas_engine(model_path, "bf16", prompts[0])] + [eyas_engine(model_path, "bf16", prompts[0], draft, s)
-                                                               for s in specs]
+    names, engines = ["plain"], [eyas_engine(model_path, "bf16", prompts[0])]
+    for s in specs:
+        names.append(spec_name(s))
+        engines.append(eyas_engine(model_path, "bf16", prompts[0], draft, s))
+        if twin:
+            with env_set(*twin):
+                names.append(f"{spec_name(s)} {twin[0]}={twin[1]}")
+                engines.append(eyas_engine(model_path, "bf16", prompts[0], draft, s))
+    row_specs = [s for s in specs for _ in range(2 if twin else 1)]
     runs: dict[str, list[dict]] = {n: [] for n in names}
     order = list(range(len(names)))
     for r in range(rounds):
@@ -383,7 +400,7 @@ def sweep(model_path, prompts, draft, specs, rounds=2):
             runs[names[i]].append(timed_run(engines[i], prompts))
     median = {n: statistics.median(x["tok_s"] for x in runs[n]) for n in names}
     rows = []
-    for name, eng in zip(names[1:], engines[1:]):
+    for name, eng, spec in zip(names[1:], engines[1:], row_specs):
         run = runs[name][0]
         phases = cycle_phases(eng, prompts[0])
         rows.append(dict(spec=name, tok_s=median[name], tok_s_rounds=[x["tok_s"] for x in runs[name]],
@@ -393,8 +410,8 @@ def sweep(model_path, prompts, draft, specs, rounds=2):
                          accept_rate_by_position=phases["accept_rate_by_position"]))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "accept_rate_by_position"}), flush=True)
     del engines
-    chains = [r for r, spec in zip(rows, specs) if spec.topk == 1]
-    trees = [r for r, spec in zip(rows, specs) if spec.topk > 1]
+    chains = [r for r, spec in zip(rows, row_specs) if spec.topk == 1]
+    trees = [r for r, spec in zip(rows, row_specs) if spec.topk > 1]
     best = lambda rs: max(rs, key=lambda r: r["tok_s"])["spec"] if rs else None  # noqa: E731
     return dict(plain_tok_s=median["plain"], plain_tok_s_rounds=[x["tok_s"] for x in runs["plain"]], rounds=rounds,
                 rows=rows, best_chain=best(chains), best_tree=best(trees))
@@ -429,6 +446,8 @@ def main():
                     help="speed: rows for these settings too (steps/topk[/draft tokens]), then plain again, last")
     ap.add_argument("--specs", default=SWEEP_SPECS, help="sweep: settings as steps/topk[/draft tokens], comma-separated")
     ap.add_argument("--rounds", type=int, default=2, help="sweep: timing rounds over all engines, alternating order")
+    ap.add_argument("--twin", default="",
+                    help="sweep: each setting also built with NAME=VALUE set, a row beside it (e.g. EYAS_CYCLE_GRAPH=0)")
     ap.add_argument("--out", default="bench_smollm2.json")
     args = ap.parse_args()
     global DEVICE, NEW_TOKENS
@@ -438,6 +457,7 @@ def main():
     also_specs = parse_specs(args.also_specs, "--also-specs")  # bad input fails now, not after the first rows
     if args.rounds < 1:
         raise SystemExit(f"bench_smollm2: --rounds must be at least 1, got {args.rounds}")
+    twin = parse_twin(args.twin)
     path = demo_model_path()
     tok = load_tokenizer(path)
     results = dict(kernels=os.environ.get("EYAS_KERNELS", "1"),
@@ -535,7 +555,7 @@ def main():
             print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}), flush=True)
         print("always speculating is slower than plain from batch", results["scaling"]["always_speculating_slower_from"])
     if "sweep" in sections:
-        results["sweep"] = sweep(path, prompts[:args.prompts], draft, specs, args.rounds)
+        results["sweep"] = sweep(path, prompts[:args.prompts], draft, specs, args.rounds, twin)
         print("fastest chain", results["sweep"]["best_chain"], "fastest tree", results["sweep"]["best_tree"])
     with open(args.out, "w") as f:
         json.dump(results, f, indent=2)

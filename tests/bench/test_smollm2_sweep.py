@@ -55,6 +55,36 @@ def test_engines_are_built_first_and_timed_in_alternating_rounds(monkeypatch):
     assert res["best_chain"] == "3/1/4" and res["best_tree"] == "5/4/8"
 
 
+def test_a_twin_of_each_setting_is_built_with_its_variable_set(monkeypatch):
+    monkeypatch.delenv("EYAS_CYCLE_GRAPH", raising=False)
+    built = []
+
+    def engine(model_path, dtype, warm_prompt, draft=None, spec=None):
+        name = bench.spec_name(spec) if spec else "plain"
+        built.append((name, bench.os.environ.get("EYAS_CYCLE_GRAPH")))
+        return f"{name}:{built[-1][1]}"
+
+    def timed_run(eng, prompts, new_tokens=None):
+        return dict(tok_s=200.0 if eng.endswith(":None") else 100.0, tokens=11, seconds=1.0, passes=5)
+
+    monkeypatch.setattr(bench, "eyas_engine", engine)
+    monkeypatch.setattr(bench, "timed_run", timed_run)
+    monkeypatch.setattr(bench, "cycle_phases", lambda eng, prompt: dict(phases={}, accept_rate_by_position={}))
+    twin = bench.parse_twin("EYAS_CYCLE_GRAPH=0")
+    res = bench.sweep("model", [[1, 2]], "draft", bench.parse_specs("3/1,5/4/8"), rounds=1, twin=twin)
+    assert built == [("plain", None), ("3/1/4", None), ("3/1/4", "0"), ("5/4/8", None), ("5/4/8", "0")]
+    assert [r["spec"] for r in res["rows"]] == ["3/1/4", "3/1/4 EYAS_CYCLE_GRAPH=0", "5/4/8", "5/4/8 EYAS_CYCLE_GRAPH=0"]
+    assert [r["tok_s"] for r in res["rows"]] == [200.0, 100.0, 200.0, 100.0]
+    assert "EYAS_CYCLE_GRAPH" not in bench.os.environ and res["best_chain"] == "3/1/4"
+
+
+@pytest.mark.parametrize("text", ["EYAS_X", "=1", "EYAS_X="])
+def test_a_bad_twin_is_one_line(text):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_twin(text)
+    assert "\n" not in str(e.value)
+
+
 def test_scaling_books_the_adaptive_run_by_bucket(monkeypatch, tmp_path):
     """The scaling section's adaptive rows say where the timed run's time went, per bucket and mode, and
     those windows hold every token the run's steps produced (each sequence's first comes from its prefill)."""

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+import eyas.engine.graphs as graphs_mod
 import eyas.engine.spec_ahead as ahead_mod
 from eyas.config import SpecConfig
 from eyas.engine.draft_state import lag_features
@@ -182,6 +183,56 @@ def test_plain_steps_ahead_hold_back_what_plain_steps_in_step_do(model, ahead, m
         n = len(want_tokens)
         assert tokens[:n] == want_tokens and n >= 13 and len(tokens) <= n + 1
         torch.testing.assert_close(feats[:, :n], want_feats)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])
+def test_a_cycle_is_one_graph_replay_and_decodes_as_the_phase_graphs_do(model, ahead, monkeypatch, spec):
+    """By default each cycle ahead of the host replays one whole-cycle graph and no phase graph (draft, verify,
+    commit); EYAS_CYCLE_GRAPH=0 runs the phase graphs instead. Both decode plain greedy decoding's tokens."""
+    make, most = ahead
+    ps = prompts(3, seed=7)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (26, 33, 12)]
+    want = reference(model, ps, params)
+    phases = {"tree", "verify", "commit"}
+
+    eng = make(spec)
+    replays = []
+    real = ahead_mod._CyclePair.replay
+    monkeypatch.setattr(ahead_mod._CyclePair, "replay", lambda self: replays.append(self) or real(self))
+    assert [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)] == want
+    assert replays and eng.spec.ahead.pairs and most["in_flight"] == 2  # a pair per bucket as the batch shrinks
+    assert not phases & {key[0] for key in eng.runner.graphs.functions.graphs}
+
+    monkeypatch.setenv("EYAS_CYCLE_GRAPH", "0")
+    replays.clear()
+    eng = make(spec)
+    assert [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)] == want
+    assert not replays and not eng.spec.ahead.pairs
+    assert phases <= {key[0] for key in eng.runner.graphs.functions.graphs}
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])
+def test_rows_crossing_an_attention_bound_move_to_the_wider_pair_in_flight(model, ahead, monkeypatch, spec):
+    """A row that may cross the short-row bound while cycles are in flight moves the state, on the device, to the
+    pair of graphs of the wider bound without draining; the tokens stay plain greedy decoding's."""
+    make, most = ahead
+    monkeypatch.setattr(graphs_mod, "SHORT_ROWS", 40)
+    ps = prompts(2, seed=3)
+    params = [SamplingParams(max_tokens=45, ignore_eos=True)] * 2
+    want = reference(model, ps, params)
+    eng = make(spec, max_batch=2)
+    moves = []  # cycles in flight when a pair took the state from another
+    real = ahead_mod.SpecAhead._pair_for
+
+    def pair_for(self, *args):
+        key, pair = real(self, *args)
+        if self.pair is not None and pair is not self.pair:
+            moves.append(len(self.flights))
+        return key, pair
+    monkeypatch.setattr(ahead_mod.SpecAhead, "_pair_for", pair_for)
+    assert [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)] == want
+    assert {key[1] for key in eng.spec.ahead.pairs} == {40, eng.spec.kv.max_len}
+    assert moves and max(moves) >= 1
 
 
 @pytest.mark.skipif(not CUDA, reason="real CUDA graphs, pinned memory and events need a GPU (EYAS_TEST_CUDA=1)")

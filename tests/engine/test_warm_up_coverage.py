@@ -20,7 +20,8 @@ from tests.helpers import random_draft, tiny_llama
 
 def _keys(engine):
     g = engine.runner.graphs
-    return set(g.graphs) | set(g.functions.graphs) | {("ahead",) + key for key in engine.ahead.pairs}
+    cycles = {("cycle",) + key for key in engine.spec.ahead.pairs} if engine.spec else set()
+    return set(g.graphs) | set(g.functions.graphs) | {("ahead",) + key for key in engine.ahead.pairs} | cycles
 
 
 @pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, adaptive=True)], ids=["plain", "adaptive"])

@@ -55,7 +55,7 @@ class AdaptiveSteps:
             seqs = [s for s in seqs if not s.finished]
             if not seqs:
                 return
-        captured = self._graphs_captured() if policy.adaptive else 0
+        captured = self.engine.captured_graphs() if policy.adaptive else 0
         lagging = [s for s in seqs if s.draft_state.lag_tokens] if speculate else []
         if lagging:  # inside the step, so charged to speculation, the mode that needs it (spec_policy.py)
             started = time.perf_counter()
@@ -68,7 +68,7 @@ class AdaptiveSteps:
         before = sum(len(s.output_ids) for s in seqs)
         run(seqs)
         # A step that captured a CUDA graph took far longer than its kind does: its window says nothing.
-        policy.step_done(sum(len(s.output_ids) for s in seqs) - before, self._graphs_captured() != captured)
+        policy.step_done(sum(len(s.output_ids) for s in seqs) - before, self.engine.captured_graphs() != captured)
 
     def drain_ahead(self):
         """Read every cycle (spec_ahead.py) or plain step (decode_ahead.py) still in flight; under the
@@ -103,7 +103,3 @@ class AdaptiveSteps:
         """Wait until the GPU has run everything queued so far (a no-op on the CPU, where work is synchronous)."""
         if self.engine.device.type == "cuda":
             torch.cuda.synchronize(self.engine.device)
-
-    def _graphs_captured(self) -> int:
-        g = self.engine.runner.graphs
-        return 0 if g is None else len(g.graphs) + len(g.functions.graphs)

@@ -136,7 +136,7 @@ class Engine:
         from eyas.engine.graphs import BATCH_BUCKETS, SHORT_ROWS
         from eyas.layers.attention import kernel_reads_cache
 
-        before = len(graphs.graphs) + len(graphs.functions.graphs)
+        before = self.captured_graphs()
         lookahead = self.spec.lookahead if self.spec else 1
         params = SamplingParams(max_tokens=4 * lookahead + 2, ignore_eos=True)  # a few steps per mode and bucket
         kernel = kernel_reads_cache(self.runner.kv)
@@ -167,7 +167,16 @@ class Engine:
             warm_wide_passes(self.spec, graphs.max_batch)
         if kernel:
             self.warm_eager_passes(long_rows=len(lengths) > 1)
-        return len(graphs.graphs) + len(graphs.functions.graphs) - before
+        return self.captured_graphs() - before
+
+    def captured_graphs(self) -> int:
+        """CUDA graphs captured so far: the target's passes, the draft's phases and the pairs of both modes
+        ahead of the host (two graphs each)."""
+        g = self.runner.graphs
+        if g is None:
+            return 0
+        pairs = len(self.ahead.pairs) + (len(self.spec.ahead.pairs) if self.spec else 0)
+        return len(g.graphs) + len(g.functions.graphs) + 2 * pairs
 
     def warm_eager_passes(self, long_rows: bool = True):
         """Run the eager passes whose slot-attention kernels would otherwise compile in the middle of

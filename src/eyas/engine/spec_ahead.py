@@ -5,8 +5,10 @@ verify pass and the commit graph (acceptance and the draft's extend pass), then 
 tokens. Everything the next cycle needs is on the device by then: its root token (the bonus token), its
 cache length (c + accepted + 1) and the draft's state (the commit graph's outputs). So the next cycle can be
 enqueued before that read, from device tensors, and the host reads cycle k-1's tokens from pinned memory
-while cycle k runs: the host's work per cycle (three graph launches, input copies, the token bookkeeping)
-then hides behind the GPU's instead of adding to it.
+while cycle k runs: the host's work per cycle then hides behind the GPU's instead of adding to it. Here a whole
+cycle is one CUDA graph, two per batch bucket and attention bound replayed in turn (_CyclePair, as
+decode_ahead.py's plain steps), so a cycle costs the GPU no copies of inputs into graph buffers and no launch
+gaps between phases; EYAS_CYCLE_GRAPH=0 runs the three phase graphs instead (a bench switch).
 
 The host knows a sequence's length only up to the last cycle it read, so a cycle in flight may have added
 up to steps + 1 tokens: graph bounds are chosen for the longest case, and a cycle is enqueued only while
@@ -26,20 +28,113 @@ it off, with plain decoding ahead (decode_ahead.py). On an H200 it took SmolLM2'
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import torch
 
+from eyas.engine import graphs as cuda_graphs
 from eyas.engine.decode_ahead import may_run_ahead
 from eyas.engine.draft_state import gather_states, set_states
 from eyas.engine.flights import AheadOfHost
-from eyas.engine.graphs import BATCH_BUCKETS
+from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
+
+
+def cycle_graph_on() -> bool:
+    """One CUDA graph per cycle (the default), or the draft, verify and commit graphs in turn (EYAS_CYCLE_GRAPH=0)."""
+    return os.environ.get("EYAS_CYCLE_GRAPH", "1") != "0"
+
+
+@dataclass
+class _State:
+    """What a cycle reads, per row of the batch bucket: the root token, the cache length and the draft's output."""
+    root: torch.Tensor    # [bucket]
+    c_t: torch.Tensor     # [bucket]
+    hidden: torch.Tensor  # [bucket, H]
+    logp: torch.Tensor    # [bucket, draft vocab]
+
+    def copy_(self, other: "_State"):
+        for name in ("root", "c_t", "hidden", "logp"):
+            getattr(self, name).copy_(getattr(other, name))
+
+
+class _CyclePair:
+    """Two CUDA graphs of a whole cycle (draft, verify, acceptance, the draft's extend pass, a tree's KV
+    compaction) for one (bucket, attention bounds): graph i reads state[i] and writes state[1 - i], so replayed
+    in turn they speculate with no input from the host, and each body is idempotent (its capture runs it three
+    times): the verify pass rewrites every cache column that the compaction then moves. Against a graph per
+    phase this saves the copies of each phase's inputs into its graph's buffers and two graph launches per cycle."""
+
+    def __init__(self, spec, bucket: int, kv_draft: int, kv_target: int, hidden: torch.Tensor, logp: torch.Tensor,
+                 pool):
+        dev = hidden.device
+        scratch = spec.engine.runner.scratch_slot
+
+        def state():
+            return _State(torch.zeros(bucket, dtype=torch.long, device=dev), torch.zeros(bucket, dtype=torch.long,
+                                                                                          device=dev),
+                          hidden.new_zeros((bucket,) + hidden.shape[1:]), logp.new_zeros((bucket,) + logp.shape[1:]))
+
+        self.state = (state(), state())
+        self.slots = torch.full((bucket,), scratch, dtype=torch.long, device=dev)  # padding rows: the scratch slot
+        self.active = torch.zeros(bucket, dtype=torch.long, device=dev)  # 1 for the batch's rows
+
+        def body(src: _State, dst: _State):
+            tokens, parents, depth, mask = spec.draft_fn(src.logp, src.hidden, src.root, src.c_t, self.slots, kv_draft)
+            argmax, _, aux = spec._verify_fn(tokens, depth, mask, src.c_t, self.slots, kv_target)
+            new, accepted, sel, h, logp_next = spec._commit_fn(tokens, parents, depth, argmax, aux, src.c_t,
+                                                               self.slots, kv_draft)
+            spec._compact_paths(self.slots, src.c_t, sel, accepted)
+            dst.hidden.copy_(h)
+            dst.logp.copy_(logp_next)
+            dst.root.copy_(new.gather(1, accepted[:, None])[:, 0])
+            dst.c_t.copy_(src.c_t + (accepted + 1) * self.active)  # padding rows stay at column 0 of the scratch row
+            return torch.cat([new, accepted[:, None]], dim=1)
+
+        captured = [cuda_graphs.capture(lambda i=i: body(self.state[i], self.state[1 - i]), pool) for i in (0, 1)]
+        self.graphs = [graph for graph, _ in captured]
+        self.results = [out for _, out in captured]  # each graph's [bucket, steps + 2]: new tokens, accepted count
+        self.next = 0  # the state the next replay reads
+
+    @property
+    def current(self) -> _State:
+        return self.state[self.next]
+
+    def seed(self, state: _State, slots: torch.Tensor, active: torch.Tensor):
+        """The next cycle's inputs (device tensors, bucket rows)."""
+        self.next = 0
+        self.state[0].copy_(state)
+        self.slots.copy_(slots)
+        self.active.copy_(active)
+
+    def replay(self) -> torch.Tensor:
+        """Run the next cycle; returns its results, valid until the next replay of any graph."""
+        results = self.results[self.next]
+        self.graphs[self.next].replay()
+        self.next = 1 - self.next
+        return results
 
 
 class SpecAhead(AheadOfHost):
     def __init__(self, spec):
         super().__init__()
         self.spec = spec  # the SpeculativeDecoder
-        # the next cycle's inputs, on the device, padded to the batch bucket
-        self.root = self.c_t = self.slots_t = self.active_rows = self.hidden = self.logp = None
+        self.whole_cycles = cycle_graph_on()  # read once: an engine keeps its mode (benchmarks build both)
+        self.pairs: dict[tuple, _CyclePair] = {}
+        self.pair: _CyclePair | None = None
+        self._pair_key: tuple | None = None
+        # the next cycle's inputs without whole-cycle graphs, on the device, padded to the batch bucket
+        self._root = self._c_t = self.slots_t = self._active = self.hidden = self.logp = None
+
+    @property
+    def c_t(self) -> torch.Tensor:
+        """The next cycle's cache length per bucket row."""
+        return self.pair.current.c_t if self.pair is not None else self._c_t
+
+    @property
+    def active_rows(self) -> torch.Tensor:
+        """1 for the batch's rows, 0 for padding."""
+        return self.pair.active if self.pair is not None else self._active
 
     def usable(self, seqs) -> bool:
         """Whether this cycle of `seqs` may run here: the batch this mode holds, or one it may start on."""
@@ -50,6 +145,20 @@ class SpecAhead(AheadOfHost):
             return False
         return self.holds(seqs) if self.active else True
 
+    def _pair_for(self, bucket: int, c: int, hidden: torch.Tensor, logp: torch.Tensor) -> tuple[tuple, _CyclePair]:
+        """The pair of whole-cycle graphs for `bucket` rows whose longest holds at most c cached tokens. One
+        attention bound for the cycle's passes (its largest need), so that a row crossing a bound never needs
+        a pair of mixed bounds, which the warm-up would not have captured."""
+        spec = self.spec
+        s = spec.spec
+        need = c + max(s.draft_tokens, (s.steps - 1) * s.topk, s.steps + 1)
+        key = (bucket, graph_kv_len(spec.kv, need), graph_kv_len(spec.engine.runner.kv, need))
+        pair = self.pairs.get(key)
+        if pair is None:
+            pair = self.pairs[key] = _CyclePair(spec, bucket, key[1], key[2], hidden, logp,
+                                                spec.engine.runner.graphs.pool)
+        return key, pair
+
     def _start(self, seqs):
         spec = self.spec
         dev, B = spec.engine.device, len(seqs)
@@ -59,10 +168,16 @@ class SpecAhead(AheadOfHost):
         rows = torch.tensor([[s.output_ids[-1] for s in seqs] + [0] * pad, [s.cached for s in seqs] + [0] * pad,
                              [s.slot for s in seqs] + [spec.engine.runner.scratch_slot] * pad,
                              [1] * B + [0] * pad], device=dev)  # one host-to-device copy
-        self.root, self.c_t, self.slots_t, self.active_rows = rows[0], rows[1], rows[2], rows[3]
-        self.hidden = torch.cat([hidden, hidden.new_zeros((pad,) + hidden.shape[1:])]) if pad else hidden
-        self.logp = torch.cat([logp, logp.new_zeros((pad,) + logp.shape[1:])]) if pad else logp
+        root, c_t, slots_t, active = rows[0], rows[1], rows[2], rows[3]
+        hidden = torch.cat([hidden, hidden.new_zeros((pad,) + hidden.shape[1:])]) if pad else hidden
+        logp = torch.cat([logp, logp.new_zeros((pad,) + logp.shape[1:])]) if pad else logp
         self.seqs = list(seqs)
+        if self.whole_cycles:
+            self._pair_key, self.pair = self._pair_for(Bp, max(s.cached for s in seqs), hidden, logp)
+            self.pair.seed(_State(root, c_t, hidden, logp), slots_t, active)
+        else:
+            self._root, self._c_t, self.slots_t, self._active, self.hidden, self.logp = \
+                root, c_t, slots_t, active, hidden, logp
         self._enqueue()
 
     def _may_enqueue(self) -> bool:
@@ -71,19 +186,37 @@ class SpecAhead(AheadOfHost):
         longest = len(self.flights) * (self.spec.spec.steps + 1)
         return all(len(s.output_ids) + longest < s.params.max_tokens for s in self.seqs)
 
+    def _longest(self) -> int:
+        """The most cached tokens a row may hold when the cycle to enqueue runs: each cycle in flight may
+        accept all it drafted."""
+        return max(s.cached for s in self.seqs) + len(self.flights) * (self.spec.spec.steps + 1)
+
     def _enqueue(self):
+        if self.whole_cycles:
+            self._enqueue_whole()
+            return
         spec = self.spec
-        B, c_t, slots_t = len(self.seqs), self.c_t, self.slots_t
-        c = max(s.cached for s in self.seqs) + len(self.flights) * (spec.spec.steps + 1)  # the longest case
-        tokens, parents, depth, mask = spec._draft(B, c, self.logp, self.hidden, self.root, c_t, slots_t)
+        B, c_t, slots_t = len(self.seqs), self._c_t, self.slots_t
+        c = self._longest()
+        tokens, parents, depth, mask = spec._draft(B, c, self.logp, self.hidden, self._root, c_t, slots_t)
         argmax, _, aux = spec._verify(B, c, tokens, depth, mask, c_t, slots_t, padded=True)
         new, accepted, h, logp = spec._commit(B, c, tokens, parents, depth, argmax, aux, c_t, slots_t, padded=True)
         # The next cycle's inputs, computed on the device (copies: the graphs' outputs are overwritten
         # by their next replay).
         self.hidden, self.logp = h.clone(), logp.clone()
-        self.root = new.gather(1, accepted[:, None])[:, 0]
-        self.c_t = c_t + (accepted + 1) * self.active_rows  # padding rows stay at column 0 of the scratch row
+        self._root = new.gather(1, accepted[:, None])[:, 0]
+        self._c_t = c_t + (accepted + 1) * self._active  # padding rows stay at column 0 of the scratch row
         self.flights.send(torch.cat([new, accepted[:, None]], dim=1))
+
+    def _enqueue_whole(self):
+        """The next cycle as one graph replay; a row that may cross an attention bound moves the state to the
+        pair of the wider bound first, on the device."""
+        old = self.pair
+        key, pair = self._pair_for(len(old.slots), self._longest(), old.current.hidden, old.current.logp)
+        if pair is not old:
+            pair.seed(old.current, old.slots, old.active)
+            self._pair_key, self.pair = key, pair
+        self.flights.send(pair.replay())
 
     def _consume(self):
         rows = self.flights.pop().read(len(self.seqs))
@@ -97,6 +230,10 @@ class SpecAhead(AheadOfHost):
         while self.flights:
             self._consume()
         B = len(self.seqs)
-        set_states(self.seqs, self.hidden[:B], self.logp[:B])
-        self.seqs = None
-        self.root = self.c_t = self.slots_t = self.active_rows = self.hidden = self.logp = None
+        if self.pair is not None:  # copies: the pair's buffers are the next batch's inputs
+            state = self.pair.current
+            set_states(self.seqs, state.hidden[:B].clone(), state.logp[:B].clone())
+        else:
+            set_states(self.seqs, self.hidden[:B], self.logp[:B])
+        self.seqs = self.pair = self._pair_key = None
+        self._root = self._c_t = self.slots_t = self._active = self.hidden = self.logp = None
