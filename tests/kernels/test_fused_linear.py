@@ -166,12 +166,13 @@ def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, max_k, max_
     assert not calls
 
 
-@pytest.mark.parametrize("narrow_rows,n_out,fused_expected",
-                         [(None, N, 1), ("4", N, 1), ("4", 4096, 0), ("2", N, 0), (None, 4096, 0)])
-def test_narrow_projections_fuse_up_to_narrow_rows(device, monkeypatch, narrow_rows, n_out, fused_expected):
-    """At 4 rows (past max_rows()) a projection of at most NARROW_N outputs runs the kernel by default
-    (NARROW_ROWS) or when EYAS_FUSED_NARROW_ROWS allows 4 rows; a wider one, or a setting of 2, keeps the
-    unfused pair. The result is the unfused one either way."""
+@pytest.mark.parametrize("narrow_rows,n_out,rows,fused_expected",
+                         [(None, N, 4, 1), (None, N, 8, 1), ("4", N, 4, 1), ("4", N, 8, 0), ("4", 4096, 4, 0),
+                          ("2", N, 4, 0), (None, 4096, 4, 0)])
+def test_narrow_projections_fuse_up_to_narrow_rows(device, monkeypatch, narrow_rows, n_out, rows, fused_expected):
+    """Past max_rows() a projection of at most NARROW_N outputs runs the kernel by default up to 8 rows (NARROW_ROWS,
+    a tree's verify) or up to the rows EYAS_FUSED_NARROW_ROWS allows; a wider one, or more rows than the setting,
+    keeps the unfused pair. The result is the unfused one either way."""
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "NARROW_N", 2 * N)
@@ -183,7 +184,7 @@ def test_narrow_projections_fuse_up_to_narrow_rows(device, monkeypatch, narrow_r
     norm.weight.data = rand((K,), torch.float32, device, 11, 0.1) + 1
     col = ColumnParallelLinear(K, [n_out], False).to(device)
     col.weight.data = rand(col.weight.shape, torch.float32, device, 12, 0.1)
-    x, delta = (rand((1, 4, K), torch.float32, device, s) for s in (13, 14))
+    x, delta = (rand((1, rows, K), torch.float32, device, s) for s in (13, 14))
     _, y_ref = layer.norm_linear(norm, col, x, delta)
     calls = []
     monkeypatch.setattr(kernels, "norm_linear", lambda *a, _f=kernels.norm_linear: calls.append(1) or _f(*a))

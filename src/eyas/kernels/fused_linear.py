@@ -54,7 +54,7 @@ KERNEL_ROWS = 8  # rows (tokens) the kernels take: up to a tree verify's 8
 MAX_ROWS = 2     # rows up to which the layers fuse unless EYAS_FUSED_MAX_ROWS says otherwise (max_rows())
 MAX_K = 2048     # input features up to which the layers fuse by default (and whole-row tiles are timed)
 NARROW_N = 1024  # output features up to which a projection counts as narrow for narrow_rows()
-NARROW_ROWS = 4  # rows up to which narrow projections fuse unless EYAS_FUSED_NARROW_ROWS says otherwise
+NARROW_ROWS = 8  # rows up to which narrow projections fuse unless EYAS_FUSED_NARROW_ROWS says otherwise
 WIDE_MAX_K = 32768  # input features up to which the kernels run, in wide chunks past MAX_K
 
 
@@ -68,9 +68,10 @@ def max_rows() -> int:
 def narrow_rows() -> int:
     """Rows up to which narrow projections (at most NARROW_N outputs: a small model's q/k/v and attention
     output) use these kernels: EYAS_FUSED_NARROW_ROWS (at most KERNEL_ROWS), else the larger of max_rows() and
-    NARROW_ROWS. On an H200 (docs/BENCHMARKS.md, twenty-fourth session, bench_step_ab.py, SmolLM2 at 300
-    cached tokens, graph replays side by side) 4 rows this way made a chain 3/1/4's verify 8.5% faster
-    (0.923 against 1.008 ms) while 5 rows made a 5-row verify 1.5% slower (gate/up and down stay unfused)."""
+    NARROW_ROWS. On an H200 (docs/BENCHMARKS.md, bench_step_ab.py, SmolLM2 at 300 cached tokens, graph replays
+    side by side) 4 rows this way made a chain 3/1/4's verify 8.5% faster (0.923 against 1.008 ms, twenty-fourth
+    session); with the PDL signal after each kernel's wait (twenty-ninth session) fusing up to 8 rows replayed a
+    5-row verify in 0.873 against 0.937 ms and an 8-row one in 0.916 against 0.969 (gate/up and down stay unfused)."""
     value = os.environ.get("EYAS_FUSED_NARROW_ROWS")
     return min(int(value), KERNEL_ROWS) if value and value.isdigit() else max(max_rows(), NARROW_ROWS)
 
