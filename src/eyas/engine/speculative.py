@@ -9,8 +9,8 @@ output token x_c pending (the tree root):
 - commit compacts the accepted path's target KV to c..c+m and re-runs the draft on the accepted
   pairs with the target's fresh features (overwriting the speculative draft entries).
 For greedy batches, acceptance and commit run on the device right after verify (acceptance and the extend
-pass as one more graph), and the host reads the result once per cycle; batches with sampled sequences accept
-on the host. A chain (topk 1) drafts and accepts through shorter functions of its own (Drafter.chain,
+pass as one more graph), and the host reads the result once per cycle; ahead of the host (spec_ahead.py) the
+whole cycle is a single graph. Batches with sampled sequences accept on the host. A chain (topk 1) drafts and accepts through shorter functions of its own (Drafter.chain,
 tree.accept_greedy_chain) that give the general tree's results with k = 1 in fewer kernels.
 When the policy chooses a plain step, the draft does not run: the step's (feature, token) pair is kept
 in the sequence's lag, and the draft catches up before it drafts again (catch_up.py). Plain steps then cost
@@ -186,7 +186,7 @@ class SpeculativeDecoder(AdaptiveSteps):
         """A cycle of greedy sequences. Acceptance and the draft's extend pass run as one more graph right
         after the verify pass, and a tree's KV compaction eagerly on the device, so the GPU runs the whole
         cycle without waiting for the host, which reads the accepted tokens once, at the end (or a cycle
-        later, spec_ahead.py)."""
+        later, spec_ahead.py, where the whole cycle is one graph)."""
         if self.ahead.usable(seqs):
             self.ahead.advance(seqs)
             return
