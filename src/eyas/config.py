@@ -334,10 +334,15 @@ class DraftConfig:
             raise EyasError(f"draft config.json lacks required field {e.args[0]!r}") from None
 
     def capture_layers(self, target_layers: int) -> tuple[int, ...]:
-        """Target layers whose *input* feeds the draft (SGLang: explicit id + 1; default 2, L//2, L-3)."""
-        if self.aux_layer_ids:
-            return tuple(i + 1 for i in self.aux_layer_ids)
-        return (2, target_layers // 2, target_layers - 3)
+        """Target layers whose *input* feeds the draft (SGLang: explicit id + 1; default 2, L//2, L-3). Each must
+        be a layer of the target: a draft trained for a deeper target names layers this one lacks."""
+        layers = tuple(i + 1 for i in self.aux_layer_ids) if self.aux_layer_ids else \
+            (2, target_layers // 2, target_layers - 3)
+        if any(not 0 <= i < target_layers for i in layers):
+            read = "aux_layer_ids " + str(list(self.aux_layer_ids)) if self.aux_layer_ids else "layers 2, L//2 and L-3"
+            raise EyasError(f"the draft reads the target's hidden states at {read}, which a target of "
+                            f"{target_layers} layers does not have: is the draft for another model?")
+        return layers
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -98,3 +98,26 @@ def test_scaling_books_the_adaptive_run_by_bucket(monkeypatch, tmp_path):
         books = row["adaptive_time_by_bucket"]
         assert books and all(v["seconds"] > 0 for v in books.values())
         assert sum(v["tokens"] for v in books.values()) == row["batch"] * (24 - 1)
+
+
+def test_cycle_profiles_time_each_setting_as_it_runs_and_with_a_graph_per_phase(monkeypatch):
+    monkeypatch.delenv("EYAS_CYCLE_GRAPH", raising=False)
+    calls = []
+    monkeypatch.setattr(bench, "cycle_profile", lambda model_path, prompt, draft, spec:
+                        calls.append((bench.spec_name(spec), bench.os.environ.get("EYAS_CYCLE_GRAPH"))) or len(calls))
+    rows = bench.cycle_profiles("model", [1, 2, 3], "draft")
+    assert list(rows) == ["chain", "chain_graph_per_phase", "tree", "tree_graph_per_phase"]
+    assert calls == [("3/1/4", None), ("3/1/4", "0"), ("5/4/8", None), ("5/4/8", "0")]
+    assert "EYAS_CYCLE_GRAPH" not in bench.os.environ
+
+
+def test_a_cycle_profile_times_the_phases_of_steady_cycles(monkeypatch, tmp_path):
+    from tests.helpers import random_draft, tiny_llama
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    tiny_llama(tmp_path, vocab=128, layers=3, hidden=64)
+    row = bench.cycle_profile(tmp_path, list(range(3, 20)), random_draft(64, 128, draft_vocab=64), bench.CHAIN,
+                              cycles=4)
+    assert row["cycles"] == 4 and row["aten_ops_per_cycle"] > 0 and row["host_wall_ms"] > 0
+    assert {"draft", "verify", "commit"} <= set(row["phase_ms_per_cycle"])
+    assert all(v > 0 for v in row["phase_ms_per_cycle"].values())

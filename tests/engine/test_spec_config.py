@@ -25,3 +25,30 @@ def test_tree_bounds():
 def test_nonpositive_refused(steps, topk):
     with pytest.raises(EyasError):
         SpecConfig(steps, topk)
+
+
+def test_a_draft_for_a_deeper_target_is_refused_in_one_line(tmp_path):
+    """A draft reads the target's hidden states at three layers; a target that lacks one of them is named in a
+    clear error at start, not a KeyError in the first forward."""
+    from eyas.engine.engine import Engine
+    from tests.helpers import random_draft, tiny_llama
+
+    tiny_llama(tmp_path, vocab=32, layers=3, hidden=64)
+    draft = random_draft(64, 32)
+    draft.config.aux_layer_ids = [1, 40, 77]  # a draft trained on an 80-layer target
+    with pytest.raises(EyasError, match=r"aux_layer_ids \[1, 40, 77\].* 3 layers") as e:
+        Engine(str(tmp_path), dtype="fp32", max_batch=1, max_len=64, draft=draft, spec=SpecConfig(3, 1))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("layers,ok", [(2, False), (3, True)])
+def test_the_default_layers_need_a_target_of_three_layers(layers, ok):
+    from eyas.config import DraftConfig
+
+    cfg = DraftConfig(hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=32,
+                      draft_vocab_size=32, target_hidden_size=64)
+    if ok:
+        assert cfg.capture_layers(layers) == (2, 1, 0)
+    else:
+        with pytest.raises(EyasError, match="layers 2, L//2 and L-3"):
+            cfg.capture_layers(layers)

@@ -119,11 +119,6 @@ class Decoder(nn.Module):
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions)
 
 
-def default_capture_layers(num_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3's default: the inputs of layers 2, L//2 and L-3 (low, mid, high)."""
-    return (2, num_layers // 2, num_layers - 3)
-
-
 class CausalLM(nn.Module):
     """Decoder + LM head. HF parameter names are kept (with fused qkv_proj / gate_up_proj)."""
 
