@@ -1,7 +1,7 @@
 """Every graph body the engine captures is pure or idempotent, as a GPU needs (its capture runs a body three
 times): with graphs faked on the CPU, each body running twice per replay (fake_cuda_graphs.py), speculative
-output still equals plain greedy output token for token. A body that moved cache columns in place (a tree's
-KV compaction) fails here."""
+output still equals plain greedy output token for token. A commit body that moved cache columns in place (a
+tree's KV compaction) without the verify pass before it fails here."""
 
 import pytest
 import torch
@@ -13,9 +13,11 @@ from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
 from tests.helpers import random_draft, tiny_llama
 
 
+@pytest.mark.parametrize("whole_cycles", [True, False], ids=["cycle-graph", "phase-graphs"])
 @pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(5, 4, 8), SpecConfig(2, 3, 6)],
                          ids=["chain", "tree", "tree-wide"])
-def test_speculative_equals_greedy_with_graphs(tmp_path, fake_graphs, spec):
+def test_speculative_equals_greedy_with_graphs(tmp_path, fake_graphs, monkeypatch, spec, whole_cycles):
+    monkeypatch.setenv("EYAS_CYCLE_GRAPH", "1" if whole_cycles else "0")
     tiny_llama(tmp_path, vocab=32, layers=5, hidden=64)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 32, (n,), generator=g).tolist() for n in (5, 17, 9, 30)]
@@ -26,7 +28,10 @@ def test_speculative_equals_greedy_with_graphs(tmp_path, fake_graphs, spec):
                                 draft=random_draft(64, 32, draft_vocab=24), spec=spec))
     got = engine.generate(prompts, params)
     assert [s.output_ids for s in got] == want
-    assert engine.runner.graphs.functions.graphs  # the draft, verify and commit passes ran from graphs
+    if whole_cycles:  # the cycles ran as whole-cycle graphs (spec_ahead.py)
+        assert engine.spec.ahead.pairs
+    else:  # the draft, verify and commit passes ran from their own graphs
+        assert {"tree", "verify", "commit"} <= {key[0] for key in engine.runner.graphs.functions.graphs}
     assert any(s.verify_passes < len(s.output_ids) - 1 for s in got)  # drafts were accepted
 
 
