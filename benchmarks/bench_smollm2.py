@@ -271,14 +271,21 @@ def acceptance(model_path, tok, draft, dataset, n, batch=32, new_tokens=None):
 
 
 def cycle_profile(model_path, prompt, draft, spec, cycles=20):
-    """Steady-state cycles of one sequence (graphs captured during the warm-up) under torch.profiler, then
-    the eyas profiler's per-phase GPU times over as many cycles."""
+    """Steady-state cycles of one sequence (graphs captured during the warm-up): their wall time as they run,
+    then the same number under torch.profiler, then the eyas profiler's per-phase GPU times over as many."""
     from torch.profiler import ProfilerActivity, profile
 
     eng = Engine(str(model_path), dtype="bf16", device=DEVICE, draft=draft, spec=spec, max_batch=1, max_len=2048)
-    eng.add(prompt, SamplingParams(max_tokens=80 + 20 * cycles, ignore_eos=True))
+    seq = eng.add(prompt, SamplingParams(max_tokens=80 + 30 * cycles, ignore_eos=True))
     for _ in range(40):  # prefill, graph captures, first cycles
         eng.step()
+    sync()
+    t0, tokens, passes = time.perf_counter(), len(seq.output_ids), seq.verify_passes
+    for _ in range(cycles):
+        eng.step()
+    sync()
+    cycle_ms = (time.perf_counter() - t0) / cycles * 1e3
+    accept = (len(seq.output_ids) - tokens) / max(seq.verify_passes - passes, 1)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else [])
     sync()
     with profile(activities=activities) as trace:
@@ -299,7 +306,7 @@ def cycle_profile(model_path, prompt, draft, spec, cycles=20):
     for _ in range(cycles):
         eng.step()
     phases = {k: sum(v) / cycles for k, v in prof.drain().items()}
-    return dict(cycles=cycles, host_wall_ms=wall / cycles * 1e3,
+    return dict(cycles=cycles, cycle_ms=cycle_ms, accept_length=accept, host_wall_ms=wall / cycles * 1e3,
                 gpu_busy_ms=sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / cycles,
                 kernels_per_cycle=len(kernels) / cycles,
                 graph_launches_per_cycle=count("cudaGraphLaunch") / cycles,
