@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -62,7 +63,7 @@ def draft_arg(args, model_path):
     if args.draft != "random":
         return args.draft
     import sys
-    sys.path.insert(0, ".")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository, whatever the working directory
     from tests.helpers import random_draft
     from eyas.config import ModelConfig
     cfg = ModelConfig.from_dir(model_path)
