@@ -122,7 +122,6 @@ class SpecAhead(AheadOfHost):
         self.whole_cycles = cycle_graph_on()  # read once: an engine keeps its mode (benchmarks build both)
         self.pairs: dict[tuple, _CyclePair] = {}
         self.pair: _CyclePair | None = None
-        self._pair_key: tuple | None = None
         # the next cycle's inputs without whole-cycle graphs, on the device, padded to the batch bucket
         self._root = self._c_t = self.slots_t = self._active = self.hidden = self.logp = None
 
@@ -145,7 +144,7 @@ class SpecAhead(AheadOfHost):
             return False
         return self.holds(seqs) if self.active else True
 
-    def _pair_for(self, bucket: int, c: int, hidden: torch.Tensor, logp: torch.Tensor) -> tuple[tuple, _CyclePair]:
+    def _pair_for(self, bucket: int, c: int, hidden: torch.Tensor, logp: torch.Tensor) -> _CyclePair:
         """The pair of whole-cycle graphs for `bucket` rows whose longest holds at most c cached tokens. One
         attention bound for the cycle's passes (its largest need), so that a row crossing a bound never needs
         a pair of mixed bounds, which the warm-up would not have captured."""
@@ -157,7 +156,7 @@ class SpecAhead(AheadOfHost):
         if pair is None:
             pair = self.pairs[key] = _CyclePair(spec, bucket, key[1], key[2], hidden, logp,
                                                 spec.engine.runner.graphs.pool)
-        return key, pair
+        return pair
 
     def _start(self, seqs):
         spec = self.spec
@@ -173,7 +172,7 @@ class SpecAhead(AheadOfHost):
         logp = torch.cat([logp, logp.new_zeros((pad,) + logp.shape[1:])]) if pad else logp
         self.seqs = list(seqs)
         if self.whole_cycles:
-            self._pair_key, self.pair = self._pair_for(Bp, max(s.cached for s in seqs), hidden, logp)
+            self.pair = self._pair_for(Bp, max(s.cached for s in seqs), hidden, logp)
             self.pair.seed(_State(root, c_t, hidden, logp), slots_t, active)
         else:
             self._root, self._c_t, self.slots_t, self._active, self.hidden, self.logp = \
@@ -212,10 +211,10 @@ class SpecAhead(AheadOfHost):
         """The next cycle as one graph replay; a row that may cross an attention bound moves the state to the
         pair of the wider bound first, on the device."""
         old = self.pair
-        key, pair = self._pair_for(len(old.slots), self._longest(), old.current.hidden, old.current.logp)
+        pair = self._pair_for(len(old.slots), self._longest(), old.current.hidden, old.current.logp)
         if pair is not old:
             pair.seed(old.current, old.slots, old.active)
-            self._pair_key, self.pair = key, pair
+            self.pair = pair
         self.flights.send(pair.replay())
 
     def _consume(self):
@@ -235,5 +234,5 @@ class SpecAhead(AheadOfHost):
             set_states(self.seqs, state.hidden[:B].clone(), state.logp[:B].clone())
         else:
             set_states(self.seqs, self.hidden[:B], self.logp[:B])
-        self.seqs = self.pair = self._pair_key = None
+        self.seqs = self.pair = None
         self._root = self._c_t = self.slots_t = self._active = self.hidden = self.logp = None
