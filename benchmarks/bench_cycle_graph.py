@@ -42,12 +42,8 @@ def main():
         model = random_smollm2(Path(tmp))
         draft = bench.draft_arg(args, model)
         prompt = [(7 * i + 11) % 49000 + 100 for i in range(args.context)]
-        rows = {}
-        for name, spec in (("chain", bench.CHAIN), ("tree", bench.TREE)):
-            for suffix, env in (("", None), ("_graph_per_phase", ("EYAS_CYCLE_GRAPH", "0"))):
-                with bench.env_set(*env) if env else bench.contextlib.nullcontext():
-                    rows[name + suffix] = bench.cycle_profile(model, prompt, draft, spec, cycles=args.cycles)
-                print(json.dumps({"row": name + suffix, **rows[name + suffix]}), flush=True)
+        rows = bench.cycle_profiles(model, prompt, draft, cycles=args.cycles,
+                                    report=lambda name, row: print(json.dumps({"row": name, **row}), flush=True))
     result = dict(gpu=torch.cuda.get_device_name() if args.device == "cuda" else "cpu", torch=torch.__version__,
                   context=args.context, cycles=args.cycles, draft=args.draft, rows=rows)
     with open(args.out, "w") as f:

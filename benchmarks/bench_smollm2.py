@@ -316,14 +316,17 @@ def cycle_profile(model_path, prompt, draft, spec, cycles=20):
                 phase_ms_per_cycle=phases)
 
 
-def cycle_profiles(model_path, prompt, draft) -> dict:
+def cycle_profiles(model_path, prompt, draft, cycles=20, report=None) -> dict:
     """cycle_profile of the chain and the tree as they run (a cycle ahead of the host is one CUDA graph), and
-    of each with a graph per phase (EYAS_CYCLE_GRAPH=0, the engine before 2026-12-02's twenty-ninth session)."""
+    of each with a graph per phase (EYAS_CYCLE_GRAPH=0, the engine before 2026-12-02's twenty-ninth session).
+    `report(name, row)` is called as each row is measured."""
     rows = {}
     for name, spec in (("chain", CHAIN), ("tree", TREE)):
-        rows[name] = cycle_profile(model_path, prompt, draft, spec)
-        with env_set("EYAS_CYCLE_GRAPH", "0"):
-            rows[f"{name}_graph_per_phase"] = cycle_profile(model_path, prompt, draft, spec)
+        for row_name, env in ((name, None), (f"{name}_graph_per_phase", ("EYAS_CYCLE_GRAPH", "0"))):
+            with env_set(*env) if env else contextlib.nullcontext():
+                rows[row_name] = cycle_profile(model_path, prompt, draft, spec, cycles=cycles)
+            if report:
+                report(row_name, rows[row_name])
     return rows
 
 

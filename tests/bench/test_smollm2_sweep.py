@@ -103,7 +103,7 @@ def test_scaling_books_the_adaptive_run_by_bucket(monkeypatch, tmp_path):
 def test_cycle_profiles_time_each_setting_as_it_runs_and_with_a_graph_per_phase(monkeypatch):
     monkeypatch.delenv("EYAS_CYCLE_GRAPH", raising=False)
     calls = []
-    monkeypatch.setattr(bench, "cycle_profile", lambda model_path, prompt, draft, spec:
+    monkeypatch.setattr(bench, "cycle_profile", lambda model_path, prompt, draft, spec, cycles:
                         calls.append((bench.spec_name(spec), bench.os.environ.get("EYAS_CYCLE_GRAPH"))) or len(calls))
     rows = bench.cycle_profiles("model", [1, 2, 3], "draft")
     assert list(rows) == ["chain", "chain_graph_per_phase", "tree", "tree_graph_per_phase"]
