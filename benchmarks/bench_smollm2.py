@@ -392,14 +392,22 @@ def parse_specs(text: str, flag: str = "--specs") -> list[SpecConfig]:
     return specs
 
 
-def parse_twin(text: str) -> tuple[str, str] | None:
-    """--twin NAME=VALUE as (NAME, VALUE); empty: None."""
+def parse_twin(text: str) -> tuple[str, ...] | None:
+    """--twin NAME=VALUE[,NAME=VALUE...] as (NAME, VALUE, NAME, VALUE, ...), env_set's arguments; empty: None."""
     if not text:
         return None
-    name, eq, value = text.partition("=")
-    if not eq or not name.strip() or not value.strip():
-        raise SystemExit(f"bench_smollm2: --twin takes NAME=VALUE, got {text!r}")
-    return name.strip(), value.strip()
+    pairs = []
+    for item in text.split(","):
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip() or not value.strip():
+            raise SystemExit(f"bench_smollm2: --twin takes NAME=VALUE[,NAME=VALUE...], got {text!r}")
+        pairs += [name.strip(), value.strip()]
+    return tuple(pairs)
+
+
+def twin_name(twin: tuple[str, ...]) -> str:
+    """'A=1,B=2' for the twin ("A", "1", "B", "2"): its rows' suffix."""
+    return ",".join(f"{n}={v}" for n, v in zip(twin[::2], twin[1::2]))
 
 
 def spec_name(spec: SpecConfig) -> str:
@@ -411,8 +419,8 @@ def sweep(model_path, prompts, draft, specs, rounds=2, twin=None):
     `rounds` rounds, each in the opposite order of the one before (A B C, C B A, ...): an effect of build
     or timing order would show as a spread between rounds instead of as a difference between settings.
     Per setting: median tok/s over the rounds, every round's, acceptance, the speed-up over plain's median,
-    and the cycle's phases from a separate profiled pass. `twin` (NAME, VALUE): each setting also as an engine
-    built with that environment variable set, a row of its own beside it (switches read at build time)."""
+    and the cycle's phases from a separate profiled pass. `twin` (NAME, VALUE, ...): each setting also as an
+    engine built with those environment variables set, a row of its own beside it (switches read at build time)."""
     import statistics
 
     names, engines = ["plain"], [eyas_engine(model_path, "bf16", prompts[0])]
@@ -421,7 +429,7 @@ def sweep(model_path, prompts, draft, specs, rounds=2, twin=None):
         engines.append(eyas_engine(model_path, "bf16", prompts[0], draft, s))
         if twin:
             with env_set(*twin):
-                names.append(f"{spec_name(s)} {twin[0]}={twin[1]}")
+                names.append(f"{spec_name(s)} {twin_name(twin)}")
                 engines.append(eyas_engine(model_path, "bf16", prompts[0], draft, s))
     row_specs = [s for s in specs for _ in range(2 if twin else 1)]
     runs: dict[str, list[dict]] = {n: [] for n in names}
@@ -478,7 +486,8 @@ def main():
     ap.add_argument("--specs", default=SWEEP_SPECS, help="sweep: settings as steps/topk[/draft tokens], comma-separated")
     ap.add_argument("--rounds", type=int, default=2, help="sweep: timing rounds over all engines, alternating order")
     ap.add_argument("--twin", default="",
-                    help="sweep: each setting also built with NAME=VALUE set, a row beside it (e.g. EYAS_CYCLE_GRAPH=0)")
+                    help="sweep: each setting also built with NAME=VALUE[,NAME=VALUE...] set, a row beside it "
+                         "(e.g. EYAS_CYCLE_GRAPH=0)")
     ap.add_argument("--out", default="bench_smollm2.json")
     args = ap.parse_args()
     global DEVICE, NEW_TOKENS

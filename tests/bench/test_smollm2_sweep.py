@@ -78,7 +78,12 @@ def test_a_twin_of_each_setting_is_built_with_its_variable_set(monkeypatch):
     assert "EYAS_CYCLE_GRAPH" not in bench.os.environ and res["best_chain"] == "3/1/4"
 
 
-@pytest.mark.parametrize("text", ["EYAS_X", "=1", "EYAS_X="])
+def test_a_twin_may_set_several_variables():
+    twin = bench.parse_twin("EYAS_A=1, EYAS_B=8")
+    assert twin == ("EYAS_A", "1", "EYAS_B", "8") and bench.twin_name(twin) == "EYAS_A=1,EYAS_B=8"
+
+
+@pytest.mark.parametrize("text", ["EYAS_X", "=1", "EYAS_X=", "EYAS_X=1,", "EYAS_X=1,EYAS_Y"])
 def test_a_bad_twin_is_one_line(text):
     with pytest.raises(SystemExit) as e:
         bench.parse_twin(text)
