@@ -45,27 +45,24 @@ def _torch_references(monkeypatch):
     monkeypatch.setenv("EYAS_KERNELS", "0")
 
 
-@pytest.fixture(params=[(0, 0), (32, 0), (64, 0), (32, 1)], ids=["whole-rows", "k-chunks-32", "k-chunks-64", "dot-32"])
+@pytest.fixture(params=[0, 32, 64], ids=["whole-rows", "k-chunks-32", "k-chunks-64"])
 def chunk_k(request, monkeypatch, device):
-    """The tile: whole rows, K in chunks (96 = 3 x 32, or 64 + a partial 32), or K in chunks multiplied by
-    tl.dot (rows padded to 16; in the interpreter its fp32 product, whose 16-bit one is wrong). In the
-    interpreter through its module settings; on a GPU as the only candidate tile, so that each case compiles
-    and runs that tile, deterministically, instead of timing every tile for every case (the kernel tests
-    took 317 s on an H200 that way)."""
+    """The tile: whole rows, or K in chunks (96 = 3 x 32, or 64 + a partial 32). In the interpreter through
+    its module setting; on a GPU as the only candidate tile, so that each case compiles and runs
+    that tile, deterministically, instead of timing every tile for every case (the kernel tests took 317 s on
+    an H200 that way)."""
     import triton
 
     import eyas.kernels.fused_linear as kernels
 
-    chunk, dot = request.param
-    monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", chunk)
-    monkeypatch.setattr(kernels, "_INTERPRETER_DOT", dot)
+    monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", request.param)
     if device == "cuda":
         from eyas.kernels import tile_choice
 
-        tile = triton.Config({"BLOCK_N": 16 if chunk else 8, "CHUNK_K": chunk, "DOT": dot}, num_warps=4)
+        tile = triton.Config({"BLOCK_N": 16 if request.param else 8, "CHUNK_K": request.param}, num_warps=4)
         monkeypatch.setattr(kernels, "_candidates", lambda m, k: [tile])
         monkeypatch.setattr(tile_choice, "_picked", {})
-    return chunk
+    return request.param
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -239,7 +236,7 @@ def test_a_lower_product_limit_drops_the_larger_whole_row_tiles(monkeypatch):
 def test_wide_rows_take_the_wide_chunks_only():
     """Past MAX_K (an 8B model's 4,096 and 14,336 features) only the 256-1,024-column chunks are timed,
     those of up to 65,536 products at 8 rows."""
-    from eyas.kernels.fused_linear import _CONFIGS, DOT_CONFIGS, WIDE_CONFIGS, _prune
+    from eyas.kernels.fused_linear import _CONFIGS, WIDE_CONFIGS, _prune
 
     def tiles(**args):
         return {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in _prune(_CONFIGS, args)}
@@ -252,30 +249,7 @@ def test_wide_rows_take_the_wide_chunks_only():
 
     copies = [copy.deepcopy(c) for c in _CONFIGS]
     assert len(_prune(copies, {"M": 1, "K": 4096})) == len(WIDE_CONFIGS)
-    assert len(_prune(copies, {"M": 1, "K": 576})) == len(_CONFIGS) - len(WIDE_CONFIGS) - len(DOT_CONFIGS)
-
-
-@pytest.mark.parametrize("mode", ["1", "0", "only", None])
-def test_dot_tiles_are_candidates_from_three_rows(monkeypatch, mode):
-    """The dot tiles are timed beside the others for 3-8 rows, never for 1-2 (whole-row tiles win there),
-    the only ones with EYAS_FUSED_DOT=only and none with 0; the default is 1. Past MAX_K only the wide chunks."""
-    from eyas.kernels.fused_linear import _CONFIGS, DOT_CONFIGS, _prune, dot_mode
-
-    if mode is None:
-        monkeypatch.delenv("EYAS_FUSED_DOT", raising=False)
-    else:
-        monkeypatch.setenv("EYAS_FUSED_DOT", mode)
-    assert dot_mode() == (mode or "1")
-
-    def dots(m, k=576):
-        got = _prune(_CONFIGS, {"M": m, "K": k})
-        return len(got), sum(1 for c in got if c.kwargs["DOT"])
-
-    assert dots(2)[1] == 0 and dots(1)[1] == 0 and dots(4, 4096)[1] == 0
-    for m in (3, 4, 8):
-        total, dot = dots(m)
-        assert dot == (0 if mode == "0" else len(DOT_CONFIGS))
-        assert (total == dot) == (mode == "only")
+    assert len(_prune(copies, {"M": 1, "K": 576})) == len(_CONFIGS) - len(WIDE_CONFIGS)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -82,21 +82,6 @@ def max_k() -> int:
 
 
 @triton.jit
-def _product(xn, w, DOT: tl.constexpr, DOT_IEEE: tl.constexpr):
-    """[rows, BLOCK_N] fp32 products of the rows xn ([rows, K], fp32 values that the tensor dtype holds
-    exactly) with the weight tile w ([BLOCK_N, K]). DOT 0: a broadcast product summed over K (every element
-    held in registers); DOT 1: tl.dot, on tensor cores in w's 16-bit dtype (rows padded to 16), in fp32
-    FMAs with DOT_IEEE (fp32 weights, and the CPU interpreter, whose 16-bit dots are wrong)."""
-    if DOT == 0:
-        y = tl.sum(xn[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-    elif DOT_IEEE:
-        y = tl.dot(xn, tl.trans(w.to(tl.float32)), input_precision="ieee")
-    else:
-        y = tl.dot(xn.to(w.dtype), tl.trans(w))
-    return y
-
-
-@triton.jit
 def _residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA: tl.constexpr):
     """fp32 values of h = x + delta (rounded as torch's add) at [rows, cols] of the [M, K] inputs, and the mask."""
     mask = (rows < M)[:, None] & (cols < K)[None, :]
@@ -110,8 +95,8 @@ def _residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA: tl.constexpr):
 @triton.jit
 def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, K, eps,
                         HAS_NORM: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, DOT: tl.constexpr,
-                        DOT_IEEE: tl.constexpr, USE_PDL: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr,
+                        USE_PDL: tl.constexpr):
     signal_dependents(USE_PDL)
     dtype: tl.constexpr = x_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
@@ -157,7 +142,7 @@ def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, 
                 xn = rounded(nw[None, :] * rounded(h * inv_rms[:, None], dtype), dtype)
             else:
                 xn = h
-            y += _product(xn, w, DOT, DOT_IEEE)
+            y += tl.sum(xn[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
             nxt = k0 + CHUNK_K + cols
             w = tl.load(w_ptr + n_idx[:, None] * K + nxt[None, :], mask=n_ok[:, None] & (nxt < K)[None, :], other=0.0)
     if HAS_BIAS:
@@ -179,8 +164,7 @@ def _silu_mul_chunk(gu_ptr, rows, cols, M, I):
 
 @triton.jit
 def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, DOT: tl.constexpr, DOT_IEEE: tl.constexpr,
-                            USE_PDL: tl.constexpr):
+                            BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, USE_PDL: tl.constexpr):
     signal_dependents(USE_PDL)
     n_idx = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     rows = tl.arange(0, BLOCK_M)
@@ -198,7 +182,7 @@ def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_M: tl.constexpr
         y = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, I, CHUNK_K):
             act = _silu_mul_chunk(gu_ptr, rows, k0 + cols, M, I)
-            y += _product(act, w, DOT, DOT_IEEE)
+            y += tl.sum(act[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
             nxt = k0 + CHUNK_K + cols
             w = tl.load(w_ptr + n_idx[:, None] * I + nxt[None, :], mask=n_ok[:, None] & (nxt < I)[None, :], other=0.0)
     dtype: tl.constexpr = gu_ptr.dtype.element_ty
@@ -211,21 +195,13 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # warm-up runs before any CUDA graph is captured: whole rows (CHUNK_K 0) with small output tiles, or K in
 # chunks with wider ones.
 # Wide rows (K > MAX_K) are timed over chunks of 256-1,024 columns alone.
-SMALL_CONFIGS = ([triton.Config({"BLOCK_N": n, "CHUNK_K": 0, "DOT": 0}, num_warps=w) for n in (2, 4, 8, 16)
-                  for w in (4, 8)]
-                 + [triton.Config({"BLOCK_N": n, "CHUNK_K": c, "DOT": 0}, num_warps=4) for n in (8, 16, 32)
-                    for c in (64, 128)])
-# tl.dot tiles for DOT_MIN_ROWS rows and more (a verify's): the rows padded to 16, the product on tensor cores,
-# so that no [rows, BLOCK_N, CHUNK_K] product sits in registers and wider output tiles fit.
-DOT_CONFIGS = [triton.Config({"BLOCK_N": n, "CHUNK_K": c, "DOT": 1}, num_warps=4) for n in (16, 32, 64)
-               for c in (64, 128)]
-WIDE_CONFIGS = [triton.Config({"BLOCK_N": n, "CHUNK_K": c, "DOT": 0}, num_warps=w)
+SMALL_CONFIGS = ([triton.Config({"BLOCK_N": n, "CHUNK_K": 0}, num_warps=w) for n in (2, 4, 8, 16) for w in (4, 8)]
+                 + [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=4) for n in (8, 16, 32) for c in (64, 128)])
+WIDE_CONFIGS = [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=w)
                 for n in (4, 8, 16) for c in (256, 512, 1024) for w in (4, 8)]
-_CONFIGS = SMALL_CONFIGS + DOT_CONFIGS + WIDE_CONFIGS
+_CONFIGS = SMALL_CONFIGS + WIDE_CONFIGS
 _WIDE_CHUNK = 256  # the smallest chunk of a wide tile
 _PRODUCT_LIMIT = 65536  # rows x output columns x input columns of one product: every tile of 1-2 rows fits
-DOT_MIN_ROWS = 3  # rows from which the dot tiles are candidates
-DOT_ROWS = 16     # the rows a dot tile computes (tl.dot's smallest M), of which the first M are real
 
 
 def product_limit() -> int:
@@ -235,26 +211,16 @@ def product_limit() -> int:
     return int(value) if value and value.isdigit() else _PRODUCT_LIMIT
 
 
-def dot_mode() -> str:
-    """Whether the dot tiles are candidates: EYAS_FUSED_DOT "0" (never), "only" (the only candidates from
-    DOT_MIN_ROWS rows: a bench switch), else "1" (timed beside the others from DOT_MIN_ROWS rows)."""
-    value = os.environ.get("EYAS_FUSED_DOT", "1")
-    return value if value in ("0", "only") else "1"
-
-
 def _prune(configs, named_args, **kwargs):
     """The small tiles up to MAX_K input features, the wide ones past it; of those, the tiles whose [rows,
-    BLOCK_N, K or CHUNK_K] product fits: the others spill registers by the kilobyte. Dot tiles hold no such
-    product; they are candidates from DOT_MIN_ROWS rows (dot_mode()). Sized from the runtime arguments M and
-    K (I), which every Triton version hands over in named_args."""
+    BLOCK_N, K or CHUNK_K] product fits: the others spill registers by the kilobyte. Sized from the runtime
+    arguments M and K (I), which every Triton version hands over in named_args."""
     m = triton.next_power_of_2(named_args["M"])
     k = triton.next_power_of_2(named_args["K"] if "K" in named_args else named_args["I"])
     kind = [c for c in configs if (c.kwargs["CHUNK_K"] >= _WIDE_CHUNK) == (k > MAX_K)]  # by value: the
     # autotuner may hand over copies of the configs
-    mode = dot_mode() if named_args["M"] >= DOT_MIN_ROWS else "0"
-    fit = [c for c in kind if c.kwargs["CHUNK_K"] < k and (
-        mode != "0" if c.kwargs.get("DOT") else
-        mode != "only" and m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= product_limit())]
+    fit = [c for c in kind
+           if m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= product_limit() and c.kwargs["CHUNK_K"] < k]
     return fit or kind[:1] or configs[:1]
 
 
@@ -281,26 +247,20 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 def _launch(kernel, m: int, n: int, k: int, weight_at: int, *args, **meta):
     """Launch `kernel` over args (args[weight_at] the weights) with the tile eyas.kernels.tile_choice picked
     for this kernel, switches and shape."""
-    x = args[0]
-    meta.update(BLOCK_K=triton.next_power_of_2(k), DOT_IEEE=x.dtype == torch.float32 or not x.is_cuda,
-                **pdl_args(x))
-
-    def rows(dot: int) -> int:
-        return DOT_ROWS if dot else triton.next_power_of_2(m)
-
-    if not x.is_cuda:  # Triton's CPU interpreter (tests) steps through every program: the fewer, the faster
-        kernel[(triton.cdiv(n, _INTERPRETER_BLOCK_N),)](*args, BLOCK_N=_INTERPRETER_BLOCK_N, CHUNK_K=_INTERPRETER_CHUNK_K,
-                                                        DOT=_INTERPRETER_DOT, BLOCK_M=rows(_INTERPRETER_DOT), **meta)
+    pdl = pdl_args(args[0])
+    meta.update(BLOCK_M=triton.next_power_of_2(m), BLOCK_K=triton.next_power_of_2(k), **pdl)
+    if not args[0].is_cuda:  # Triton's CPU interpreter (tests) steps through every program: the fewer, the faster
+        kernel[(triton.cdiv(n, _INTERPRETER_BLOCK_N),)](*args, BLOCK_N=_INTERPRETER_BLOCK_N,
+                                                        CHUNK_K=_INTERPRETER_CHUNK_K, **meta)
         return
 
     def run(tile, weight):
         call = list(args)
         call[weight_at] = weight
-        kw = {"DOT": 0, **tile.kwargs}
-        kernel[(triton.cdiv(n, kw["BLOCK_N"]),)](*call, **kw, BLOCK_M=rows(kw["DOT"]), num_warps=tile.num_warps,
-                                                 num_stages=tile.num_stages, **meta)
+        kernel[(triton.cdiv(n, tile.kwargs["BLOCK_N"]),)](*call, **tile.kwargs, num_warps=tile.num_warps,
+                                                          num_stages=tile.num_stages, **meta)
 
-    key = (kernel.fn.__name__, m, n, k, x.dtype, x.device, tuple(sorted(meta.items())), product_limit(), dot_mode())
+    key = (kernel.fn.__name__, m, n, k, args[0].dtype, args[0].device, tuple(sorted(meta.items())), product_limit())
     run(tile_choice.choose(key, lambda: _candidates(m, k), run, args[weight_at]), args[weight_at])
 
 
@@ -313,7 +273,6 @@ def tile_for(kernel_name: str, m: int, n: int, k: int):
 
 _INTERPRETER_BLOCK_N = 64
 _INTERPRETER_CHUNK_K = 0  # whole rows; the tests set a chunk size to run the K loop
-_INTERPRETER_DOT = 0  # the tests set 1 (with a chunk size) to run the dot tiles' product
 
 
 def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
