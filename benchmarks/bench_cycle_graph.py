@@ -2,8 +2,9 @@
 (EYAS_CYCLE_GRAPH=0), on a random-weight SmolLM2-shaped target: what a cycle costs does not depend on what
 the weights say, so no model file has to reach the GPU machine. Per chain 3/1/4 and tree 5/4/8: wall ms per
 cycle as the engine runs it (ahead of the host), CUDA kernels, graph launches and GPU busy time per cycle
-under torch.profiler, and the eyas profiler's per-phase times (those run in step with the host, through the
-phase graphs). The acceptance of a random target is near 1: compare cycles, not tokens/s.
+under torch.profiler with the kernels that take the most time, and the eyas profiler's per-phase times
+(those run in step with the host, through the phase graphs). The acceptance of a random target is near 1:
+compare cycles, not tokens/s.
 
     python3 benchmarks/bench_cycle_graph.py --draft assets/smollm2-135m-eagle3 --context 300 --out cycle_graph.json
 """
@@ -19,6 +20,13 @@ import torch
 
 import bench_smollm2 as bench
 from bench_join import random_smollm2
+
+
+def report(name: str, row: dict, top: int = 30):
+    """A row as one JSON line without its kernel list, then its `top` kernels by time per cycle."""
+    print(json.dumps({"row": name, **{k: v for k, v in row.items() if k != "kernels_by_name"}}), flush=True)
+    for k in row["kernels_by_name"][:top]:
+        print(f"  {k['us_per_cycle']:8.1f} us  {k['per_cycle']:6.1f}x  {k['name']}", flush=True)
 
 
 def main():
@@ -42,8 +50,7 @@ def main():
         model = random_smollm2(Path(tmp))
         draft = bench.draft_arg(args, model)
         prompt = [(7 * i + 11) % 49000 + 100 for i in range(args.context)]
-        rows = bench.cycle_profiles(model, prompt, draft, cycles=args.cycles,
-                                    report=lambda name, row: print(json.dumps({"row": name, **row}), flush=True))
+        rows = bench.cycle_profiles(model, prompt, draft, cycles=args.cycles, report=report)
     result = dict(gpu=torch.cuda.get_device_name() if args.device == "cuda" else "cpu", torch=torch.__version__,
                   context=args.context, cycles=args.cycles, draft=args.draft, rows=rows)
     with open(args.out, "w") as f:

@@ -313,7 +313,19 @@ def cycle_profile(model_path, prompt, draft, spec, cycles=20):
                 graph_launches_per_cycle=count("cudaGraphLaunch") / cycles,
                 eager_kernel_launches_per_cycle=count("cudaLaunchKernel") / cycles,
                 aten_ops_per_cycle=sum(e.name.startswith("aten::") for e in events) / cycles,
-                phase_ms_per_cycle=phases)
+                phase_ms_per_cycle=phases, kernels_by_name=kernels_by_name(kernels, cycles))
+
+
+def kernels_by_name(kernels, cycles: int) -> list[dict]:
+    """Per kernel name (its first 80 characters): launches and µs per cycle, the most time first. Under PDL
+    a kernel's time includes its wait for the one before."""
+    rows: dict[str, list] = {}
+    for e in kernels:
+        row = rows.setdefault(e.name[:80], [0, 0.0])
+        row[0] += 1
+        row[1] += e.time_range.elapsed_us()
+    return [dict(name=n, per_cycle=c / cycles, us_per_cycle=round(us / cycles, 1))
+            for n, (c, us) in sorted(rows.items(), key=lambda kv: -kv[1][1])]
 
 
 def cycle_profiles(model_path, prompt, draft, cycles=20, report=None) -> dict:

@@ -126,3 +126,16 @@ def test_a_cycle_profile_times_the_phases_of_steady_cycles(monkeypatch, tmp_path
     assert row["cycles"] == 4 and row["aten_ops_per_cycle"] > 0 and row["host_wall_ms"] > 0
     assert {"draft", "verify", "commit"} <= set(row["phase_ms_per_cycle"])
     assert all(v > 0 for v in row["phase_ms_per_cycle"].values())
+
+
+def test_kernels_by_name_sums_launches_and_time_per_cycle():
+    from types import SimpleNamespace
+
+    def kernel(name, us):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    rows = bench.kernels_by_name([kernel("gemv", 3.0), kernel("norm", 1.0), kernel("gemv", 5.0),
+                                  kernel("x" * 100, 20.0)], cycles=2)
+    assert rows == [dict(name="x" * 80, per_cycle=0.5, us_per_cycle=10.0),
+                    dict(name="gemv", per_cycle=1.0, us_per_cycle=4.0),
+                    dict(name="norm", per_cycle=0.5, us_per_cycle=0.5)]
