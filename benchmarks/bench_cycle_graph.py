@@ -36,10 +36,13 @@ def main():
     ap.add_argument("--context", type=int, default=300, help="prompt tokens before the first cycle")
     ap.add_argument("--cycles", type=int, default=20)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--twin", default="", help="also each row with NAME=VALUE[,NAME=VALUE...] set (e.g. "
+                    "EYAS_TOPK_KERNEL=0)")
     ap.add_argument("--out", default="cycle_graph.json")
     args = ap.parse_args()
     if args.context < 1 or args.cycles < 1:
         raise SystemExit("bench_cycle_graph: --context and --cycles must be at least 1")
+    twin = bench.parse_twin(args.twin)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_cycle_graph: no CUDA device (the cycle graphs need one; --device cpu times the "
                          "torch reference path)")
@@ -50,7 +53,7 @@ def main():
         model = random_smollm2(Path(tmp))
         draft = bench.draft_arg(args, model)
         prompt = [(7 * i + 11) % 49000 + 100 for i in range(args.context)]
-        rows = bench.cycle_profiles(model, prompt, draft, cycles=args.cycles, report=report)
+        rows = bench.cycle_profiles(model, prompt, draft, cycles=args.cycles, report=report, twin=twin)
     result = dict(gpu=torch.cuda.get_device_name() if args.device == "cuda" else "cpu", torch=torch.__version__,
                   context=args.context, cycles=args.cycles, draft=args.draft, rows=rows)
     with open(args.out, "w") as f:

@@ -328,13 +328,15 @@ def kernels_by_name(kernels, cycles: int) -> list[dict]:
             for n, (c, us) in sorted(rows.items(), key=lambda kv: -kv[1][1])]
 
 
-def cycle_profiles(model_path, prompt, draft, cycles=20, report=None) -> dict:
+def cycle_profiles(model_path, prompt, draft, cycles=20, report=None, twin=None) -> dict:
     """cycle_profile of the chain and the tree as they run (a cycle ahead of the host is one CUDA graph), and
-    of each with a graph per phase (EYAS_CYCLE_GRAPH=0, the engine before 2026-12-02's twenty-ninth session).
-    `report(name, row)` is called as each row is measured."""
+    of each with a graph per phase (EYAS_CYCLE_GRAPH=0, the engine before 2026-12-02's twenty-ninth session)
+    and, given a `twin` (parse_twin's), with those variables set. `report(name, row)` is called as each row
+    is measured."""
     rows = {}
     for name, spec in (("chain", CHAIN), ("tree", TREE)):
-        for row_name, env in ((name, None), (f"{name}_graph_per_phase", ("EYAS_CYCLE_GRAPH", "0"))):
+        variants = [(name, None), (f"{name}_graph_per_phase", ("EYAS_CYCLE_GRAPH", "0"))]
+        for row_name, env in variants + ([(f"{name} {twin_name(twin)}", twin)] if twin else []):
             with env_set(*env) if env else contextlib.nullcontext():
                 rows[row_name] = cycle_profile(model_path, prompt, draft, spec, cycles=cycles)
             if report:

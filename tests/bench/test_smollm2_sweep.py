@@ -114,6 +114,11 @@ def test_cycle_profiles_time_each_setting_as_it_runs_and_with_a_graph_per_phase(
     assert list(rows) == ["chain", "chain_graph_per_phase", "tree", "tree_graph_per_phase"]
     assert calls == [("3/1/4", None), ("3/1/4", "0"), ("5/4/8", None), ("5/4/8", "0")]
     assert "EYAS_CYCLE_GRAPH" not in bench.os.environ
+    calls.clear()
+    rows = bench.cycle_profiles("model", [1, 2, 3], "draft", twin=bench.parse_twin("EYAS_CYCLE_GRAPH=7"))
+    assert list(rows) == ["chain", "chain_graph_per_phase", "chain EYAS_CYCLE_GRAPH=7", "tree",
+                          "tree_graph_per_phase", "tree EYAS_CYCLE_GRAPH=7"]
+    assert [c[1] for c in calls] == [None, "0", "7", None, "0", "7"]
 
 
 def test_a_cycle_profile_times_the_phases_of_steady_cycles(monkeypatch, tmp_path):

@@ -12,6 +12,7 @@ import torch
 
 from eyas.engine.tree import select_tree
 from eyas.layers.attention import AttentionBatch
+from eyas.layers.topk import argmax, topk
 
 
 class Drafter:
@@ -39,12 +40,12 @@ class Drafter:
         """A chain (topk 1): each step feeds its argmax to the next, and the draft attends causally over its
         cache. The same tree as tree()'s with k = 1 (up to which of two exactly tied tokens is guessed),
         without the small kernels of its scores, frontier and reranking."""
-        ids = logp0.argmax(-1, keepdim=True)                                 # [B, 1] draft ids
+        ids = argmax(logp0)[:, None]                                         # [B, 1] draft ids
         hidden, guesses = hidden0[:, None], [ids]
         for step in range(2, self.spec.steps + 1):
             embeds = self.embed(self.draft.to_target_ids(ids))
             out = self.forward(embeds, hidden, (c + step - 2)[:, None], slots, c + step - 2, kv_len)
-            ids, hidden = self.draft.logits(out).argmax(-1), out
+            ids, hidden = argmax(self.draft.head_output(out)), out
             guesses.append(ids)
         B = root.shape[0]
         tokens = torch.cat([root[:, None], self.draft.to_target_ids(torch.cat(guesses, dim=1))], dim=1)
@@ -56,7 +57,7 @@ class Drafter:
         S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
         dev, B = root.device, root.shape[0]
         hidden = hidden0[:, None].expand(B, k, -1)
-        scores, ids = logp0.topk(k, dim=-1)                                 # [B, k]
+        scores, ids = topk(logp0, k)                                         # [B, k]
         pool_tokens, pool_scores = [ids], [scores]
         pool_parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
         pool_depth = [torch.ones((B, k), dtype=torch.long, device=dev)]
@@ -69,14 +70,14 @@ class Drafter:
             pos = (c + step - 2)[:, None].expand(B, k)
             mask = torch.cat([ancestors, eye], dim=-1)
             out = self.forward(embeds, hidden, pos, slots, c + (step - 2) * k, kv_len, new_mask=mask, visible=c)
-            child_scores, child_ids = torch.log_softmax(self.draft.logits(out), dim=-1).topk(k, dim=-1)
+            child_scores, child_ids = topk(self.draft.head_output(out), k, log_softmax=True)
             cum = (scores[..., None] + child_scores).flatten(1)            # [B, k*k]
             base = sum(t.shape[1] for t in pool_tokens)
             pool_tokens.append(child_ids.flatten(1))
             pool_scores.append(cum)
             pool_parents.append(frontier[..., None].expand(B, k, k).flatten(1))
             pool_depth.append(torch.full((B, k * k), step, dtype=torch.long, device=dev))
-            scores, best = cum.topk(k, dim=-1)                             # next frontier
+            scores, best = topk(cum, k)                                    # next frontier
             parent_local = best // k
             ids = child_ids.flatten(1).gather(1, best)
             hidden = out[rows, parent_local]

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from eyas.layers.topk import topk
+
 
 @dataclass
 class DraftTree:
@@ -28,7 +30,7 @@ def select_tree(root: torch.Tensor, pool_tokens: torch.Tensor, pool_scores: torc
     """
     B = root.shape[0]
     keyed = pool_scores - 1e-6 * pool_depth
-    chosen = keyed.topk(num_nodes - 1, dim=-1).indices.sort(dim=-1).values          # [B, N-1] pool order
+    chosen = topk(keyed, num_nodes - 1)[1].sort(dim=-1).values                       # [B, N-1] pool order
     parent_pool = pool_parents.gather(1, chosen)
     # pool index -> node index (chosen is sorted, so searchsorted finds the parent's node slot)
     parent_node = torch.searchsorted(chosen, parent_pool.clamp_min(0)) + 1

@@ -1,0 +1,26 @@
+"""The k largest entries of each row, and of each row's log-softmax: torch.topk's meaning, one kernel at
+decode for short rows (eyas.kernels.topk; EYAS_TOPK_KERNEL=0 keeps torch's, the switch benchmarks flip)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from eyas.kernels import enabled
+
+
+def topk(x: torch.Tensor, k: int, log_softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the k largest entries along the last dim, largest first; with log_softmax, of
+    torch.log_softmax(x.float(), -1) (fp32 values). Ties may come out in another order than torch.topk's."""
+    if enabled(x) and os.environ.get("EYAS_TOPK_KERNEL") != "0":
+        from eyas.kernels.topk import fits, topk as fused
+
+        if fits(x, k):
+            return fused(x, k, log_softmax)
+    return (torch.log_softmax(x.float(), dim=-1) if log_softmax else x).topk(k, dim=-1)
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(-1): the first index of the largest entry (a draft's greedy pick over its vocabulary)."""
+    return topk(x, 1)[1][..., 0]
