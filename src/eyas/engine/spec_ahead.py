@@ -29,7 +29,7 @@ it off, with plain decoding ahead (decode_ahead.py). On an H200 it took SmolLM2'
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -54,8 +54,8 @@ class _State:
     logp: torch.Tensor    # [bucket, draft vocab]
 
     def copy_(self, other: "_State"):
-        for name in ("root", "c_t", "hidden", "logp"):
-            getattr(self, name).copy_(getattr(other, name))
+        for f in fields(self):
+            getattr(self, f.name).copy_(getattr(other, f.name))
 
 
 class _CyclePair:
@@ -149,8 +149,7 @@ class SpecAhead(AheadOfHost):
         attention bound for the cycle's passes (its largest need), so that a row crossing a bound never needs
         a pair of mixed bounds, which the warm-up would not have captured."""
         spec = self.spec
-        s = spec.spec
-        need = c + max(s.draft_tokens, (s.steps - 1) * s.topk, s.steps + 1)
+        need = c + max(spec.reach.values())
         key = (bucket, graph_kv_len(spec.kv, need), graph_kv_len(spec.engine.runner.kv, need))
         pair = self.pairs.get(key)
         if pair is None:
@@ -182,13 +181,16 @@ class SpecAhead(AheadOfHost):
     def _may_enqueue(self) -> bool:
         """Even if every cycle in flight accepts all it drafted, no sequence reaches max_tokens before the
         cycle to enqueue: the normal path would run it too, and its cache writes stay in the reserved space."""
-        longest = len(self.flights) * (self.spec.spec.steps + 1)
+        longest = self._in_flight()
         return all(len(s.output_ids) + longest < s.params.max_tokens for s in self.seqs)
 
+    def _in_flight(self) -> int:
+        """The most tokens the cycles in flight may add to a row: each may accept all it drafted."""
+        return len(self.flights) * (self.spec.spec.steps + 1)
+
     def _longest(self) -> int:
-        """The most cached tokens a row may hold when the cycle to enqueue runs: each cycle in flight may
-        accept all it drafted."""
-        return max(s.cached for s in self.seqs) + len(self.flights) * (self.spec.spec.steps + 1)
+        """The most cached tokens a row may hold when the cycle to enqueue runs."""
+        return max(s.cached for s in self.seqs) + self._in_flight()
 
     def _enqueue(self):
         if self.whole_cycles:

@@ -65,6 +65,9 @@ class SpeculativeDecoder(AdaptiveSteps):
         self.accept_on_device = True  # greedy batches; False keeps them on the host path (tests compare both)
         self.drafter = Drafter(self.draft, self.target.embed, self.kv, self.spec, engine.device)
         self.draft_fn = self.drafter.chain if k == 1 else self.drafter.tree
+        # Columns past the longest row's cache that each pass of a cycle reaches (its graph's attention bound):
+        # the draft's tree writes (steps - 1) * topk, the verify pass draft_tokens, the extend pass steps + 1.
+        self.reach = {"tree": (s - 1) * k, "verify": self.spec.draft_tokens, "commit": s + 1}
         self.ahead = SpecAhead(self)  # greedy cycles one ahead of the host (off: EYAS_DECODE_AHEAD=0)
 
     @property
@@ -269,8 +272,7 @@ class SpeculativeDecoder(AdaptiveSteps):
     # come padded to the batch bucket, padding rows at the scratch slot (spec_ahead.py keeps them so).
     def _draft(self, B, c, logp0, hidden0, root, c_t, slots_t):
         """The drafted tree (tokens, parents, depth, mask), rows padded to the batch bucket."""
-        S, k = self.spec.steps, self.spec.topk
-        tokens, parents, depth, mask = self._run("tree", self.draft_fn, B, self.kv, c + (S - 1) * k,
+        tokens, parents, depth, mask = self._run("tree", self.draft_fn, B, self.kv, c + self.reach["tree"],
                                                  [logp0, hidden0, root, c_t, slots_t],
                                                  [0, 0, 0, 0, self.engine.runner.scratch_slot], padded=True)
         # Read after the verify graph replays, which may keep its temporaries where these live (graphs.py):
@@ -282,13 +284,13 @@ class SpeculativeDecoder(AdaptiveSteps):
         """The target's greedy tokens, logits and features over the tree. The tree's outputs go straight in,
         padding rows included (they write only the scratch row)."""
         runner = self.engine.runner
-        return self._run("verify", self._verify_fn, B, runner.kv, c + self.spec.draft_tokens,
+        return self._run("verify", self._verify_fn, B, runner.kv, c + self.reach["verify"],
                          [tokens, depth, mask, c_t, slots_t], [0, 0, True, 0, runner.scratch_slot], padded=padded)
 
     def _commit(self, B, c, tokens, parents, depth, argmax, aux, c_t, slots_t, padded=False):
         """Greedy acceptance and the draft's extend pass (one graph), then a tree's KV compaction (eager:
         moving columns is not idempotent). Returns new tokens, accepted counts and the draft's output."""
-        new, accepted, sel, h, logp = self._run("commit", self._commit_fn, B, self.kv, c + self.spec.steps + 1,
+        new, accepted, sel, h, logp = self._run("commit", self._commit_fn, B, self.kv, c + self.reach["commit"],
                                                 [tokens, parents, depth, argmax, aux, c_t, slots_t],
                                                 [0, 0, 0, 0, 0, 0, self.engine.runner.scratch_slot], padded=padded)
         self._compact_paths(slots_t, c_t, sel, accepted)
