@@ -26,7 +26,7 @@ def report(name: str, row: dict, top: int = 30):
     """A row as one JSON line without its kernel list, then its `top` kernels by time per cycle."""
     print(json.dumps({"row": name, **{k: v for k, v in row.items() if k != "kernels_by_name"}}), flush=True)
     for k in row["kernels_by_name"][:top]:
-        print(f"  {k['us_per_cycle']:8.1f} us  {k['per_cycle']:6.1f}x  {k['name']}", flush=True)
+        print(f"  {k['us']:8.1f} us  {k['calls']:6.1f}x  {k['name']}", flush=True)
 
 
 def main():

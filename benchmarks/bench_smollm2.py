@@ -42,7 +42,7 @@ from eyas.errors import EyasError
 from eyas.layers.sampling import SamplingParams
 from eyas.models.demo import demo_model_path
 from eyas.models.tokenizer import encode_messages, load_tokenizer
-from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
+from timing import kernels_by_name, median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 CHAIN, TREE = SpecConfig(3, 1), SpecConfig(5, 4, 8)
 SWEEP_SPECS = "2/1,3/1,4/1,5/1,6/1,7/1,3/2/4,4/2/6,5/2/8,4/4/8,5/4/8,6/4/8,6/4/12,8/4/12,6/8/16"
@@ -314,18 +314,6 @@ def cycle_profile(model_path, prompt, draft, spec, cycles=20):
                 eager_kernel_launches_per_cycle=count("cudaLaunchKernel") / cycles,
                 aten_ops_per_cycle=sum(e.name.startswith("aten::") for e in events) / cycles,
                 phase_ms_per_cycle=phases, kernels_by_name=kernels_by_name(kernels, cycles))
-
-
-def kernels_by_name(kernels, cycles: int) -> list[dict]:
-    """Per kernel name (its first 80 characters): launches and µs per cycle, the most time first. Under PDL
-    a kernel's time includes its wait for the one before."""
-    rows: dict[str, list] = {}
-    for e in kernels:
-        row = rows.setdefault(e.name[:80], [0, 0.0])
-        row[0] += 1
-        row[1] += e.time_range.elapsed_us()
-    return [dict(name=n, per_cycle=c / cycles, us_per_cycle=round(us / cycles, 1))
-            for n, (c, us) in sorted(rows.items(), key=lambda kv: -kv[1][1])]
 
 
 def cycle_profiles(model_path, prompt, draft, cycles=20, report=None, twin=None) -> dict:

@@ -24,6 +24,18 @@ def median_ms(fn, reps: int = 30, warmup: int = 3, cuda: bool | None = None) -> 
     return sorted(times)[len(times) // 2]
 
 
+def kernels_by_name(kernels, reps: int) -> list[dict]:
+    """Profiler kernel events per name (its first 80 characters): launches and µs per rep (per call of the
+    profiled function, per cycle, ...), the most time first."""
+    by_name: dict[str, list] = {}
+    for e in kernels:
+        row = by_name.setdefault(e.name[:80], [0, 0.0])
+        row[0] += 1
+        row[1] += e.time_range.elapsed_us()
+    return [dict(name=k, calls=n / reps, us=round(us / reps, 1))
+            for k, (n, us) in sorted(by_name.items(), key=lambda kv: -kv[1][1])]
+
+
 def kernel_table(fn, reps: int = 10, top: int = 12) -> dict:
     """GPU kernels of one call of `fn` under torch.profiler: count, busy time, and the kernels that take
     the most time (name, calls and microseconds per call of `fn`)."""
@@ -35,13 +47,6 @@ def kernel_table(fn, reps: int = 10, top: int = 12) -> dict:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    by_name: dict[str, list] = {}
-    for e in trace.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            row = by_name.setdefault(e.name[:80], [0, 0.0])
-            row[0] += 1
-            row[1] += e.time_range.elapsed_us()
-    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])
-    return dict(kernels=sum(n for n, _ in by_name.values()) / reps,
-                gpu_busy_us=sum(us for _, us in by_name.values()) / reps,
-                top=[dict(name=k, calls=n / reps, us=round(us / reps, 1)) for k, (n, us) in ranked[:top]])
+    kernels = [e for e in trace.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return dict(kernels=len(kernels) / reps, gpu_busy_us=sum(e.time_range.elapsed_us() for e in kernels) / reps,
+                top=kernels_by_name(kernels, reps)[:top])

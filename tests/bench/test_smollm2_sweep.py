@@ -133,14 +133,13 @@ def test_a_cycle_profile_times_the_phases_of_steady_cycles(monkeypatch, tmp_path
     assert all(v > 0 for v in row["phase_ms_per_cycle"].values())
 
 
-def test_kernels_by_name_sums_launches_and_time_per_cycle():
+def test_kernels_by_name_sums_launches_and_time_per_rep():
     from types import SimpleNamespace
 
     def kernel(name, us):
         return SimpleNamespace(name=name, time_range=SimpleNamespace(elapsed_us=lambda: us))
 
     rows = bench.kernels_by_name([kernel("gemv", 3.0), kernel("norm", 1.0), kernel("gemv", 5.0),
-                                  kernel("x" * 100, 20.0)], cycles=2)
-    assert rows == [dict(name="x" * 80, per_cycle=0.5, us_per_cycle=10.0),
-                    dict(name="gemv", per_cycle=1.0, us_per_cycle=4.0),
-                    dict(name="norm", per_cycle=0.5, us_per_cycle=0.5)]
+                                  kernel("x" * 100, 20.0)], 2)
+    assert rows == [dict(name="x" * 80, calls=0.5, us=10.0), dict(name="gemv", calls=1.0, us=4.0),
+                    dict(name="norm", calls=0.5, us=0.5)]
