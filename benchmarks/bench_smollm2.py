@@ -422,28 +422,33 @@ def sweep(model_path, prompts, draft, specs, rounds=2, twin=None):
     or timing order would show as a spread between rounds instead of as a difference between settings.
     Per setting: median tok/s over the rounds, every round's, acceptance, the speed-up over plain's median,
     and the cycle's phases from a separate profiled pass. `twin` (NAME, VALUE, ...): each setting also as an
-    engine built with those environment variables set, a row of its own beside it (switches read at build time)."""
+    engine with those environment variables set while it is built and whenever it runs (switches read as
+    kernels launch reach the graphs captured later, at longer contexts, too), a row of its own beside it."""
     import statistics
 
-    names, engines = ["plain"], [eyas_engine(model_path, "bf16", prompts[0])]
+    names, engines, envs = ["plain"], [eyas_engine(model_path, "bf16", prompts[0])], [None]
     for s in specs:
-        names.append(spec_name(s))
-        engines.append(eyas_engine(model_path, "bf16", prompts[0], draft, s))
-        if twin:
-            with env_set(*twin):
-                names.append(f"{spec_name(s)} {twin_name(twin)}")
+        for env in (None, twin) if twin else (None,):
+            with env_set(*env) if env else contextlib.nullcontext():
                 engines.append(eyas_engine(model_path, "bf16", prompts[0], draft, s))
+            names.append(f"{spec_name(s)} {twin_name(env)}" if env else spec_name(s))
+            envs.append(env)
+
+    def under_env(i, fn, *args):
+        with env_set(*envs[i]) if envs[i] else contextlib.nullcontext():
+            return fn(engines[i], *args)
+
     row_specs = [s for s in specs for _ in range(2 if twin else 1)]
     runs: dict[str, list[dict]] = {n: [] for n in names}
     order = list(range(len(names)))
     for r in range(rounds):
         for i in (order if r % 2 == 0 else order[::-1]):
-            runs[names[i]].append(timed_run(engines[i], prompts))
+            runs[names[i]].append(under_env(i, timed_run, prompts))
     median = {n: statistics.median(x["tok_s"] for x in runs[n]) for n in names}
     rows = []
-    for name, eng, spec in zip(names[1:], engines[1:], row_specs):
+    for i, (name, spec) in enumerate(zip(names[1:], row_specs), start=1):
         run = runs[name][0]
-        phases = cycle_phases(eng, prompts[0])
+        phases = under_env(i, cycle_phases, prompts[0])
         rows.append(dict(spec=name, tok_s=median[name], tok_s_rounds=[x["tok_s"] for x in runs[name]],
                          accept_length=(run["tokens"] - len(prompts)) / run["passes"],
                          over_plain=median[name] / median["plain"],

@@ -64,18 +64,26 @@ def test_a_twin_of_each_setting_is_built_with_its_variable_set(monkeypatch):
         built.append((name, bench.os.environ.get("EYAS_CYCLE_GRAPH")))
         return f"{name}:{built[-1][1]}"
 
+    ran = []  # (engine, the variable as it ran): graphs captured at longer contexts read it then
+
     def timed_run(eng, prompts, new_tokens=None):
+        ran.append((eng, bench.os.environ.get("EYAS_CYCLE_GRAPH")))
         return dict(tok_s=200.0 if eng.endswith(":None") else 100.0, tokens=11, seconds=1.0, passes=5)
+
+    def cycle_phases(eng, prompt):
+        ran.append((eng, bench.os.environ.get("EYAS_CYCLE_GRAPH")))
+        return dict(phases={}, accept_rate_by_position={})
 
     monkeypatch.setattr(bench, "eyas_engine", engine)
     monkeypatch.setattr(bench, "timed_run", timed_run)
-    monkeypatch.setattr(bench, "cycle_phases", lambda eng, prompt: dict(phases={}, accept_rate_by_position={}))
+    monkeypatch.setattr(bench, "cycle_phases", cycle_phases)
     twin = bench.parse_twin("EYAS_CYCLE_GRAPH=0")
     res = bench.sweep("model", [[1, 2]], "draft", bench.parse_specs("3/1,5/4/8"), rounds=1, twin=twin)
     assert built == [("plain", None), ("3/1/4", None), ("3/1/4", "0"), ("5/4/8", None), ("5/4/8", "0")]
     assert [r["spec"] for r in res["rows"]] == ["3/1/4", "3/1/4 EYAS_CYCLE_GRAPH=0", "5/4/8", "5/4/8 EYAS_CYCLE_GRAPH=0"]
     assert [r["tok_s"] for r in res["rows"]] == [200.0, 100.0, 200.0, 100.0]
     assert "EYAS_CYCLE_GRAPH" not in bench.os.environ and res["best_chain"] == "3/1/4"
+    assert len(ran) == 5 + 4 and all(eng.split(":")[1] == str(env) for eng, env in ran)
 
 
 def test_a_twin_may_set_several_variables():
