@@ -189,6 +189,62 @@ def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_M: tl.constexpr
     tl.store(y_ptr + rows[:, None] * N + n_idx[None, :], y.to(dtype), mask=(rows < M)[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _plain_product(x_ptr, w_ptr, n_idx, n_ok, rows, M, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, USE_PDL: tl.constexpr):
+    """x @ W^T for the output columns n_idx of every row (fp32 [BLOCK_M, BLOCK_N]), the weights' first load
+    issued before the PDL wait: whole rows (CHUNK_K 0) or K in chunks, as _norm_linear_kernel's plain path."""
+    if CHUNK_K == 0:
+        cols = tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & col_ok[None, :], other=0.0)
+        wait_for_previous(USE_PDL)
+        x = tl.load(x_ptr + rows[:, None] * K + cols[None, :], mask=(rows < M)[:, None] & col_ok[None, :],
+                    other=0.0).to(tl.float32)
+        y = tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    else:
+        cols = tl.arange(0, CHUNK_K)
+        w = tl.load(w_ptr + n_idx[:, None] * K + cols[None, :], mask=n_ok[:, None] & (cols < K)[None, :], other=0.0)
+        wait_for_previous(USE_PDL)
+        y = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k0 in range(0, K, CHUNK_K):
+            x = tl.load(x_ptr + rows[:, None] * K + k0 + cols[None, :],
+                        mask=(rows < M)[:, None] & (k0 + cols < K)[None, :], other=0.0).to(tl.float32)
+            y += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+            nxt = k0 + CHUNK_K + cols
+            w = tl.load(w_ptr + n_idx[:, None] * K + nxt[None, :], mask=n_ok[:, None] & (nxt < K)[None, :], other=0.0)
+    return y
+
+
+@triton.jit
+def _linear_add_norm_kernel(x_ptr, w_ptr, y_ptr, r_ptr, nw_ptr, h_ptr, xn_ptr, ticket_ptr, M, N, K, eps,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            CHUNK_K: tl.constexpr, BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr):
+    """y = x @ W^T; then the last program to finish (a ticket counter) adds y to the residual r and norms the
+    sum: h = r + y, xn = RMSNorm(h), rounded as eyas.kernels.norm's add_rms_norm."""
+    signal_dependents(USE_PDL)
+    dtype: tl.constexpr = x_ptr.dtype.element_ty
+    n_idx = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    n_ok = n_idx < N
+    rows = tl.arange(0, BLOCK_M)
+    y = _plain_product(x_ptr, w_ptr, n_idx, n_ok, rows, M, K, BLOCK_M, BLOCK_N, BLOCK_K, CHUNK_K, USE_PDL)
+    tl.store(y_ptr + rows[:, None] * N + n_idx[None, :], y.to(dtype), mask=(rows < M)[:, None] & n_ok[None, :])
+    tl.debug_barrier()  # every thread's outputs are written before the ticket (a release) is taken
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
+    if ticket == tl.num_programs(0) - 1:
+        cols = tl.arange(0, BLOCK_H)
+        mask = (rows < M)[:, None] & (cols < N)[None, :]
+        offs = rows[:, None] * N + cols[None, :]
+        y_all = tl.load(y_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        h = rounded(tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32) + y_all, dtype)
+        tl.store(h_ptr + offs, h.to(dtype), mask=mask)
+        inv_rms = tl.rsqrt(tl.sum(h * h, axis=1) / N + eps)
+        nw = tl.load(nw_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        xn = rounded(nw[None, :] * rounded(h * inv_rms[:, None], dtype), dtype)
+        tl.store(xn_ptr + offs, xn.to(dtype), mask=mask)
+        tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+
+
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # On a GPU the tile is timed at first use of each (rows, N, K) by eyas.kernels.tile_choice, which the engine's
@@ -323,3 +379,49 @@ def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     y = torch.empty((m, n), dtype=gate_up.dtype, device=gate_up.device)
     _launch(_silu_mul_linear_kernel, m, n, inter, 1, rows, weight.contiguous(), y, m, n, inter)
     return y.view(*gate_up.shape[:-1], n)
+
+
+ADD_NORM_MAX_N = 1024  # the widest rows linear_add_norm's last program norms (held whole in its registers)
+_tickets: dict[str, torch.Tensor] = {}
+
+
+def ticket_counter(device) -> torch.Tensor | None:
+    """linear_add_norm's ticket counter on `device`, made at the first call outside a CUDA-graph capture (one
+    made inside would never be zeroed); None while there is none and a capture is under way."""
+    key = str(device)
+    if key not in _tickets:
+        if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        _tickets[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _tickets[key]
+
+
+def linear_add_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, RMSNorm(h)) with h = residual + F.linear(x, weight), in one launch: the attention's output
+    projection, the residual add and the post-attention norm of a verify's rows, whose gate/up projection
+    stays with cuBLAS (so its norm cannot ride in it). The last program to finish does the add and the norm
+    (a ticket counter per device, which the launch resets: launches on one device must not overlap, as the
+    kernels of one stream, PDL included, do not). x [..., K]; weight [N, K] with N <= ADD_NORM_MAX_N;
+    residual [..., N]; all one dtype."""
+    k = x.shape[-1]
+    _check("linear_add_norm", x, weight, k)
+    n = weight.shape[0]
+    if n > ADD_NORM_MAX_N:
+        raise ValueError(f"linear_add_norm: {n} outputs exceed the {ADD_NORM_MAX_N} its last program norms")
+    if residual.shape != (*x.shape[:-1], n) or residual.dtype != x.dtype:
+        raise ValueError(f"linear_add_norm: residual {tuple(residual.shape)} {residual.dtype} must be "
+                         f"{(*x.shape[:-1], n)} {x.dtype}")
+    if norm_weight.shape != (n,) or norm_weight.dtype != x.dtype:
+        raise ValueError(f"linear_add_norm: norm weight {tuple(norm_weight.shape)} {norm_weight.dtype} does not "
+                         f"match {n} outputs of {x.dtype}")
+    ticket = ticket_counter(x.device)
+    if ticket is None:
+        raise RuntimeError("linear_add_norm: its first launch on a device must come before any graph capture")
+    xr, rr = _rows(x), _rows(residual)
+    m = xr.shape[0]
+    y, h, xn = (torch.empty((m, n), dtype=x.dtype, device=x.device) for _ in range(3))
+    _launch(_linear_add_norm_kernel, m, n, k, 1, xr, weight.contiguous(), y, rr, norm_weight.contiguous(), h, xn,
+            ticket, m, n, k, eps, BLOCK_H=triton.next_power_of_2(n))
+    shape = (*x.shape[:-1], n)
+    return h.view(shape), xn.view(shape)
