@@ -55,20 +55,6 @@ def test_kernels_give_the_reference_tokens(target_dir, monkeypatch, spec):
     assert _generate(target_dir, "force", monkeypatch, spec) == reference
 
 
-def test_a_verify_with_the_norm_in_its_output_projection_gives_the_reference_tokens(target_dir, monkeypatch):
-    """A chain's 4-row verify whose gate/up projection stays unfused, as SmolLM2's does (here: only projections
-    of at most the hidden size's 64 outputs count as narrow), takes the residual add and the norm in the
-    output projection's kernel (linear_add_norm)."""
-    import eyas.kernels.fused_linear as kernels
-
-    reference = _generate(target_dir, "0", monkeypatch)
-    monkeypatch.setattr(kernels, "NARROW_N", 64)
-    calls = []
-    monkeypatch.setattr(kernels, "linear_add_norm", lambda *a, _f=kernels.linear_add_norm: calls.append(1) or _f(*a))
-    assert _generate(target_dir, "force", monkeypatch, SpecConfig(3, 1)) == reference
-    assert calls
-
-
 @pytest.mark.parametrize("spec", [None, SpecConfig(3, 2, 5)], ids=["plain", "tree"])
 def test_kernels_over_the_cache_give_the_reference_tokens(wide_target_dir, monkeypatch, spec):
     """The same with the slot-attention kernels in play, in the target and the draft (head dim 32): rotary

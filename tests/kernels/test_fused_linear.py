@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eyas.kernels.fused_linear import linear_add_norm, linear_rows, norm_linear, silu_mul_linear
+from eyas.kernels.fused_linear import linear_rows, norm_linear, silu_mul_linear
 from eyas.layers import fused_linear as layer
 from eyas.layers.linear import ColumnParallelLinear, RowParallelLinear
 from eyas.layers.norm import RMSNorm
@@ -96,39 +96,6 @@ def test_linear_rows_matches_linear(device, dtype, rows, chunk_k):
     x = rand((*rows, K), dtype, device, 0)
     w = rand((N, K), dtype, device, 1, K ** -0.5)
     assert_product_close(linear_rows(x, w), x, w)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [(1, 1), (1, 4), (2, 3)])
-def test_linear_add_norm_matches_linear_then_add_norm(device, dtype, rows, chunk_k):
-    """h is the residual plus the projection (linear_rows' product, the same tile) bit for bit; the norm is
-    torch's RMSNorm of h to one bf16 ulp, or in fp32 to 1e-6 (the kernel's rsqrt is not torch's, a few fp32
-    ulps apart). A second launch reuses the ticket counter the first one reset."""
-    x = rand((*rows, K), dtype, device, 0)
-    w = rand((N, K), dtype, device, 1, K ** -0.5)
-    residual = rand((*rows, N), dtype, device, 2)
-    norm = RMSNorm(N, EPS).to(device)
-    norm.weight.data = (1 + 0.3 * rand(N, torch.float32, device, 3)).to(dtype)
-    h, xn = linear_add_norm(x, w, residual, norm.weight, EPS)
-    h_ref = residual + linear_rows(x, w)
-    assert h.shape == xn.shape == residual.shape and h.dtype == xn.dtype == dtype
-    assert torch.equal(h, h_ref)
-    with torch.no_grad():
-        ref = norm(h_ref).float()
-    ulp = ref.abs() * (2 ** -7 if dtype == torch.bfloat16 else 1e-6)
-    assert ((xn.float() - ref).abs() <= ulp + 1e-30).all()
-    h2, xn2 = linear_add_norm(x, w, residual, norm.weight, EPS)
-    assert torch.equal(h2, h) and torch.equal(xn2, xn)
-
-
-def test_linear_add_norm_refuses_what_it_cannot_take():
-    x, w, nw = torch.zeros(1, K), torch.zeros(N, K), torch.ones(N)
-    with pytest.raises(ValueError, match="residual"):
-        linear_add_norm(x, w, torch.zeros(1, N + 1), nw, EPS)
-    with pytest.raises(ValueError, match="norm weight"):
-        linear_add_norm(x, w, torch.zeros(1, N), torch.ones(N + 1), EPS)
-    with pytest.raises(ValueError, match="exceed"):
-        linear_add_norm(x, torch.zeros(2000, K), torch.zeros(1, 2000), torch.ones(2000), EPS)
 
 
 def test_bad_shapes_and_dtypes_are_refused():
@@ -362,41 +329,3 @@ def test_narrow_output_projection_fuses_unless_told_not_to(device, monkeypatch):
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
         layer.project_rows(row, rand((1, 3, INTER), torch.float32, device, 9))  # 3 rows: past max_rows()
         assert len(calls) == 1
-
-
-@pytest.mark.parametrize("rows,expected", [(2, "norm_linear"), (4, "linear_add_norm"), (8, "linear_add_norm"),
-                                           (9, None)])
-def test_output_projection_takes_the_norm_where_gate_up_stays_unfused(device, monkeypatch, rows, expected):
-    """project_norm_linear: at 1-2 rows the residual add and norm ride in the gate/up kernel; at a verify's
-    3-8 rows, whose gate/up stays with cuBLAS, in the output projection's (linear_add_norm); past the narrow
-    rows, or with EYAS_FUSED_ADD_NORM=0, in a kernel of their own. The result is the torch composition."""
-    import eyas.kernels.fused_linear as kernels
-
-    monkeypatch.setattr(kernels, "NARROW_N", 100)  # the output projection (96 outputs) is narrow, gate/up not
-    monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", 0)
-    for name in ("EYAS_FUSED_WIDE", "EYAS_FUSED_MAX_ROWS", "EYAS_FUSED_LINEAR", "EYAS_FUSED_NARROW_ROWS",
-                 "EYAS_FUSED_O_PROJ", "EYAS_FUSED_ADD_NORM"):
-        monkeypatch.delenv(name, raising=False)
-    norm = RMSNorm(K, EPS).to(device)
-    norm.weight.data = rand((K,), torch.float32, device, 11, 0.1) + 1
-    o_proj = RowParallelLinear(INTER, K, False).to(device)
-    gate_up = ColumnParallelLinear(K, [INTER, INTER], False).to(device)
-    for p in (*o_proj.parameters(), *gate_up.parameters()):
-        p.data = rand(p.shape, torch.float32, device, p.numel(), 0.1)
-    ctx, h = rand((1, rows, INTER), torch.float32, device, 12), rand((1, rows, K), torch.float32, device, 13)
-    with torch.no_grad():
-        mid_ref, x_ref = norm.residual(h, o_proj(ctx))
-        y_ref = gate_up(x_ref)
-    calls = []
-    for name in ("norm_linear", "linear_add_norm"):
-        monkeypatch.setattr(kernels, name, lambda *a, _n=name, _f=getattr(kernels, name): calls.append(_n) or _f(*a))
-    monkeypatch.setenv("EYAS_KERNELS", "force")
-    with torch.no_grad():
-        mid, y = layer.project_norm_linear(o_proj, ctx, norm, gate_up, h)
-        assert calls == ([expected] if expected else [])
-        torch.testing.assert_close(mid, mid_ref, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
-        monkeypatch.setenv("EYAS_FUSED_ADD_NORM", "0")
-        calls.clear()
-        layer.project_norm_linear(o_proj, ctx, norm, gate_up, h)
-        assert "linear_add_norm" not in calls

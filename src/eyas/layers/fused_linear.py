@@ -6,9 +6,7 @@ are enabled for these tensors (CUDA, no autograd), there are at most max_rows() 
 steps of one or two sequences: verify passes and prefills keep cuBLAS; projections of at most NARROW_N outputs
 up to narrow_rows()) of at most max_k() features (MAX_K: small models, where launches dominate; large ones
 keep cuBLAS unless EYAS_FUSED_WIDE=1), everything shares one dtype, and EYAS_FUSED_LINEAR is not "0" (the
-switch that benchmarks flip to measure the fusion). Where a verify's rows leave the gate/up projection to
-cuBLAS, the residual add and norm before it ride in the attention output projection's kernel instead
-(`project_norm_linear`).
+switch that benchmarks flip to measure the fusion).
 The target's layers take column- and row-parallel linears; the EAGLE-3 draft's steps (models/eagle3.py) take
 plain weights through `linear_rows`, and `norm_linear` / `silu_mul_linear` through eagle3.FusedLinear.
 """
@@ -64,37 +62,6 @@ def project_rows(linear, x: torch.Tensor) -> torch.Tensor:
 
         return linear.finish(linear_rows(x, linear.weight))
     return linear(x)
-
-
-def project_norm_linear(proj, x: torch.Tensor, norm: RMSNorm, linear,
-                        h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h + proj(x), linear(norm(h + proj(x)))): the attention's output projection `proj` (row-parallel), the
-    residual add, the post-attention norm and the gate/up projection `linear` (column-parallel). Where the
-    gate/up kernel takes the rows, the add and norm ride in it (norm_linear). Where it does not (a verify's
-    3-8 rows: cuBLAS) but the output projection's kernel does, they ride in that one instead
-    (kernels.fused_linear.linear_add_norm; EYAS_FUSED_ADD_NORM=0 keeps a kernel of their own)."""
-    if _fits(h, h.shape[-1], norm.weight, linear.weight, linear.bias, outputs=linear.weight.shape[0]):
-        return norm_linear(norm, linear, h, project_rows(proj, x))
-    if _add_norm_fits(proj, x, norm, h):
-        from eyas.kernels.fused_linear import linear_add_norm
-
-        mid, xn = linear_add_norm(x, proj.weight, h, norm.weight, norm.eps)
-        return mid, linear(xn)
-    mid, xn = norm.residual(h, project_rows(proj, x))
-    return mid, linear(xn)
-
-
-def _add_norm_fits(proj, x: torch.Tensor, norm: RMSNorm, h: torch.Tensor) -> bool:
-    """Whether linear_add_norm takes the output projection: one rank and no bias (its output is final as the
-    kernel writes it), a projection project_rows would fuse, rows of at most ADD_NORM_MAX_N, and a ticket
-    counter (made by the first eager call: the engine's warm-up and prefills run before any capture)."""
-    from eyas.kernels.fused_linear import ADD_NORM_MAX_N, ticket_counter
-
-    n = proj.weight.shape[0]
-    return (os.environ.get("EYAS_FUSED_ADD_NORM") != "0" and proj.tp.size == 1 and proj.bias is None
-            and n <= ADD_NORM_MAX_N and os.environ.get("EYAS_FUSED_O_PROJ") != "0"
-            and _fits(x, x.shape[-1], proj.weight, norm.weight, h, outputs=n)
-            and ticket_counter(x.device) is not None)
 
 
 def silu_mul_linear(linear, gate_up: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from eyas.config import ModelConfig
 from eyas.dist.parallel import SINGLE, TPContext
 from eyas.layers.activation import silu_mul
 from eyas.layers.attention import AttentionBatch, rotate_and_attend
-from eyas.layers.fused_linear import norm_linear, project_norm_linear, project_rows, silu_mul_linear
+from eyas.layers.fused_linear import norm_linear, project_rows, silu_mul_linear
 from eyas.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from eyas.layers.norm import RMSNorm
 from eyas.layers.rotary import RotaryEmbedding
@@ -48,17 +48,17 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
 
     def forward(self, x, positions, batch: AttentionBatch, rotary: RotaryEmbedding):
-        return project_rows(self.o_proj, self.context(self.qkv_proj(x), positions, batch, rotary))
+        return self.attend(self.qkv_proj(x), positions, batch, rotary)
 
-    def context(self, qkv, positions, batch: AttentionBatch, rotary: RotaryEmbedding):
-        """Attention from the fused q/k/v projection's output, before the output projection: [B, T, heads * d]."""
+    def attend(self, qkv, positions, batch: AttentionBatch, rotary: RotaryEmbedding):
+        """Attention and the output projection, from the fused q/k/v projection's output."""
         B, T, _ = qkv.shape
         d = self.head_dim
         q, k, v = qkv.split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
         q, k, v = q.view(B, T, self.heads, d), k.view(B, T, self.kv_heads, d), v.view(B, T, self.kv_heads, d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        return rotate_and_attend(q, k, v, positions, rotary, self.layer, batch, d ** -0.5)
+        return project_rows(self.o_proj, rotate_and_attend(q, k, v, positions, rotary, self.layer, batch, d ** -0.5))
 
 
 class MLP(nn.Module):
@@ -99,12 +99,7 @@ class DecoderLayer(nn.Module):
         attn, mlp = self.self_attn, self.mlp
         if isinstance(attn, Attention):
             h, qkv = norm_linear(self.input_layernorm, attn.qkv_proj, h, delta)
-            context = attn.context(qkv, positions, batch, rotary)
-            if isinstance(mlp, MLP):
-                mid, gate_up = project_norm_linear(attn.o_proj, context, self.post_attention_layernorm,
-                                                   mlp.gate_up_proj, h)
-                return h, mid, mlp.down(gate_up)
-            out = project_rows(attn.o_proj, context)
+            out = attn.attend(qkv, positions, batch, rotary)
         else:
             h, x = self.input_layernorm.residual(h, delta)
             out = attn(x, positions, batch, rotary)
