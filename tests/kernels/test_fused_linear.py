@@ -98,6 +98,19 @@ def test_linear_rows_matches_linear(device, dtype, rows, chunk_k):
     assert_product_close(linear_rows(x, w), x, w)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [(1, 1), (2, 3)])
+def test_silu_mul_linear_adds_a_residual_as_torch_does(device, dtype, rows, chunk_k):
+    """residual + the projection, the projection rounded to the dtype first: bit for bit torch's add of the
+    two (the projection itself is the kernel's, as without a residual)."""
+    gate_up = rand((*rows, 2 * INTER), dtype, device, 0, 4.0)
+    w = rand((N, INTER), dtype, device, 1, INTER ** -0.5)
+    residual = rand((*rows, N), dtype, device, 2)
+    assert torch.equal(silu_mul_linear(gate_up, w, residual), residual + silu_mul_linear(gate_up, w))
+    with pytest.raises(ValueError, match="residual"):
+        silu_mul_linear(gate_up, w, residual[..., 1:])
+
+
 def test_bad_shapes_and_dtypes_are_refused():
     x = torch.zeros(1, K)
     with pytest.raises(TypeError, match="must be one of"):

@@ -14,7 +14,7 @@ than either bound.
 import pytest
 import torch
 
-from eyas.kernels.norm import add_rms_norm, rms_norm
+from eyas.kernels.norm import add_rms_norm, rms_norm, rms_norm_pair
 from eyas.layers.norm import RMSNorm
 
 EPS = 1e-6
@@ -48,6 +48,19 @@ def assert_normed_close(y, ref, x_dtype):
     else:
         assert (y != ref).float().mean().item() <= 1e-3
         torch.testing.assert_close(y, ref, rtol=2 ** -6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 3, 576), (1, 1, 100)])
+def test_rms_norm_pair_is_the_two_norms_side_by_side(device, dtype, shape):
+    """One launch for both halves: bit for bit the two rms_norm launches it replaces, concatenated."""
+    a, b = rows(shape, dtype, device, 2), rows(shape, dtype, device, 3)
+    wa, wb = reference_norm(shape[-1], dtype, device, 4).weight, reference_norm(shape[-1], dtype, device, 5).weight
+    y = rms_norm_pair(a, wa, b, wb, EPS)
+    assert y.shape == (*shape[:-1], 2 * shape[-1])
+    assert torch.equal(y, torch.cat([rms_norm(a, wa, EPS), rms_norm(b, wb, EPS)], dim=-1))
+    with pytest.raises(ValueError, match="must match"):
+        rms_norm_pair(a, wa, b[..., 1:], wb[1:], EPS)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

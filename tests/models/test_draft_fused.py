@@ -71,11 +71,12 @@ def _fused_draft():
 def test_one_row_runs_the_fused_kernels_and_matches_torch(kernel_calls, monkeypatch):
     draft = _fused_draft()
     out, logits = _step(draft, 1)
-    # q/k/v; the post-attention norm with gate/up and the final norm with lm_head; SiLU-and-mul with down.
-    assert kernel_calls == {"linear_rows": 1, "norm_linear": 2, "silu_mul_linear": 1}
+    # q/k/v and o; the post-attention norm with gate/up and the final norm with lm_head; SiLU-and-mul with down
+    # and the residual add after it.
+    assert kernel_calls == {"linear_rows": 2, "norm_linear": 2, "silu_mul_linear": 1}
     monkeypatch.setenv("EYAS_FUSED_LINEAR", "0")
     ref_out, ref_logits = _step(draft, 1)
-    assert kernel_calls == {"linear_rows": 1, "norm_linear": 2, "silu_mul_linear": 1}
+    assert kernel_calls == {"linear_rows": 2, "norm_linear": 2, "silu_mul_linear": 1}
     torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
 
@@ -101,3 +102,35 @@ def test_training_head_keeps_torch(kernel_calls, autocast):
     assert logits.dtype == ref.dtype and torch.equal(logits, ref)
     logits.float().sum().backward()
     assert draft.lm_head.weight.grad is not None and draft.norm.weight.grad is not None
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_step_fusions_give_the_separate_ops_result(kernel_calls, monkeypatch, rows):
+    """EYAS_DRAFT_FUSIONS (on by default): the fc and o projections through the GEMV tiles, the two input norms
+    in one kernel and the residual add inside the down projection's kernel give what the separate ops give
+    (the add bit for bit as torch rounds it, the projections to accumulation order)."""
+    draft = _fused_draft()
+    out, logits = _step(draft, rows)
+    monkeypatch.setenv("EYAS_DRAFT_FUSIONS", "0")
+    calls_before = dict(kernel_calls)
+    ref_out, ref_logits = _step(draft, rows)
+    assert kernel_calls["linear_rows"] - calls_before["linear_rows"] == (1 if rows == 1 else 0)  # q/k/v alone
+    torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_draft_ids_embed_as_their_target_ids(monkeypatch):
+    """embed_ids: one kernel (forced here) or to_target_ids and the lookup, the same rows."""
+    from eyas.layers.linear import VocabParallelEmbedding
+
+    draft = random_draft(H, V, draft_vocab=VD).to(DEVICE)
+    draft.d2t.copy_(torch.randint(0, V - VD + 1, (VD,), generator=torch.Generator().manual_seed(1)))
+    embedding = VocabParallelEmbedding(V, H).to(DEVICE)
+    embedding.weight.data.normal_()
+    ids = torch.tensor([[0, 5, VD - 1], [3, 3, 7]], device=DEVICE)
+    monkeypatch.setenv("EYAS_KERNELS", "force")
+    with torch.no_grad():
+        fused = draft.embed_ids(ids, embedding)
+        monkeypatch.setenv("EYAS_DRAFT_FUSIONS", "0")
+        assert torch.equal(fused, draft.embed_ids(ids, embedding))
+        assert torch.equal(fused, embedding.weight[ids + draft.d2t[ids]])

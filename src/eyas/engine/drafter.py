@@ -16,8 +16,9 @@ from eyas.layers.topk import argmax, topk
 
 
 class Drafter:
-    def __init__(self, draft, embed, kv, spec, device):
-        self.draft, self.embed, self.kv, self.spec = draft, embed, kv, spec
+    def __init__(self, draft, embedding, kv, spec, device):
+        """embedding: the target's token embedding module (target ids -> rows)."""
+        self.draft, self.embed, self.kv, self.spec = draft, embedding, kv, spec
         if spec.topk == 1:  # a chain's tree never changes: the root, then one node per step, each its parent's child
             n = spec.draft_tokens
             self.chain_tree = (torch.arange(-1, n - 1, device=device)[None], torch.arange(n, device=device)[None],
@@ -43,7 +44,7 @@ class Drafter:
         ids = argmax(logp0)[:, None]                                         # [B, 1] draft ids
         hidden, guesses = hidden0[:, None], [ids]
         for step in range(2, self.spec.steps + 1):
-            embeds = self.embed(self.draft.to_target_ids(ids))
+            embeds = self.draft.embed_ids(ids, self.embed)
             out = self.forward(embeds, hidden, (c + step - 2)[:, None], slots, c + step - 2, kv_len)
             ids, hidden = argmax(self.draft.head_output(out)), out
             guesses.append(ids)
@@ -66,7 +67,7 @@ class Drafter:
         eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
         rows = torch.arange(B, device=dev)[:, None]
         for step in range(2, S + 1):
-            embeds = self.embed(self.draft.to_target_ids(ids))
+            embeds = self.draft.embed_ids(ids, self.embed)
             pos = (c + step - 2)[:, None].expand(B, k)
             mask = torch.cat([ancestors, eye], dim=-1)
             out = self.forward(embeds, hidden, pos, slots, c + (step - 2) * k, kv_len, new_mask=mask, visible=c)

@@ -63,7 +63,7 @@ class SpeculativeDecoder(AdaptiveSteps):
         heads, head_dim, shared = self.draft.config.kv_cache_layout()  # an MLA draft caches one latent per token
         self.kv = KVCache(1, engine.runner.kv.num_slots, positions, heads, head_dim, dtype, engine.device, shared)
         self.accept_on_device = True  # greedy batches; False keeps them on the host path (tests compare both)
-        self.drafter = Drafter(self.draft, self.target.embed, self.kv, self.spec, engine.device)
+        self.drafter = Drafter(self.draft, self.target.model.embed_tokens, self.kv, self.spec, engine.device)
         self.draft_fn = self.drafter.chain if k == 1 else self.drafter.tree
         # Columns past the longest row's cache that each pass of a cycle reaches (its graph's attention bound):
         # the draft's tree writes (steps - 1) * topk, the verify pass draft_tokens, the extend pass steps + 1.

@@ -163,8 +163,9 @@ def _silu_mul_chunk(gu_ptr, rows, cols, M, I):
 
 
 @triton.jit
-def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, USE_PDL: tl.constexpr):
+def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, r_ptr, M, N, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                            USE_PDL: tl.constexpr):
     signal_dependents(USE_PDL)
     n_idx = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     rows = tl.arange(0, BLOCK_M)
@@ -186,7 +187,12 @@ def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, M, N, I, BLOCK_M: tl.constexpr
             nxt = k0 + CHUNK_K + cols
             w = tl.load(w_ptr + n_idx[:, None] * I + nxt[None, :], mask=n_ok[:, None] & (nxt < I)[None, :], other=0.0)
     dtype: tl.constexpr = gu_ptr.dtype.element_ty
-    tl.store(y_ptr + rows[:, None] * N + n_idx[None, :], y.to(dtype), mask=(rows < M)[:, None] & n_ok[None, :])
+    out = rows[:, None] * N + n_idx[None, :]
+    out_ok = (rows < M)[:, None] & n_ok[None, :]
+    y = rounded(y, dtype)  # to nearest, as a GPU's cast (the interpreter's cast truncates)
+    if HAS_RESIDUAL:  # torch's `residual + y`: y rounded first, the sum rounded once
+        y = rounded(tl.load(r_ptr + out, mask=out_ok, other=0.0).to(tl.float32) + y, dtype)
+    tl.store(y_ptr + out, y.to(dtype), mask=out_ok)
 
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -312,14 +318,20 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return y.view(*x.shape[:-1], n)
 
 
-def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """F.linear(silu(gate) * up, weight) for gate, up = gate_up.chunk(2, dim=-1); weight [N, I]."""
+def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(silu(gate) * up, weight) for gate, up = gate_up.chunk(2, dim=-1); weight [N, I]. With
+    `residual` [..., N], residual + that (rounded as torch's two ops)."""
     if gate_up.shape[-1] % 2:
         raise ValueError(f"silu_mul_linear: the last dim of gate_up {tuple(gate_up.shape)} must be even")
     inter = gate_up.shape[-1] // 2
     _check("silu_mul_linear", gate_up, weight, inter)
     rows = _rows(gate_up)
     m, n = rows.shape[0], weight.shape[0]
+    if residual is not None and (residual.shape != (*gate_up.shape[:-1], n) or residual.dtype != gate_up.dtype):
+        raise ValueError(f"silu_mul_linear: residual {tuple(residual.shape)} {residual.dtype} must be "
+                         f"{(*gate_up.shape[:-1], n)} {gate_up.dtype}")
     y = torch.empty((m, n), dtype=gate_up.dtype, device=gate_up.device)
-    _launch(_silu_mul_linear_kernel, m, n, inter, 1, rows, weight.contiguous(), y, m, n, inter)
+    r = _rows(residual) if residual is not None else y
+    _launch(_silu_mul_linear_kernel, m, n, inter, 1, rows, weight.contiguous(), y, r, m, n, inter,
+            HAS_RESIDUAL=residual is not None)
     return y.view(*gate_up.shape[:-1], n)

@@ -93,6 +93,24 @@ def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, inner_rows, x_outer_
     _normalise(h, x.dtype, w_ptr, y_ptr + row * n_cols, cols, mask, n_cols, eps)
 
 
+@triton.jit
+def _rms_norm_pair_kernel(a_ptr, b_ptr, wa_ptr, wb_ptr, y_ptr, n_cols, eps, BLOCK: tl.constexpr,
+                          USE_PDL: tl.constexpr):
+    """Row `row` of cat([RMSNorm_a(a), RMSNorm_b(b)], -1): program (row, 0) norms a's row into the first half,
+    (row, 1) b's into the second."""
+    signal_dependents(USE_PDL)
+    wait_for_previous(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    if tl.program_id(1) == 0:
+        x = tl.load(a_ptr + row * n_cols + cols, mask=mask, other=0.0)
+        _normalise(x.to(tl.float32), x.dtype, wa_ptr, y_ptr + row * 2 * n_cols, cols, mask, n_cols, eps)
+    else:
+        x = tl.load(b_ptr + row * n_cols + cols, mask=mask, other=0.0)
+        _normalise(x.to(tl.float32), x.dtype, wb_ptr, y_ptr + row * 2 * n_cols + n_cols, cols, mask, n_cols, eps)
+
+
 def _row_layout(*tensors: torch.Tensor):
     """The rows of same-shaped [..., N] tensors as an (outer, inner) grid of rows: leading dims that every
     tensor lays out back to back are merged; when more than two groups remain, or the last dim is strided,
@@ -188,3 +206,22 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
     _add_rms_norm_kernel[(rows,)](x, delta, weight.contiguous(), h, y, inner_rows, x_outer, x_inner,
                                   d_outer, d_inner, n_cols, eps, **pdl, **_launch_options(n_cols))
     return h, y
+
+
+def rms_norm_pair(a: torch.Tensor, weight_a: torch.Tensor, b: torch.Tensor, weight_b: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+    """torch.cat([rms_norm(a, weight_a), rms_norm(b, weight_b)], -1) in one launch (the EAGLE-3 draft's input:
+    its normed token embeddings beside its normed hidden state). a and b share shape and dtype, and the two
+    weights a dtype."""
+    out_dtype = _check(a, weight_a)
+    if b.shape != a.shape or b.dtype != a.dtype or weight_b.shape != weight_a.shape or weight_b.dtype != weight_a.dtype:
+        raise ValueError(f"rms_norm_pair: b {tuple(b.shape)} {b.dtype} and its weight must match a's "
+                         f"{tuple(a.shape)} {a.dtype}")
+    n_cols = a.shape[-1]
+    a, b = a.contiguous(), b.contiguous()
+    y = torch.empty((*a.shape[:-1], 2 * n_cols), dtype=out_dtype, device=a.device)
+    rows = a.numel() // max(n_cols, 1)
+    if rows:
+        _rms_norm_pair_kernel[(rows, 2)](a, b, weight_a.contiguous(), weight_b.contiguous(), y, n_cols, eps,
+                                         **pdl_args(a), **_launch_options(n_cols))
+    return y

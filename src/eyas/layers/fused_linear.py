@@ -82,3 +82,13 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return fused(x, weight)
     return F.linear(x, weight)
 
+
+
+def add_silu_mul_linear(residual: torch.Tensor, weight: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    """residual + F.linear(silu(gate) * up, weight) for a plain weight (the EAGLE-3 draft's MLP and the residual
+    add after it), the add inside the kernel at decode."""
+    if _fits(gate_up, gate_up.shape[-1] // 2, weight, residual):
+        from eyas.kernels.fused_linear import silu_mul_linear as fused
+
+        return fused(gate_up, weight, residual)
+    return residual + F.linear(silu_mul(gate_up), weight)

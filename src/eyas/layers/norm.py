@@ -68,3 +68,14 @@ class RMSNorm(nn.Module):
             return add_rms_norm(x, delta, self.weight, self.eps)
         h = x + delta
         return h, self(h)
+
+
+def rms_norm_pair(norm_a: RMSNorm, a: torch.Tensor, norm_b: RMSNorm, b: torch.Tensor) -> torch.Tensor:
+    """torch.cat([norm_a(a), norm_b(b)], -1): one kernel at inference (eyas.kernels.norm.rms_norm_pair) when both
+    norms share eps and a and b their shape and dtype."""
+    if (enabled(a, b, norm_a.weight, norm_b.weight) and norm_a.eps == norm_b.eps and a.shape == b.shape
+            and a.dtype == b.dtype and norm_a.weight.dtype == norm_b.weight.dtype and a.shape[-1] <= 65536):
+        from eyas.kernels.norm import rms_norm_pair as fused
+
+        return fused(a, norm_a.weight, b, norm_b.weight, norm_a.eps)
+    return torch.cat([norm_a(a), norm_b(b)], dim=-1)

@@ -13,6 +13,7 @@ Both attentions expose `project` (rotated q, k, v) and `output`, so training (tr
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -21,11 +22,20 @@ from torch import nn
 
 from eyas.config import DraftConfig
 from eyas.dist.parallel import SINGLE
+from eyas.kernels import enabled
 from eyas.layers.attention import AttentionBatch, rotate_and_attend
-from eyas.layers.fused_linear import linear_rows, norm_linear, silu_mul_linear
-from eyas.layers.norm import RMSNorm
+from eyas.layers.fused_linear import add_silu_mul_linear, linear_rows, norm_linear, silu_mul_linear
+from eyas.layers.norm import RMSNorm, rms_norm_pair
 from eyas.layers.rotary import RotaryEmbedding
 from eyas.models.mla import MLAttention
+
+
+def step_fusions() -> bool:
+    """Whether a drafting step runs its fc and o projections through the fused GEMV tiles, its two input norms
+    as one kernel and the residual add inside the down projection's kernel (each falls back to torch's ops
+    where the kernels do not apply). EYAS_DRAFT_FUSIONS=0 keeps the separate ops: the switch benchmarks flip.
+    Read as the step is traced, so a captured graph keeps it."""
+    return os.environ.get("EYAS_DRAFT_FUSIONS") != "0"
 
 
 def fuse_linears(owner: nn.Module, linears: list[nn.Linear], name: str):
@@ -90,7 +100,7 @@ class DraftAttention(nn.Module):
         return q, k, v
 
     def output(self, out):
-        return self.o_proj(out)
+        return linear_rows(out, self.o_proj.weight) if step_fusions() else self.o_proj(out)
 
     def forward(self, x, positions, batch: AttentionBatch, rotary):
         return self.output(rotate_and_attend(*self.qkv(x), positions, rotary, 0, batch, self.scale))
@@ -140,15 +150,22 @@ class MidLayer(nn.Module):
         self.norm_before_residual = cfg.norm_before_residual
 
     def forward(self, embeds, hidden, positions, batch, rotary):
-        normed = self.hidden_norm(hidden)
-        residual = normed if self.norm_before_residual else hidden
-        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
+        fusions = step_fusions()
+        if self.norm_before_residual or not fusions:
+            normed = self.hidden_norm(hidden)
+            residual = normed if self.norm_before_residual else hidden
+            x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
+        else:
+            residual, x = hidden, rms_norm_pair(self.input_layernorm, embeds, self.hidden_norm, hidden)
         out = self.self_attn(x, positions, batch, rotary)
         if self.mlp.gate_up_weight is None:  # unfused (training): the separate gate and up projections
             h, x = self.post_attention_layernorm.residual(residual, out)
             return h + self.mlp(x)
-        # Inference: the residual add and the norm inside the gate/up projection's kernel at decode.
+        # Inference: the residual add and the norm inside the gate/up projection's kernel at decode, and the
+        # add after the MLP inside the down projection's.
         h, gate_up = norm_linear(self.post_attention_layernorm, FusedLinear(self.mlp.gate_up_weight), residual, out)
+        if fusions:
+            return add_silu_mul_linear(h, self.mlp.down_proj.weight, gate_up)
         return h + self.mlp.down(gate_up)
 
 
@@ -170,7 +187,8 @@ class Eagle3Draft(nn.Module):
         pre-norm output, which is both the next step's hidden input and the input of `logits`."""
         batch.prepare(embeds.shape[1])
         if fuse:
-            hidden = self.fc(hidden.to(self.fc.weight.dtype))
+            hidden = hidden.to(self.fc.weight.dtype)
+            hidden = linear_rows(hidden, self.fc.weight) if step_fusions() else self.fc(hidden)
         return self.midlayer(embeds.to(hidden.dtype), hidden, positions, batch, self.rotary)
 
     def fuse_projections(self) -> "Eagle3Draft":
@@ -191,3 +209,13 @@ class Eagle3Draft(nn.Module):
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
+
+    def embed_ids(self, draft_ids: torch.Tensor, embedding: nn.Module) -> torch.Tensor:
+        """The target's embeddings of draft-vocabulary ids; `embedding` is the target's (vocab-parallel)
+        embedding. One kernel at inference on one rank (eyas.kernels.draft_embed), else to_target_ids and the
+        lookup."""
+        if step_fusions() and embedding.tp.size == 1 and enabled(embedding.weight, self.d2t):
+            from eyas.kernels.draft_embed import draft_embed
+
+            return draft_embed(draft_ids, self.d2t, embedding.weight)
+        return embedding(self.to_target_ids(draft_ids))
