@@ -1,4 +1,5 @@
-"""Triton kernels for the decode-shaped hot path (fused norms, rotary, activation, slot-cache attention, top-k).
+"""Triton kernels for the decode-shaped hot path (fused norms, rotary, activation, slot-cache attention, top-k,
+the draft's embedding lookup).
 
 Every kernel has a torch reference in eyas.layers that defines its meaning; the layers call a kernel
 only when `enabled(*tensors)`: the tensors are on a CUDA device, none needs a gradient (these kernels have

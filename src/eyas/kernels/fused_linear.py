@@ -7,7 +7,8 @@ previous kernel into the projection's input load:
 - `norm_linear`: h = x + delta (the residual add), y = RMSNorm(h) @ W^T (+ bias). The norm is the one of
   eyas.kernels.norm, recomputed by every program from the whole rows (they are a few KB and in cache).
   Programs of the first column block also store h, the residual stream the next layer adds to.
-- `silu_mul_linear`: y = (silu(gate) * up) @ W^T, the activation computed as the rows are loaded.
+- `silu_mul_linear`: y = (silu(gate) * up) @ W^T, the activation computed as the rows are loaded (and, for the
+  EAGLE-3 draft, a residual added to y as it is stored).
 - `linear_rows`: y = x @ W^T through the same tiles, for wide projections that no norm precedes.
 
 Rounding follows torch's unfused ops (each intermediate rounded to the tensor dtype), so the projection's

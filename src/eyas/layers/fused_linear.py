@@ -83,7 +83,6 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
 
-
 def add_silu_mul_linear(residual: torch.Tensor, weight: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
     """residual + F.linear(silu(gate) * up, weight) for a plain weight (the EAGLE-3 draft's MLP and the residual
     add after it), the add inside the kernel at decode."""
