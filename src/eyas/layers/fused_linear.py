@@ -8,7 +8,8 @@ up to narrow_rows()) of at most max_k() features (MAX_K: small models, where lau
 keep cuBLAS unless EYAS_FUSED_WIDE=1), everything shares one dtype, and EYAS_FUSED_LINEAR is not "0" (the
 switch that benchmarks flip to measure the fusion).
 The target's layers take column- and row-parallel linears; the EAGLE-3 draft's steps (models/eagle3.py) take
-plain weights through `linear_rows`, and `norm_linear` / `silu_mul_linear` through eagle3.FusedLinear.
+plain weights through `linear_rows` and `add_silu_mul_linear` (the residual add after its MLP in the down
+projection's kernel), and `norm_linear` / `silu_mul_linear` through eagle3.FusedLinear.
 """
 
 from __future__ import annotations
