@@ -55,6 +55,13 @@ def test_kernels_give_the_reference_tokens(target_dir, monkeypatch, spec):
     assert _generate(target_dir, "force", monkeypatch, spec) == reference
 
 
+def test_chain_acceptance_in_one_kernel_gives_the_reference_tokens(target_dir, monkeypatch):
+    """EYAS_ACCEPT_KERNEL=1: a chain's acceptance in one launch (eyas.kernels.chain_accept)."""
+    reference = _generate(target_dir, "0", monkeypatch)
+    monkeypatch.setenv("EYAS_ACCEPT_KERNEL", "1")
+    assert _generate(target_dir, "force", monkeypatch, SpecConfig(3, 1)) == reference
+
+
 @pytest.mark.parametrize("spec", [None, SpecConfig(3, 2, 5)], ids=["plain", "tree"])
 def test_kernels_over_the_cache_give_the_reference_tokens(wide_target_dir, monkeypatch, spec):
     """The same with the slot-attention kernels in play, in the target and the draft (head dim 32): rotary

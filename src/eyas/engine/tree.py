@@ -6,10 +6,12 @@ parent precedes its children). A chain is the tree with topk = 1.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
+from eyas.kernels import enabled
 from eyas.layers.topk import topk
 
 
@@ -107,7 +109,12 @@ def accept_greedy_batched(tokens: torch.Tensor, parents: torch.Tensor, depth: to
 
 def accept_greedy_chain(tokens: torch.Tensor, target_argmax: torch.Tensor):
     """accept_greedy_batched for chains (node j is the child of node j-1): the same outputs from a running
-    product of the matches instead of walks up the tree."""
+    product of the matches instead of walks up the tree. With EYAS_ACCEPT_KERNEL=1 and the kernels enabled,
+    one launch (eyas.kernels.chain_accept; not yet measured, so off by default)."""
+    if os.environ.get("EYAS_ACCEPT_KERNEL") == "1" and enabled(tokens):
+        from eyas.kernels.chain_accept import chain_accept
+
+        return chain_accept(tokens, target_argmax)
     B, L = tokens.shape
     correct = (tokens[:, 1:] == target_argmax[:, :-1]).long()
     accepted = correct.cumprod(dim=1).sum(dim=1)                              # [B] leading matches
