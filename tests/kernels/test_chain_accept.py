@@ -44,6 +44,15 @@ def test_the_switch_sends_chains_to_the_kernel(device, monkeypatch):
     assert calls and all(torch.equal(a, b) for a, b in zip(on, off))
 
 
+def test_strided_inputs_give_row_major_outputs(device, monkeypatch):
+    """Column-major inputs (a transposed copy) are read as they lie; the outputs are plain [B, L] rows."""
+    monkeypatch.setenv("EYAS_KERNELS", "0")
+    tokens, argmax = _chains(4, device)
+    t_cm, a_cm = tokens.t().contiguous().t(), argmax.t().contiguous().t()
+    for a, b in zip(chain_accept(t_cm, a_cm), accept_greedy_chain(tokens, argmax)):
+        assert a.is_contiguous() and torch.equal(a, b)
+
+
 def test_mismatched_inputs_are_refused(device):
     with pytest.raises(ValueError, match="int64"):
         chain_accept(torch.zeros(2, 3, dtype=torch.long, device=device), torch.zeros(2, 4, dtype=torch.long,

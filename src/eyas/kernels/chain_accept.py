@@ -2,9 +2,9 @@
 
 A chain's acceptance is a dozen tiny torch ops on [B, L] integers (compare, cast, running product, sum,
 arange, two wheres, a gather, a roll): each a launch of ~2-4 µs inside a cycle's CUDA graph, where one
-program per row does all of it. On an H200 (docs/BENCHMARKS.md, thirty-first session) removing ten such
-launches from a chain cycle made it ~37 µs shorter; this kernel itself is not measured yet, so it runs only
-with EYAS_ACCEPT_KERNEL=1.
+program per row does all of it. On an H200 (docs/BENCHMARKS.md, thirty-first session) taking ten of the
+draft's launches out of a chain cycle made it ~37 µs shorter; this kernel itself is not measured yet, so it
+runs only with EYAS_ACCEPT_KERNEL=1.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def chain_accept(tokens: torch.Tensor, target_argmax: torch.Tensor):
         raise ValueError(f"chain_accept: tokens {tuple(tokens.shape)} {tokens.dtype} and target_argmax "
                          f"{tuple(target_argmax.shape)} {target_argmax.dtype} must be int64 [B, L] alike")
     B, L = tokens.shape
-    sel, new = torch.empty_like(tokens), torch.empty_like(tokens)
+    sel, new = (torch.empty((B, L), dtype=torch.long, device=tokens.device) for _ in range(2))
     accepted = torch.empty(B, dtype=torch.long, device=tokens.device)
     if B and L:
         _chain_accept_kernel[(B,)](tokens.contiguous(), target_argmax.contiguous(), sel, accepted, new, L,
