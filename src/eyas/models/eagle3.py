@@ -133,9 +133,11 @@ class DraftMLP(nn.Module):
             return self.down(F.linear(x, self.gate_up_weight))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
-    def down(self, gate_up):
+    def down(self, gate_up, residual=None):
         """The MLP from its fused gate/up projection's output on: activation and down projection, one kernel at
-        decode."""
+        decode; with `residual`, residual + that, the add in the same kernel."""
+        if residual is not None:
+            return add_silu_mul_linear(residual, self.down_proj.weight, gate_up)
         return silu_mul_linear(FusedLinear(self.down_proj.weight), gate_up)
 
 
@@ -164,9 +166,7 @@ class MidLayer(nn.Module):
         # Inference: the residual add and the norm inside the gate/up projection's kernel at decode, and the
         # add after the MLP inside the down projection's.
         h, gate_up = norm_linear(self.post_attention_layernorm, FusedLinear(self.mlp.gate_up_weight), residual, out)
-        if fusions:
-            return add_silu_mul_linear(h, self.mlp.down_proj.weight, gate_up)
-        return h + self.mlp.down(gate_up)
+        return self.mlp.down(gate_up, h) if fusions else h + self.mlp.down(gate_up)
 
 
 class Eagle3Draft(nn.Module):
