@@ -2,8 +2,9 @@
 tree from the last committed position, as a chain (topk 1) or EAGLE-2's dynamic tree.
 
 All are tensor-only with fixed shapes, so the speculative decoder (speculative.py) can capture them in CUDA
-graphs. Drafting reads the draft's output at position c-1 (log-probs logp0, hidden hidden0) and writes draft
-cache columns from c on, which the commit's extend pass then overwrites with the accepted pairs.
+graphs. Drafting reads the draft's output at position c-1 (scores logp0, see Drafter.scores; hidden hidden0)
+and writes draft cache columns from c on, which the commit's extend pass then overwrites with the accepted
+pairs.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from eyas.engine.tree import select_tree
 from eyas.layers.attention import AttentionBatch
 from eyas.layers.topk import argmax, topk
+from eyas.models.eagle3 import step_fusions
 
 
 class Drafter:
@@ -35,7 +37,15 @@ class Drafter:
         pos = starts[:, None] + torch.arange(L, device=ids.device)[None]
         out = self.forward(self.embed(ids), feats, pos, slots, starts, kv_len, fuse=True)
         h = out.gather(1, last[:, None, None].expand(-1, 1, out.shape[-1]))[:, 0]
-        return h, torch.log_softmax(self.draft.logits(h), dim=-1)
+        return h, self.scores(h)
+
+    def scores(self, h):
+        """The draft's next-token scores at its output h, kept in the DraftState: with step fusions on, the
+        head's logits as they come (the chain argmaxes them, the tree's top-k kernel normalises them: two
+        launches fewer per cycle), else fp32 log-probs. Either way their log_softmax is the draft's log-probs."""
+        if step_fusions():
+            return self.draft.head_output(h)
+        return torch.log_softmax(self.draft.logits(h), dim=-1)
 
     def chain(self, logp0, hidden0, root, c, slots, kv_len):
         """A chain (topk 1): each step feeds its argmax to the next, and the draft attends causally over its
@@ -58,7 +68,7 @@ class Drafter:
         S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
         dev, B = root.device, root.shape[0]
         hidden = hidden0[:, None].expand(B, k, -1)
-        scores, ids = topk(logp0, k)                                         # [B, k]
+        scores, ids = topk(logp0, k, log_softmax=True)                       # [B, k] log-probs
         pool_tokens, pool_scores = [ids], [scores]
         pool_parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
         pool_depth = [torch.ones((B, k), dtype=torch.long, device=dev)]

@@ -157,7 +157,7 @@ class SpeculativeDecoder(AdaptiveSteps):
         out = self.drafter.forward(self.target.embed(ids), features, pos, slots, starts, graph_kv_len(self.kv, T),
                                    fuse=True)
         h = out[torch.arange(B, device=dev), last]
-        set_states(seqs, h, torch.log_softmax(self.draft.logits(h), dim=-1))
+        set_states(seqs, h, self.drafter.scores(h))
 
     def _prefill_in_chunks(self, ids, features, last, slots):
         """The draft's prefill as PREFILL_CHUNK-token extend passes at columns 0, C, 2C, ...; each row keeps

@@ -1,0 +1,67 @@
+"""The draft's state keeps scores whose log_softmax is its log-probs (Drafter.scores): the head's logits with
+step fusions on, fp32 log-probs with EYAS_DRAFT_FUSIONS=0. The chain and the tree draft the same candidates
+from either, and a whole generation is the same."""
+
+import pytest
+import torch
+
+from eyas.config import SpecConfig
+from eyas.engine.engine import Engine
+from eyas.layers.sampling import SamplingParams
+from tests.server.tiny import predictable_pair
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    return predictable_pair(root / "target", root / "draft")
+
+
+def _engine(pair, spec):
+    target, draft = pair
+    return Engine(str(target), dtype="fp32", device="cpu", draft=str(draft), spec=spec, max_batch=3, max_len=256)
+
+
+def _prompts(seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 500, (n,), generator=g).tolist() for n in (4, 21, 9)]
+
+
+def test_scores_are_logits_with_fusions_and_log_probs_without(pair, monkeypatch):
+    drafter = _engine(pair, SpecConfig(3, 1)).spec.drafter
+    h = torch.randn(2, drafter.draft.config.hidden_size)
+    logits = drafter.draft.logits(h)
+    torch.testing.assert_close(drafter.scores(h).float(), logits)
+    monkeypatch.setenv("EYAS_DRAFT_FUSIONS", "0")
+    logp = drafter.scores(h)
+    assert logp.dtype == torch.float32
+    torch.testing.assert_close(logp, torch.log_softmax(logits, dim=-1))
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(4, 3, 8)], ids=["chain", "tree"])
+def test_drafts_from_logits_equal_drafts_from_log_probs(pair, spec):
+    engine = _engine(pair, spec)
+    real, cycles = engine.spec.draft_fn, []
+
+    def both(scores0, *rest):
+        from_logits = real(scores0, *rest)
+        from_logp = real(torch.log_softmax(scores0.float(), dim=-1), *rest)
+        for a, b in zip(from_logits, from_logp):
+            assert torch.equal(a, b)
+        cycles.append(1)
+        return from_logits
+
+    engine.spec.draft_fn = both
+    engine.generate(_prompts(1), SamplingParams(max_tokens=32, ignore_eos=True))
+    assert len(cycles) >= 8
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(4, 3, 8)], ids=["chain", "tree"])
+def test_generation_is_the_same_with_and_without_fusions(pair, spec, monkeypatch):
+    def run():
+        seqs = _engine(pair, spec).generate(_prompts(2), SamplingParams(max_tokens=40, ignore_eos=True))
+        return [s.output_ids for s in seqs], [s.verify_passes for s in seqs]
+
+    fused = run()
+    monkeypatch.setenv("EYAS_DRAFT_FUSIONS", "0")
+    assert run() == fused
