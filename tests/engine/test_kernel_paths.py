@@ -55,10 +55,11 @@ def test_kernels_give_the_reference_tokens(target_dir, monkeypatch, spec):
     assert _generate(target_dir, "force", monkeypatch, spec) == reference
 
 
-def test_chain_acceptance_in_one_kernel_gives_the_reference_tokens(target_dir, monkeypatch):
-    """EYAS_ACCEPT_KERNEL=1: a chain's acceptance in one launch (eyas.kernels.chain_accept)."""
+def test_chain_acceptance_through_torch_ops_gives_the_reference_tokens(target_dir, monkeypatch):
+    """EYAS_ACCEPT_KERNEL=0: a chain's acceptance through the torch ops while every other kernel runs (the
+    default, one launch through eyas.kernels.chain_accept, is the chain case above)."""
     reference = _generate(target_dir, "0", monkeypatch)
-    monkeypatch.setenv("EYAS_ACCEPT_KERNEL", "1")
+    monkeypatch.setenv("EYAS_ACCEPT_KERNEL", "0")
     assert _generate(target_dir, "force", monkeypatch, SpecConfig(3, 1)) == reference
 
 

@@ -36,10 +36,10 @@ def test_the_switch_sends_chains_to_the_kernel(device, monkeypatch):
     calls = []
     monkeypatch.setattr(kernel, "chain_accept", lambda *a, _f=kernel.chain_accept: calls.append(1) or _f(*a))
     monkeypatch.setenv("EYAS_KERNELS", "force")
-    monkeypatch.delenv("EYAS_ACCEPT_KERNEL", raising=False)
+    monkeypatch.setenv("EYAS_ACCEPT_KERNEL", "0")
     off = accept_greedy_chain(tokens, argmax)
     assert not calls
-    monkeypatch.setenv("EYAS_ACCEPT_KERNEL", "1")
+    monkeypatch.delenv("EYAS_ACCEPT_KERNEL")  # on by default
     on = accept_greedy_chain(tokens, argmax)
     assert calls and all(torch.equal(a, b) for a, b in zip(on, off))
 

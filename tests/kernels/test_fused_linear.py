@@ -208,32 +208,6 @@ def test_narrow_projections_fuse_up_to_narrow_rows(device, monkeypatch, narrow_r
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("switch,n_narrow,rows,fused_expected",
-                         [(None, 2 * N, 4, 0), ("1", 2 * N, 4, 1), ("1", 2 * N, 8, 1), ("1", 0, 4, 0), ("1", 2 * N, 9, 0)])
-def test_narrow_down_projection_fuses_with_its_switch(device, monkeypatch, switch, n_narrow, rows, fused_expected):
-    """EYAS_FUSED_NARROW_DOWN=1: a down projection of at most NARROW_N outputs takes SiLU-and-mul's kernel up to
-    narrow_rows() rows, as q/k/v and o do; without it, or wider, or past narrow_rows(), the unfused pair. The
-    result is the unfused one either way."""
-    import eyas.kernels.fused_linear as kernels
-
-    monkeypatch.setattr(kernels, "NARROW_N", n_narrow)
-    for name in ("EYAS_FUSED_WIDE", "EYAS_FUSED_MAX_ROWS", "EYAS_FUSED_LINEAR", "EYAS_FUSED_NARROW_ROWS",
-                 "EYAS_FUSED_NARROW_DOWN"):
-        monkeypatch.delenv(name, raising=False)
-    if switch is not None:
-        monkeypatch.setenv("EYAS_FUSED_NARROW_DOWN", switch)
-    _, _, row = _layers(device)
-    gate_up = rand((1, rows, 2 * INTER), torch.float32, device, 15)
-    y_ref = layer.silu_mul_linear(row, gate_up)
-    calls = []
-    monkeypatch.setattr(kernels, "silu_mul_linear", lambda *a, _f=kernels.silu_mul_linear: calls.append(1) or _f(*a))
-    monkeypatch.setenv("EYAS_KERNELS", "force")
-    with torch.no_grad():
-        y = layer.silu_mul_linear(row, gate_up)
-    assert len(calls) == fused_expected
-    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)
-
-
 def test_layers_keep_torch_paths_for_training(monkeypatch, device):
     """The kernels have no backward: with parameters that need gradients the layers run torch's ops."""
     norm, col, row = _layers(device)

@@ -109,9 +109,9 @@ def accept_greedy_batched(tokens: torch.Tensor, parents: torch.Tensor, depth: to
 
 def accept_greedy_chain(tokens: torch.Tensor, target_argmax: torch.Tensor):
     """accept_greedy_batched for chains (node j is the child of node j-1): the same outputs from a running
-    product of the matches instead of walks up the tree. With EYAS_ACCEPT_KERNEL=1 and the kernels enabled,
-    one launch (eyas.kernels.chain_accept; not yet measured, so off by default)."""
-    if os.environ.get("EYAS_ACCEPT_KERNEL") == "1" and enabled(tokens):
+    product of the matches instead of walks up the tree. With the kernels enabled, one launch
+    (eyas.kernels.chain_accept); EYAS_ACCEPT_KERNEL=0 keeps the torch ops, the switch benchmarks flip."""
+    if os.environ.get("EYAS_ACCEPT_KERNEL") != "0" and enabled(tokens):
         from eyas.kernels.chain_accept import chain_accept
 
         return chain_accept(tokens, target_argmax)

@@ -66,11 +66,8 @@ def project_rows(linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def silu_mul_linear(linear, gate_up: torch.Tensor) -> torch.Tensor:
-    """linear(silu(gate) * up) for a row-parallel `linear` (its all-reduce and bias applied after). With
-    EYAS_FUSED_NARROW_DOWN=1 a narrow down projection (a small model's) fuses up to narrow_rows() rows, as
-    q/k/v and o do: a verify's rows then skip their SiLU-and-mul kernel."""
-    narrow = os.environ.get("EYAS_FUSED_NARROW_DOWN") == "1"
-    if _fits(gate_up, gate_up.shape[-1] // 2, linear.weight, outputs=linear.weight.shape[0] if narrow else None):
+    """linear(silu(gate) * up) for a row-parallel `linear` (its all-reduce and bias applied after)."""
+    if _fits(gate_up, gate_up.shape[-1] // 2, linear.weight):
         from eyas.kernels.fused_linear import silu_mul_linear as fused
 
         return linear.finish(fused(gate_up, linear.weight))
