@@ -14,13 +14,16 @@ from eyas.engine.spec_policy import SpecPolicy
 
 
 def simulate(n, plain_s, cycle_s, accept, churn, mode=None, steps=8000, catch_up_s=0.4e-3, prefill_s=3e-3,
-             accept_later=None, seed=0, burst_tokens=None, burst_s=0.0, opening=(0, None)):
+             accept_later=None, seed=0, burst_tokens=None, burst_s=0.0, opening=(0, None), known=None):
     """tokens/s over the run and the share of speculative steps; `mode` fixes the mode (the reference runs);
     `accept_later` changes the acceptance halfway through; `opening` = (tokens, acceptance): the acceptance
     until that many tokens per sequence are out (a response's opening lines); every `burst_tokens` tokens a
-    burst of joins stalls the engine for `burst_s` (a server admitting a batch of requests at once)."""
+    burst of joins stalls the engine for `burst_s` (a server admitting a batch of requests at once); `known`:
+    {(bucket, speculated): tokens/s per sequence} the policy measured before (at other batch sizes)."""
     rng = random.Random(seed)
     policy = SpecPolicy(adaptive=mode is None)
+    for key, rate in (known or {}).items():
+        policy.rates[key], policy.measured[key] = rate, policy.window
     clock = tokens = since_burst = 0.0
     lagging, speculated, late = False, 0, 0
     for i in range(steps):
@@ -102,3 +105,16 @@ def test_a_hard_opening_does_not_decide_a_short_response(seed):
     rate = simulate(**kw)[0]
     spec, plain = simulate(**kw, mode=True)[0], simulate(**kw, mode=False)[0]
     assert spec > 1.05 * plain and rate >= 0.9 * spec and rate > plain
+
+
+def test_a_smaller_batch_lead_does_not_decide_a_short_run_at_a_larger_one():
+    """Speculation led plain by 1.66x per sequence at bucket 32, and a batch of 64 then runs for 20 windows,
+    where plain decoding is 1.12x faster. The policy measures plain at 64 instead of borrowing bucket 32's lead
+    (on an H200, 2026-12-03, a version that borrowed it speculated the whole run, plain never measured)."""
+    kw = dict(n=64, plain_s=5.5e-3, cycle_s=8e-3, accept=1.3, churn=0.0, steps=320,
+              known={(32, True): 1660.0, (32, False): 1000.0})
+    rate, share, _ = simulate(**kw)
+    plain = simulate(**kw, mode=False)[0]
+    spec = simulate(**kw, mode=True)[0]
+    assert plain > 1.05 * spec
+    assert rate >= 0.95 * plain and share < 0.3

@@ -13,11 +13,14 @@ A mode counts as measured at a bucket once its windows there held a window's wor
 a first window cut short after one step by a change of bucket, a switch's wait in it, once decided a bucket
 on its own (batch 8's tail on an H200, 2026-12-01: one speculative step at bucket 2 read 971 tok/s per
 sequence against plain's 1,177, and the policy preferred plain there). A bucket where speculation is
-measured and plain not yet borrows its neighbours' verdict when speculation leads by far at each neighbouring
-bucket where both are measured (`_lead_nearby`), and measures plain only on the probe schedule: a batch's
-tail passes through such buckets for a few windows each. On an H200 (2026-12-02) batch 64's tail spent 31 ms
-of a 394-ms run in plain windows at buckets 16 and 4, where speculation then read 1.8-1.9x plain's rate per
-sequence; at 16 both neighbours led by 1.4-1.6x (at 4, bucket 2 did not). It runs the faster mode; the slower
+measured and plain not yet borrows the verdict of the next larger bucket when speculation leads by far there
+with both measured (`_lead_above`), and measures plain only on the probe schedule: a batch's tail passes
+through such buckets for a few windows each. On an H200 (2026-12-02) batch 64's tail spent 31 ms of a 394-ms
+run in plain windows at buckets 16 and 4, where speculation then read 1.8-1.9x plain's rate per sequence
+(buckets 8 and 32 showed leads of 1.4-1.6x). Only a larger batch's lead is borrowed: speculation's lead shrinks as the
+batch grows, so a smaller one's overstates it (2026-12-03: bucket 32's 1.66x lead, borrowed at 64 by a
+version that also looked down, kept a batch of 64 speculating to its end, plain never measured there, in a
+run where plain decoding beat the fixed chain by 6%). It runs the faster mode; the slower
 one gets one window now and then (`probe_every` windows, 4x less often when it is far behind) so that a
 change of traffic is noticed. A margin keeps the choice from flapping on noise. A close call on a first
 window or two is not settled: a window's acceptance depends on its text, and on an H200 (2026-12-02) a
@@ -140,7 +143,7 @@ class SpecPolicy:
             return True, None   # measure speculation first ...
         n = self.windows.get(b, 0) + 1
         if measured.get((b, False), 0) < self.window:
-            if self._lead_nearby(b, rates, measured):  # keep speculating; plain measured on the probe schedule
+            if self._lead_above(b, rates, measured):  # keep speculating; plain measured on the probe schedule
                 return n % self.probe_every != 0, True
             return False, None  # ... then plain decoding
         g = rates[(b, True)] / max(rates[(b, False)], 1e-9)  # a window may read no tokens of its own (continues)
@@ -160,12 +163,11 @@ class SpecPolicy:
         every = 2 if unsettled else self.probe_every * (4 if far else 1)
         return ((not current) if n % every == 0 else current), current
 
-    def _lead_nearby(self, b: int, rates: dict, measured: dict) -> bool:
-        """Whether speculation is far ahead (more than 1 / FAR) at every neighbouring bucket (b / 2, 2b) where
-        both modes are measured, and there is one."""
-        both = [c for c in (b // 2, 2 * b) if c >= 1 and min(measured.get((c, True), 0),
-                                                             measured.get((c, False), 0)) >= self.window]
-        return bool(both) and all(rates[(c, True)] > rates[(c, False)] / FAR for c in both)
+    def _lead_above(self, b: int, rates: dict, measured: dict) -> bool:
+        """Whether speculation is far ahead (more than 1 / FAR) at bucket 2b, with both modes measured there."""
+        c = 2 * b
+        return (min(measured.get((c, True), 0), measured.get((c, False), 0)) >= self.window
+                and rates[(c, True)] > rates[(c, False)] / FAR)
 
     def continues(self, batch_size: int, now: float) -> bool:
         """At a boundary (boundary() true): whether the window that the next step opens, once the open one
