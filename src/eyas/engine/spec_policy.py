@@ -17,10 +17,10 @@ measured and plain not yet borrows the verdict of the next larger bucket when sp
 with both measured (`_lead_above`), and measures plain only on the probe schedule: a batch's tail passes
 through such buckets for a few windows each. On an H200 (2026-12-02) batch 64's tail spent 31 ms of a 394-ms
 run in plain windows at buckets 16 and 4, where speculation then read 1.8-1.9x plain's rate per sequence
-(buckets 8 and 32 showed leads of 1.4-1.6x). Only a larger batch's lead is borrowed: speculation's lead shrinks as the
-batch grows, so a smaller one's overstates it (2026-12-03: bucket 32's 1.66x lead, borrowed at 64 by a
-version that also looked down, kept a batch of 64 speculating to its end, plain never measured there, in a
-run where plain decoding beat the fixed chain by 6%). It runs the faster mode; the slower
+(buckets 8 and 32 showed leads of 1.4-1.6x). Only a larger batch's lead is borrowed: speculation's lead
+shrinks as the batch grows, so a smaller one's overstates it (2026-12-03: bucket 32's 1.66x lead, borrowed
+at 64 by a version that also looked down, kept a batch of 64 speculating to its end, plain never measured
+there, in a run where plain decoding beat the fixed chain by 6%). It runs the faster mode; the slower
 one gets one window now and then (`probe_every` windows, 4x less often when it is far behind) so that a
 change of traffic is noticed. A margin keeps the choice from flapping on noise. A close call on a first
 window or two is not settled: a window's acceptance depends on its text, and on an H200 (2026-12-02) a

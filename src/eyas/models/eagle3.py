@@ -34,8 +34,8 @@ def step_fusions() -> bool:
     """Whether a drafting step runs its fc and o projections through the fused GEMV tiles, its two input norms
     as one kernel and the residual add inside the down projection's kernel (each falls back to torch's ops
     where the kernels do not apply), and whether the draft's state keeps its head's logits rather than fp32
-    log-probs (engine.drafter.Drafter.scores). EYAS_DRAFT_FUSIONS=0 keeps the separate ops: the switch benchmarks flip.
-    Read as the step is traced, so a captured graph keeps it."""
+    log-probs (engine.drafter.Drafter.scores). EYAS_DRAFT_FUSIONS=0 keeps the separate ops: the switch
+    benchmarks flip. Read as the step is traced, so a captured graph keeps it."""
     return os.environ.get("EYAS_DRAFT_FUSIONS") != "0"
 
 
