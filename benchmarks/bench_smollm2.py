@@ -14,7 +14,8 @@ Sections, all in one process so the numbers are side by side:
   accept     acceptance length on the 80 MT-bench first turns and the 164 HumanEval prompts (bf16, greedy, stop at EOS)
   cycle      one speculative cycle at batch 1 under torch.profiler: CUDA kernels, graph launches and eager kernel
              launches per cycle, host wall time, GPU busy time, and the eyas profiler's per-phase GPU times
-  scaling    tokens/s at batch 1, 8, 32, 64 (--batches): plain, chain 3/1/4 always, chain with the adaptive policy;
+  scaling    tokens/s at batch 1, 8, 32, 64 (--batches): plain, chain 3/1/4 always, chain with the adaptive policy,
+             the three engines built first, then timed in --rounds rounds of alternating order (the median);
              the smallest batch from which always speculating is slower than plain
   sweep      batch-1 tokens/s and acceptance of each speculative setting in --specs (steps/topk[/draft tokens],
              SGLang's meaning) beside plain decode on the same prompts, every engine built first, then timed in
@@ -332,53 +333,73 @@ def cycle_profiles(model_path, prompt, draft, cycles=20, report=None, twin=None)
     return rows
 
 
-def batch_scaling(model_path, prompts, draft, batches, new_tokens=None):
-    """One engine per mode (slots for the largest batch); each batch size is warmed up with a run of the
-    same size and length (graph captures; for the adaptive policy its first windows of both modes and a
-    switch back, whose catch-up pass compiles its kernels), then timed."""
+def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1):
+    """Plain decoding, the chain always, and the chain under the adaptive policy: one engine per mode (slots
+    for the largest batch), all three built and warmed up first (every batch bucket's graphs, as `eyas serve`
+    captures them at start). Per batch size each engine runs once untimed (for the adaptive policy its first
+    windows of both modes and a switch back, whose catch-up pass compiles its kernels), then the three are
+    timed in `rounds` rounds, each in the opposite order of the one before: a short run at a large batch moves
+    by 10-15% between processes (docs/BENCHMARKS.md, thirty-second session), so the modes are compared side
+    by side in time. Reported per mode: the median tok/s and every round's; the adaptive rows also say what
+    the policy believed after the last round and where that round's time went."""
+    import statistics
+
     new_tokens = new_tokens or NEW_TOKENS
     modes = {"plain": None, "chain": CHAIN, "adaptive": SpecConfig(3, 1, adaptive=True)}
-    rows = {B: {"batch": B} for B in batches}
+    engines = {}
     for name, spec in modes.items():
-        eng = Engine(str(model_path), dtype="bf16", device=DEVICE, draft=draft if spec else None, spec=spec,
-                     max_batch=max(batches), max_len=2048)
-        eng.warm_up()  # every batch bucket's graphs, as `eyas serve` captures them at start
-        for B in batches:
-            batch = [prompts[i % len(prompts)] for i in range(B)]
-            eng.generate(batch, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
-            sync()
-            if spec is not None and spec.adaptive:
-                eng.spec.policy.recent.clear()  # the timed run's windows only
-            t0 = time.perf_counter()
-            seqs = eng.generate(batch, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
-            sync()
-            toks = sum(len(s.output_ids) for s in seqs)
-            rows[B][f"{name}_tok_s"] = toks / (time.perf_counter() - t0)
+        engines[name] = Engine(str(model_path), dtype="bf16", device=DEVICE, draft=draft if spec else None,
+                               spec=spec, max_batch=max(batches), max_len=2048)
+        engines[name].warm_up()
+    rows = {B: {"batch": B} for B in batches}
+    order = list(modes)
+    for B in batches:
+        batch = [prompts[i % len(prompts)] for i in range(B)]
+        params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+        for eng in engines.values():
+            eng.generate(batch, params)
+        sync()
+        runs = {name: [] for name in modes}
+        for r in range(rounds):
+            for name in (order if r % 2 == 0 else order[::-1]):
+                eng = engines[name]
+                if modes[name] is not None and modes[name].adaptive:
+                    eng.spec.policy.recent.clear()  # this timed run's windows only
+                t0 = time.perf_counter()
+                seqs = eng.generate(batch, params)
+                sync()
+                toks = sum(len(s.output_ids) for s in seqs)
+                passes = max(sum(s.verify_passes for s in seqs), 1)
+                runs[name].append((toks / (time.perf_counter() - t0), (toks - B) / passes))
+        for name, spec in modes.items():
+            rows[B][f"{name}_tok_s"] = statistics.median(x[0] for x in runs[name])
+            rows[B][f"{name}_tok_s_rounds"] = [round(x[0], 1) for x in runs[name]]
             if spec:
-                rows[B][f"{name}_accept_length"] = (toks - B) / sum(s.verify_passes for s in seqs)
-            if spec is not None and spec.adaptive:  # what the policy believed, to tell a bad choice apart
-                snap = eng.spec.policy.snapshot()
-                rows[B]["adaptive_rates"] = {f"{b}/{'spec' if sp else 'plain'}": round(r, 1)
-                                             for (b, sp), r in sorted(snap["rates"].items())}
-                rows[B]["adaptive_seconds"] = {k: round(v, 3) for k, v in snap["seconds"].items()}
-                closed = [w for w in eng.spec.policy.windows_closed() if w["seconds"] > 0 and not w["void"]]
-                for w in closed:
-                    w["rate"] = w["tokens"] / (w["sequences"] / w["steps"]) / w["seconds"]
-                rows[B]["adaptive_slowest_windows"] = sorted(closed, key=lambda w: w["rate"])[:6]
-                # Where the timed run's time went: seconds and tokens per bucket and mode (a batch's tail,
-                # as its sequences finish, runs at the small buckets).
-                by_bucket = {}
-                for w in closed:
-                    key = f"{w['bucket']}/{'spec' if w['speculated'] else 'plain'}"
-                    seconds, tokens = by_bucket.get(key, (0.0, 0))
-                    by_bucket[key] = (seconds + w["seconds"], tokens + w["tokens"])
-                rows[B]["adaptive_time_by_bucket"] = {k: dict(seconds=round(v[0], 4), tokens=v[1])
-                                                      for k, v in sorted(by_bucket.items())}
-        del eng
+                rows[B][f"{name}_accept_length"] = runs[name][-1][1]
+        rows[B].update(adaptive_books(engines["adaptive"].spec.policy))
     out = [rows[B] for B in batches]
     slower = [r["batch"] for r in out if r["chain_tok_s"] < r["plain_tok_s"]]
-    return dict(rows=out, always_speculating_slower_from=min(slower) if slower else None)
+    return dict(rows=out, rounds=rounds, always_speculating_slower_from=min(slower) if slower else None)
 
+
+def adaptive_books(policy) -> dict:
+    """What the adaptive policy believed (its rates and booked seconds, cumulative) and where its last timed
+    run went: the six slowest windows, and seconds and tokens per bucket and mode (a batch's tail, as its
+    sequences finish, runs at the small buckets)."""
+    snap = policy.snapshot()
+    closed = [w for w in policy.windows_closed() if w["seconds"] > 0 and not w["void"]]
+    for w in closed:
+        w["rate"] = w["tokens"] / (w["sequences"] / w["steps"]) / w["seconds"]
+    by_bucket = {}
+    for w in closed:
+        key = f"{w['bucket']}/{'spec' if w['speculated'] else 'plain'}"
+        seconds, tokens = by_bucket.get(key, (0.0, 0))
+        by_bucket[key] = (seconds + w["seconds"], tokens + w["tokens"])
+    rates = {f"{b}/{'spec' if sp else 'plain'}": round(r, 1) for (b, sp), r in sorted(snap["rates"].items())}
+    return dict(adaptive_rates=rates, adaptive_seconds={k: round(v, 3) for k, v in snap["seconds"].items()},
+                adaptive_slowest_windows=sorted(closed, key=lambda w: w["rate"])[:6],
+                adaptive_time_by_bucket={k: dict(seconds=round(v[0], 4), tokens=v[1])
+                                         for k, v in sorted(by_bucket.items())})
 
 def parse_specs(text: str, flag: str = "--specs") -> list[SpecConfig]:
     """'3/1,5/4/8' -> [SpecConfig(3, 1), SpecConfig(5, 4, 8)]; a bad entry exits with a one-line error."""
@@ -491,7 +512,8 @@ def main():
     ap.add_argument("--also-specs", default="",
                     help="speed: rows for these settings too (steps/topk[/draft tokens]), then plain again, last")
     ap.add_argument("--specs", default=SWEEP_SPECS, help="sweep: settings as steps/topk[/draft tokens], comma-separated")
-    ap.add_argument("--rounds", type=int, default=2, help="sweep: timing rounds over all engines, alternating order")
+    ap.add_argument("--rounds", type=int, default=2, help="sweep and scaling: timing rounds over all engines, "
+                    "alternating order")
     ap.add_argument("--twin", default="",
                     help="sweep: each setting also built with NAME=VALUE[,NAME=VALUE...] set, a row beside it "
                          "(e.g. EYAS_CYCLE_GRAPH=0)")
@@ -596,7 +618,8 @@ def main():
         results["cycle"] = cycle_profiles(path, prompts_ids(tok, 1)[0], draft)
         print(json.dumps(results["cycle"]), flush=True)
     if "scaling" in sections:
-        results["scaling"] = batch_scaling(path, prompts_ids(tok, 80), draft, [int(b) for b in args.batches.split(",")])
+        results["scaling"] = batch_scaling(path, prompts_ids(tok, 80), draft, [int(b) for b in args.batches.split(",")],
+                                           rounds=args.rounds)
         for r in results["scaling"]["rows"]:
             print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}), flush=True)
         print("always speculating is slower than plain from batch", results["scaling"]["always_speculating_slower_from"])

@@ -113,6 +113,43 @@ def test_scaling_books_the_adaptive_run_by_bucket(monkeypatch, tmp_path):
         assert sum(v["tokens"] for v in books.values()) == row["batch"] * (24 - 1)
 
 
+def test_scaling_builds_every_engine_first_and_times_in_alternating_rounds(monkeypatch, tmp_path):
+    """The scaling section builds plain, chain and adaptive engines before it times any, runs each once
+    untimed per batch size, then times the three in rounds of alternating order; a row holds every round's
+    tok/s and their median."""
+    from eyas.engine.engine import Engine
+    from tests.helpers import random_draft, tiny_llama
+
+    events = []
+
+    class Recorded(Engine):
+        def __init__(self, *args, **kwargs):
+            spec = kwargs.get("spec")
+            self.mode = "plain" if spec is None else "adaptive" if spec.adaptive else "chain"
+            events.append(("build", self.mode))
+            super().__init__(*args, **kwargs)
+
+        def generate(self, prompts, params):
+            events.append(("run", self.mode))
+            return super().generate(prompts, params)
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "Engine", Recorded)
+    tiny_llama(tmp_path, vocab=128, layers=3, hidden=64)
+    out = bench.batch_scaling(tmp_path, [[1, 2, 3, 4, 5], [6, 7, 8, 9]], random_draft(64, 128, draft_vocab=64),
+                              [2], new_tokens=10, rounds=3)
+    builds = [i for i, e in enumerate(events) if e[0] == "build"]
+    assert [events[i][1] for i in builds] == ["plain", "chain", "adaptive"]
+    runs = [mode for kind, mode in events[builds[-1] + 1:] if kind == "run"]
+    assert runs[-12:] == ["plain", "chain", "adaptive"] + ["plain", "chain", "adaptive", "adaptive", "chain", "plain",
+                                                           "plain", "chain", "adaptive"]
+    row = out["rows"][0]
+    for mode in ("plain", "chain", "adaptive"):
+        rounds = row[f"{mode}_tok_s_rounds"]
+        assert len(rounds) == 3 and row[f"{mode}_tok_s"] == pytest.approx(sorted(rounds)[1], rel=1e-3)
+    assert out["rounds"] == 3
+
+
 def test_cycle_profiles_time_each_setting_as_it_runs_and_with_a_graph_per_phase(monkeypatch):
     monkeypatch.delenv("EYAS_CYCLE_GRAPH", raising=False)
     calls = []
