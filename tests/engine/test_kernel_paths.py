@@ -85,6 +85,21 @@ def test_rotary_inside_attention_gives_the_reference_tokens(wide_target_dir, mon
     assert not calls
 
 
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1), SpecConfig(3, 2, 5)], ids=["plain", "chain", "tree"])
+def test_norm_qkv_and_rotary_in_one_kernel_give_the_reference_tokens(wide_target_dir, monkeypatch, spec):
+    """EYAS_QKV_ROTARY=1: each target layer's input norm, q/k/v projection, rotary and cache write run as one
+    kernel (eyas.kernels.qkv_rotary) for decode steps and verify passes; rotate_and_store is left to the draft."""
+    import eyas.kernels.qkv_rotary as qkv_rotary
+
+    reference = _generate(wide_target_dir, "0", monkeypatch, **WIDE)
+    calls = []
+    monkeypatch.setattr(qkv_rotary, "norm_qkv_rotary",
+                        lambda *args, _f=qkv_rotary.norm_qkv_rotary: calls.append(1) or _f(*args))
+    monkeypatch.setenv("EYAS_QKV_ROTARY", "1")
+    assert _generate(wide_target_dir, "force", monkeypatch, spec, **WIDE) == reference
+    assert calls or CUDA  # graph replays make no Python calls
+
+
 def test_rotary_moves_into_attention_from_wide_queries_unless_forced(monkeypatch):
     """By default the attention kernel rotates q and k itself from ROTARY_IN_ATTENTION_MIN_WIDTH on (an 8B
     model's 32 x 128), not at SmolLM2's 9 x 64; EYAS_ROTARY_IN_ATTENTION=0 or 1 forces either way."""

@@ -14,7 +14,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from eyas.kernels import activation, chain_accept, draft_embed, fused_linear, norm, pdl, rotary, slot_attention
+from eyas.kernels import (activation, chain_accept, draft_embed, fused_linear, norm, pdl, qkv_rotary, rotary,
+                          slot_attention)
 
 BF16, I32, F32, U8 = "*bf16", "i32", "fp32", "*u8"
 
@@ -30,6 +31,9 @@ KERNELS = {
     "silu_mul_linear_chunked": (fused_linear._silu_mul_linear_kernel, {}, dict(BLOCK_M=4, BLOCK_N=16,
                                                                                BLOCK_K=2048, CHUNK_K=128,
                                                                                HAS_RESIDUAL=True)),
+    "norm_qkv_rotary": (qkv_rotary._norm_qkv_rotary_kernel, {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64",
+                                                              "slots": "*i64", "write_pos": "*i64"},
+                        dict(HAS_DELTA=True, HAS_BIAS=False, BLOCK_M=4, BLOCK_H=4, BLOCK_K=1024)),
     "silu_mul": (activation._silu_mul_kernel, {}, dict(BLOCK=1024)),
     "rms_norm": (norm._rms_norm_kernel, {"rstd_ptr": "*fp32"}, dict(BLOCK=1024, SAVE_RSTD=False)),
     "add_rms_norm": (norm._add_rms_norm_kernel, {}, dict(BLOCK=1024)),

@@ -21,7 +21,7 @@ from eyas.kernels.pdl import pdl_args, pdl_on
 SCRIPT = Path(__file__).with_name("pdl_ptx.py")
 CUDA = os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available()
 # The kernels that load weights before the wait: the whole tile, or the first K chunk.
-WEIGHT_FIRST = {"norm_linear", "silu_mul_linear", "norm_linear_chunked", "silu_mul_linear_chunked"}
+WEIGHT_FIRST = {"norm_linear", "silu_mul_linear", "norm_linear_chunked", "silu_mul_linear_chunked", "norm_qkv_rotary"}
 
 
 def _ptx_facts(mode: str, *kernels: str) -> dict:
@@ -36,7 +36,7 @@ def _ptx_facts(mode: str, *kernels: str) -> dict:
 def test_with_pdl_each_decode_kernel_waits_once_before_its_data_then_signals():
     """The default (LATE): one wait, then one signal; only the projections read (their weights) before the wait."""
     facts = _ptx_facts("late")
-    assert len(facts) == 17
+    assert len(facts) == 18
     for name, f in facts.items():
         assert (f["launch_dependents"], f["wait"], f["signal_after_wait"]) == (1, 1, True), f
         if name in WEIGHT_FIRST:

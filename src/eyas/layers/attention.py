@@ -115,10 +115,15 @@ ROTARY_IN_ATTENTION_MIN_WIDTH = 2048
 def rotary_in_attention(q: torch.Tensor) -> bool:
     """Whether the attention kernel rotates q and k and writes the cache itself: EYAS_ROTARY_IN_ATTENTION=1
     or 0 forces it; by default, from ROTARY_IN_ATTENTION_MIN_WIDTH on. q: [B, T, H, D]."""
+    return rotary_in_attention_at(q.shape[-2] * q.shape[-1])
+
+
+def rotary_in_attention_at(width: int) -> bool:
+    """rotary_in_attention for a query of this width (heads x head dim, per rank)."""
     forced = os.environ.get("EYAS_ROTARY_IN_ATTENTION")
     if forced in ("0", "1"):
         return forced == "1"
-    return q.shape[-2] * q.shape[-1] >= ROTARY_IN_ATTENTION_MIN_WIDTH
+    return width >= ROTARY_IN_ATTENTION_MIN_WIDTH
 
 
 def _kernel_fits(q: torch.Tensor, batch: AttentionBatch) -> bool:

@@ -18,6 +18,7 @@ from eyas.dist.parallel import SINGLE, TPContext
 from eyas.layers.activation import silu_mul
 from eyas.layers.attention import AttentionBatch, rotate_and_attend
 from eyas.layers.fused_linear import norm_linear, project_rows, silu_mul_linear
+from eyas.layers.qkv_rotary import norm_qkv_attend
 from eyas.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from eyas.layers.norm import RMSNorm
 from eyas.layers.rotary import RotaryEmbedding
@@ -98,8 +99,7 @@ class DecoderLayer(nn.Module):
         after that norm too (eyas.layers.fused_linear), so a decode step launches two kernels fewer per add."""
         attn, mlp = self.self_attn, self.mlp
         if isinstance(attn, Attention):
-            h, qkv = norm_linear(self.input_layernorm, attn.qkv_proj, h, delta)
-            out = attn.attend(qkv, positions, batch, rotary)
+            h, out = norm_qkv_attend(attn, self.input_layernorm, h, delta, positions, batch, rotary)
         else:
             h, x = self.input_layernorm.residual(h, delta)
             out = attn(x, positions, batch, rotary)

@@ -1,0 +1,50 @@
+"""A decode-shaped layer's attention from its residual stream, with the input norm, the q/k/v projection, the
+rotary embedding and the KV-cache write in one kernel (eyas.kernels.qkv_rotary) where it applies, instead of
+norm_linear then rotate_and_store: one launch fewer per layer.
+
+Off unless EYAS_QKV_ROTARY=1: built after a session's device time, not yet measured on a GPU. It applies
+where both kernels it replaces would run: the fused projection's conditions (eyas.layers.fused_linear: kernels
+enabled, a narrow projection of few rows and at most MAX_K input features) and the slot-attention kernel's,
+with no q/k norm between projection and rotary and the rotary not inside the attention kernel.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from eyas.layers.attention import AttentionBatch, _kernel_fits, rotary_in_attention_at
+from eyas.layers.fused_linear import _fits, project_rows
+
+
+def fused(attn, h: torch.Tensor, delta: torch.Tensor | None, norm, batch: AttentionBatch) -> bool:
+    """Whether norm_qkv_attend runs the one kernel for this layer and batch (read as a graph is captured)."""
+    from eyas.kernels.fused_linear import MAX_K
+
+    w = attn.qkv_proj.weight
+    return (os.environ.get("EYAS_QKV_ROTARY") == "1" and not attn.qk_norm and h.shape[-1] <= MAX_K
+            and not rotary_in_attention_at(attn.heads * attn.head_dim)
+            and _fits(h, h.shape[-1], delta, norm.weight, w, attn.qkv_proj.bias, outputs=w.shape[0])
+            and _kernel_fits(h, batch) and h.dtype == batch.kv.k.dtype)
+
+
+def norm_qkv_attend(attn, norm, h: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
+                    batch: AttentionBatch, rotary) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h + delta, the attention block's output) for a models.llama.Attention `attn` whose input norm is
+    `norm`: through eyas.kernels.qkv_rotary where `fused` says so, else norm_linear and attn.attend."""
+    if not fused(attn, h, delta, norm, batch):
+        from eyas.layers.fused_linear import norm_linear
+
+        h, qkv = norm_linear(norm, attn.qkv_proj, h, delta)
+        return h, attn.attend(qkv, positions, batch, rotary)
+    from eyas.kernels.qkv_rotary import norm_qkv_rotary
+    from eyas.kernels.slot_attention import slot_attention
+
+    k_cache, v_cache = batch.kv.k[attn.layer], batch.kv.v[attn.layer]
+    h, q = norm_qkv_rotary(h, delta, norm.weight, norm.eps, attn.qkv_proj.weight, attn.qkv_proj.bias, attn.heads,
+                           attn.kv_heads, rotary.cos, rotary.sin, positions, k_cache, v_cache, batch.slots,
+                           batch.write_pos)
+    out = slot_attention(q, k_cache, v_cache, batch.slots, batch.starts, attn.head_dim ** -0.5,
+                         new_mask=batch.new_mask, visible=batch.visible, kv_len=batch.kv_len)
+    return h, project_rows(attn.o_proj, out)

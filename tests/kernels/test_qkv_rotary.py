@@ -1,0 +1,108 @@
+"""norm_qkv_rotary against the two kernels it replaces: norm_linear (residual add, RMSNorm, the fused q/k/v
+projection) then rotate_and_store (rotary of q and k, k and v into the cache).
+
+Asserted: h, the rotated q and every cache column equal the two-kernel path's, in fp32 and bf16, and no
+other cache column is written. Both sides run in Triton's interpreter (or both compiled, with
+EYAS_TEST_CUDA=1), so a misread pair, head, slot or position breaks equality."""
+
+import pytest
+import torch
+
+from eyas.kernels.fused_linear import norm_linear
+from eyas.kernels.qkv_rotary import norm_qkv_rotary
+from eyas.kernels.rotary import rotate_and_store
+from eyas.layers.rotary import RotaryEmbedding
+
+EPS = 1e-5
+
+
+def _inputs(B, T, H, Hk, D, K, dtype, device, bias, delta):
+    g = torch.Generator().manual_seed(B * 100 + T * 10 + H)
+    rnd = lambda *shape, scale=1.0: (torch.randn(*shape, generator=g) * scale).to(device, dtype)  # noqa: E731
+    x = rnd(B, T, K)
+    return dict(x=x, delta=rnd(B, T, K) if delta else None, norm_weight=rnd(K, scale=0.1) + 1,
+                weight=rnd((H + 2 * Hk) * D, K, scale=K ** -0.5), bias=rnd((H + 2 * Hk) * D) if bias else None)
+
+
+def _caches(slots, Hk, max_len, D, dtype, device):
+    k = torch.full((slots, Hk, max_len, D), 7.0, dtype=dtype, device=device)
+    return k, k.clone() - 14.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B, T, H, Hk, D, K, bias, delta", [
+    (1, 1, 9, 3, 64, 576, False, True),    # SmolLM2's decode step
+    (1, 4, 9, 3, 64, 576, False, True),    # a chain's verify
+    (2, 3, 4, 2, 32, 96, True, False),     # two sequences, qkv bias (Qwen2), no residual add
+    (3, 1, 2, 1, 80, 160, False, True)])   # half of 80 is no power of two
+def test_matches_norm_linear_then_rotate_and_store(device, dtype, B, T, H, Hk, D, K, bias, delta):
+    a = _inputs(B, T, H, Hk, D, K, dtype, device, bias, delta)
+    rope = RotaryEmbedding(D, 10000.0, None, 512).to(device)
+    g = torch.Generator().manual_seed(5)
+    slots = torch.randperm(4, generator=g)[:B].to(device)
+    starts = torch.randint(0, 40, (B,), generator=g).to(device)
+    write_pos = starts[:, None] + torch.arange(T, device=device)[None]
+    positions = write_pos + 3
+    k_ref, v_ref = _caches(4, Hk, 64, D, dtype, device)
+    h_ref, qkv = norm_linear(a["x"], a["delta"], a["norm_weight"], EPS, a["weight"], a["bias"])
+    q, k, v = qkv.split([H * D, Hk * D, Hk * D], dim=-1)
+    q_ref = rotate_and_store(q.view(B, T, H, D), k.view(B, T, Hk, D), v.view(B, T, Hk, D), rope.cos, rope.sin,
+                             positions, k_ref, v_ref, slots, write_pos)
+    k_cache, v_cache = _caches(4, Hk, 64, D, dtype, device)
+    h, q_out = norm_qkv_rotary(a["x"], a["delta"], a["norm_weight"], EPS, a["weight"], a["bias"], H, Hk, rope.cos,
+                               rope.sin, positions, k_cache, v_cache, slots, write_pos)
+    assert torch.equal(h, h_ref)
+    assert q_out.shape == (B, T, H, D) and torch.equal(q_out, q_ref)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
+def test_bad_shapes_are_refused(device):
+    a = _inputs(1, 1, 2, 1, 32, 64, torch.float32, device, False, False)
+    rope = RotaryEmbedding(32, 10000.0, None, 64).to(device)
+    k_cache, v_cache = _caches(2, 1, 16, 32, torch.float32, device)
+    pos = torch.zeros(1, 1, dtype=torch.long, device=device)
+    slots = torch.zeros(1, dtype=torch.long, device=device)
+    with pytest.raises(ValueError, match="weight"):
+        norm_qkv_rotary(a["x"], None, a["norm_weight"], EPS, a["weight"], None, 3, 1, rope.cos, rope.sin, pos,
+                        k_cache, v_cache, slots, pos)
+    with pytest.raises(ValueError, match="caches"):
+        norm_qkv_rotary(a["x"], None, a["norm_weight"], EPS, a["weight"], None, 2, 1, rope.cos, rope.sin, pos,
+                        k_cache[:, :, :, :16], v_cache, slots, pos)
+    with pytest.raises(ValueError, match="rows"):
+        x = torch.zeros(1, 9, 64, device=device)
+        norm_qkv_rotary(x, None, a["norm_weight"], EPS, a["weight"], None, 2, 1, rope.cos, rope.sin,
+                        pos.expand(1, 9), k_cache, v_cache, slots, pos.expand(1, 9))
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({}, True), ({"switch": None}, False), ({"qk_norm": True}, False), ({"rows": 9}, False),
+    ({"rotary_in_attention": "1"}, False), ({"kernels": "0"}, False), ({"K": 4096}, False)])
+def test_the_layer_takes_the_kernel_only_where_both_kernels_it_replaces_would_run(monkeypatch, change, expected):
+    """eyas.layers.qkv_rotary.fused: the switch on, no q/k norm, the fused projection's rows and features, the
+    slot-attention kernel's cache, and the rotary not inside the attention kernel."""
+    from types import SimpleNamespace
+
+    from eyas.engine.kv_cache import KVCache
+    from eyas.layers.attention import AttentionBatch
+    from eyas.layers.linear import ColumnParallelLinear
+    from eyas.layers.norm import RMSNorm
+    from eyas.layers.qkv_rotary import fused
+
+    K, H, Hk, D = change.get("K", 128), 4, 2, 32
+    for name in ("EYAS_FUSED_LINEAR", "EYAS_FUSED_WIDE", "EYAS_FUSED_MAX_ROWS", "EYAS_FUSED_NARROW_ROWS",
+                 "EYAS_ROTARY_IN_ATTENTION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("EYAS_KERNELS", change.get("kernels", "force"))
+    if change.get("switch", "1"):
+        monkeypatch.setenv("EYAS_QKV_ROTARY", "1")
+    else:
+        monkeypatch.delenv("EYAS_QKV_ROTARY", raising=False)
+    if "rotary_in_attention" in change:
+        monkeypatch.setenv("EYAS_ROTARY_IN_ATTENTION", change["rotary_in_attention"])
+    proj = ColumnParallelLinear(K, {"q": H * D, "k": Hk * D, "v": Hk * D}, False).requires_grad_(False)
+    attn = SimpleNamespace(qk_norm=change.get("qk_norm", False), heads=H, kv_heads=Hk, head_dim=D, qkv_proj=proj)
+    norm = RMSNorm(K, EPS).requires_grad_(False)
+    kv = KVCache(1, 2, 32, Hk, D, torch.float32, "cpu")
+    batch = AttentionBatch(kv=kv, slots=torch.tensor([0]), starts=torch.tensor([3]), kv_len=16)
+    h = torch.zeros(1, change.get("rows", 4), K)
+    assert fused(attn, h, torch.zeros_like(h), norm, batch) is expected
