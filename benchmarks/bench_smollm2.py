@@ -401,6 +401,7 @@ def adaptive_books(policy) -> dict:
                 adaptive_time_by_bucket={k: dict(seconds=round(v[0], 4), tokens=v[1])
                                          for k, v in sorted(by_bucket.items())})
 
+
 def parse_specs(text: str, flag: str = "--specs") -> list[SpecConfig]:
     """'3/1,5/4/8' -> [SpecConfig(3, 1), SpecConfig(5, 4, 8)]; a bad entry exits with a one-line error."""
     specs = []

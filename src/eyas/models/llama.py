@@ -18,9 +18,9 @@ from eyas.dist.parallel import SINGLE, TPContext
 from eyas.layers.activation import silu_mul
 from eyas.layers.attention import AttentionBatch, rotate_and_attend
 from eyas.layers.fused_linear import norm_linear, project_rows, silu_mul_linear
-from eyas.layers.qkv_rotary import norm_qkv_attend
 from eyas.layers.linear import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from eyas.layers.norm import RMSNorm
+from eyas.layers.qkv_rotary import norm_qkv_attend
 from eyas.layers.rotary import RotaryEmbedding
 from eyas.models.mla import MLAttention
 from eyas.models.moe import SparseMoE
