@@ -91,3 +91,13 @@ def demo_dir():
     from eyas.models.demo import demo_model_path
 
     return demo_model_path()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """(target, draft) directories of tests.server.tiny.predictable_pair: a tiny target and an EAGLE-3 draft
+    whose first guess is always accepted. Built once per test module that asks for it."""
+    from tests.server.tiny import predictable_pair
+
+    root = tmp_path_factory.mktemp("pair")
+    return predictable_pair(root / "target", root / "draft")

@@ -6,22 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.helpers import run_script
-from tests.server.tiny import predictable_pair
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "diagnose_acceptance.py"
 
 
 def run(*args):
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pair")
-    return predictable_pair(root / "target", root / "draft")
 
 
 def test_simulated_acceptance_equals_the_engines_on_mt_bench(pair, tmp_path):

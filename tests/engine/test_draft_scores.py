@@ -8,13 +8,6 @@ import torch
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
-from tests.server.tiny import predictable_pair
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pair")
-    return predictable_pair(root / "target", root / "draft")
 
 
 def _engine(pair, spec):

@@ -2,17 +2,9 @@
 
 from pathlib import Path
 
-import pytest
-
 from eyas.cli import main
 from eyas.runs.ledger import Ledger
 from tests.launch.conftest import write_spec
-from tests.server.tiny import predictable_pair
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return predictable_pair(tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("draft"))
 
 
 def test_tiny_sweep_records_each_point_and_plots(tmp_path, capsys, pair, prompts):

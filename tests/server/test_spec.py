@@ -10,12 +10,7 @@ import pytest
 from eyas.bench.prometheus import labeled_samples, parse_metrics
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
-from tests.server.tiny import Server, predictable_pair
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return predictable_pair(tmp_path_factory.mktemp("target"), tmp_path_factory.mktemp("draft"))
+from tests.server.tiny import Server
 
 
 def plain_texts(target, tokenizer, prompts, max_tokens=40):

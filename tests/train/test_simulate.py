@@ -10,13 +10,6 @@ from eyas.layers.sampling import SamplingParams
 from eyas.models.draft_io import load_draft
 from eyas.models.loader import load_model
 from eyas.train.simulate import draft_predictions, simulate_chain, teacher_forced_accuracy
-from tests.server.tiny import predictable_pair
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pair")
-    return predictable_pair(root / "target", root / "draft")
 
 
 @torch.no_grad()
