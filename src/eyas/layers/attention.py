@@ -70,12 +70,10 @@ KERNEL_TOKENS = 64  # new tokens per row up to which the slot-attention kernel r
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: AttentionBatch, scale: float):
     """q: [B, T, H, D]; k, v: [B, T, Hkv, D] for the new tokens. Returns [B, T, H*D]."""
     if _kernel_fits(q, batch):
-        from eyas.kernels.slot_attention import slot_attention, store_kv
+        from eyas.kernels.slot_attention import store_kv
 
-        k_cache, v_cache = batch.kv.k[layer], batch.kv.v[layer]
-        store_kv(k_cache, v_cache, batch.slots, batch.write_pos, k, v)
-        return slot_attention(q, k_cache, v_cache, batch.slots, batch.starts, scale, new_mask=batch.new_mask,
-                              visible=batch.visible, kv_len=batch.kv_len)
+        store_kv(batch.kv.k[layer], batch.kv.v[layer], batch.slots, batch.write_pos, k, v)
+        return attend_cached(q, layer, batch, scale)
     batch.kv.write(layer, batch.slots, batch.write_pos, k, v)
     keys, values = batch.kv.read(layer, batch.slots, batch.kv_len)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=batch.mask,
@@ -90,19 +88,23 @@ def rotate_and_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positio
     itself, one launch fewer per layer (`rotary_in_attention`)."""
     if _kernel_fits(q, batch) and enabled(k, v) and q.dtype == k.dtype == v.dtype == batch.kv.k.dtype:
         from eyas.kernels.rotary import rotate_and_store
-        from eyas.kernels.slot_attention import slot_attention
 
-        k_cache, v_cache = batch.kv.k[layer], batch.kv.v[layer]
         if rotary_in_attention(q):
-            return slot_attention(q, k_cache, v_cache, batch.slots, batch.starts, scale, new_mask=batch.new_mask,
-                                  visible=batch.visible, kv_len=batch.kv_len,
-                                  rotary=(k, v, rotary.cos, rotary.sin, positions, batch.write_pos))
-        q = rotate_and_store(q, k, v, rotary.cos, rotary.sin, positions, k_cache, v_cache, batch.slots,
-                             batch.write_pos)
-        return slot_attention(q, k_cache, v_cache, batch.slots, batch.starts, scale, new_mask=batch.new_mask,
-                              visible=batch.visible, kv_len=batch.kv_len)
+            return attend_cached(q, layer, batch, scale, (k, v, rotary.cos, rotary.sin, positions, batch.write_pos))
+        q = rotate_and_store(q, k, v, rotary.cos, rotary.sin, positions, batch.kv.k[layer], batch.kv.v[layer],
+                             batch.slots, batch.write_pos)
+        return attend_cached(q, layer, batch, scale)
     q, k = rotary(q, k, positions)
     return attend(q, k, v, layer, batch, scale)
+
+
+def attend_cached(q: torch.Tensor, layer: int, batch: AttentionBatch, scale: float, rotary: tuple | None = None):
+    """The slot-attention kernel over this layer's cache, where this forward's k and v are written already
+    (or, with `rotary`, which the kernel rotates and writes itself: eyas.kernels.slot_attention). [B, T, H*D]."""
+    from eyas.kernels.slot_attention import slot_attention
+
+    return slot_attention(q, batch.kv.k[layer], batch.kv.v[layer], batch.slots, batch.starts, scale,
+                          new_mask=batch.new_mask, visible=batch.visible, kv_len=batch.kv_len, rotary=rotary)
 
 
 # Query width (heads x head dim, per rank) from which the attention kernel rotates q and k itself by default.

@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from eyas.layers.attention import AttentionBatch, _kernel_fits, rotary_in_attention_at
+from eyas.layers.attention import AttentionBatch, _kernel_fits, attend_cached, rotary_in_attention_at
 from eyas.layers.fused_linear import _fits, project_rows
 
 
@@ -39,12 +39,8 @@ def norm_qkv_attend(attn, norm, h: torch.Tensor, delta: torch.Tensor | None, pos
         h, qkv = norm_linear(norm, attn.qkv_proj, h, delta)
         return h, attn.attend(qkv, positions, batch, rotary)
     from eyas.kernels.qkv_rotary import norm_qkv_rotary
-    from eyas.kernels.slot_attention import slot_attention
 
-    k_cache, v_cache = batch.kv.k[attn.layer], batch.kv.v[attn.layer]
     h, q = norm_qkv_rotary(h, delta, norm.weight, norm.eps, attn.qkv_proj.weight, attn.qkv_proj.bias, attn.heads,
-                           attn.kv_heads, rotary.cos, rotary.sin, positions, k_cache, v_cache, batch.slots,
-                           batch.write_pos)
-    out = slot_attention(q, k_cache, v_cache, batch.slots, batch.starts, attn.head_dim ** -0.5,
-                         new_mask=batch.new_mask, visible=batch.visible, kv_len=batch.kv_len)
-    return h, project_rows(attn.o_proj, out)
+                           attn.kv_heads, rotary.cos, rotary.sin, positions, batch.kv.k[attn.layer],
+                           batch.kv.v[attn.layer], batch.slots, batch.write_pos)
+    return h, project_rows(attn.o_proj, attend_cached(q, attn.layer, batch, attn.head_dim ** -0.5))
