@@ -3,7 +3,8 @@ projection) then rotate_and_store (rotary of q and k, k and v into the cache).
 
 Asserted: h, the rotated q and every cache column equal the two-kernel path's, in fp32 and bf16, and no
 other cache column is written. Both sides run in Triton's interpreter (or both compiled, with
-EYAS_TEST_CUDA=1), so a misread pair, head, slot or position breaks equality."""
+EYAS_TEST_CUDA=1), so a misread pair, head, slot or position breaks equality; compiled, to the last bits
+(_assert_same)."""
 
 import pytest
 import torch
@@ -51,9 +52,22 @@ def test_matches_norm_linear_then_rotate_and_store(device, dtype, B, T, H, Hk, D
     k_cache, v_cache = _caches(4, Hk, 64, D, dtype, device)
     h, q_out = norm_qkv_rotary(a["x"], a["delta"], a["norm_weight"], EPS, a["weight"], a["bias"], H, Hk, rope.cos,
                                rope.sin, positions, k_cache, v_cache, slots, write_pos)
-    assert torch.equal(h, h_ref)
-    assert q_out.shape == (B, T, H, D) and torch.equal(q_out, q_ref)
-    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    assert q_out.shape == (B, T, H, D)
+    for got, want in ((h, h_ref), (q_out, q_ref), (k_cache, k_ref), (v_cache, v_ref)):
+        _assert_same(got, want)
+    for cache, marker in ((k_cache, 7.0), (v_cache, -7.0)):  # exactly the written columns changed
+        assert torch.equal(cache == marker, (k_ref if marker > 0 else v_ref) == marker)
+
+
+def _assert_same(got: torch.Tensor, want: torch.Tensor):
+    """Bit for bit in the interpreter. Compiled, the two kernels' sums over K may run in different orders
+    (their tiles differ), so fp32 may differ in the last bits and bf16 by a rounding step (an H200, 2026-12-03:
+    fp32 differed, bf16 was equal)."""
+    if not got.is_cuda:
+        assert torch.equal(got, want)
+        return
+    tol = 1e-5 if got.dtype == torch.float32 else 2 ** -7
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
 
 def test_bad_shapes_are_refused(device):
@@ -75,10 +89,11 @@ def test_bad_shapes_are_refused(device):
 
 
 @pytest.mark.parametrize("change, expected", [
-    ({}, True), ({"switch": None}, False), ({"qk_norm": True}, False), ({"rows": 9}, False),
+    ({}, True), ({"switch": None}, False), ({"switch": None, "rows": 1}, True), ({"switch": "0", "rows": 1}, False),
+    ({"qk_norm": True}, False), ({"rows": 9}, False),
     ({"rotary_in_attention": "1"}, False), ({"kernels": "0"}, False), ({"K": 4096}, False)])
 def test_the_layer_takes_the_kernel_only_where_both_kernels_it_replaces_would_run(monkeypatch, change, expected):
-    """eyas.layers.qkv_rotary.fused: the switch on, no q/k norm, the fused projection's rows and features, the
+    """eyas.layers.qkv_rotary.fused: the switch on (by default at one row only), no q/k norm, the fused projection's rows and features, the
     slot-attention kernel's cache, and the rotary not inside the attention kernel."""
     from types import SimpleNamespace
 
@@ -93,10 +108,10 @@ def test_the_layer_takes_the_kernel_only_where_both_kernels_it_replaces_would_ru
                  "EYAS_ROTARY_IN_ATTENTION"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("EYAS_KERNELS", change.get("kernels", "force"))
-    if change.get("switch", "1"):
-        monkeypatch.setenv("EYAS_QKV_ROTARY", "1")
-    else:
+    if change.get("switch", "1") is None:
         monkeypatch.delenv("EYAS_QKV_ROTARY", raising=False)
+    else:
+        monkeypatch.setenv("EYAS_QKV_ROTARY", change.get("switch", "1"))
     if "rotary_in_attention" in change:
         monkeypatch.setenv("EYAS_ROTARY_IN_ATTENTION", change["rotary_in_attention"])
     proj = ColumnParallelLinear(K, {"q": H * D, "k": Hk * D, "v": Hk * D}, False).requires_grad_(False)

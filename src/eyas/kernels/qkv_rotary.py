@@ -9,8 +9,10 @@ into a new q tensor; k heads are rotated and v heads copied into their KV-cache 
 
 Each intermediate is rounded where the unfused kernels store it: the projection's output as norm_linear
 writes it, then the rotary op by op as rotate_and_store computes it (the kernel runs without multiply-add
-fusion, as rotate_and_store does, so that fp32 products are rounded before their sum). Off by default
-(EYAS_QKV_ROTARY=1 in eyas.layers.qkv_rotary): built after a session's device time, not yet measured.
+fusion, as rotate_and_store does, so that fp32 products are rounded before their sum). In Triton's
+interpreter it equals the two kernels bit for bit; compiled, its sums over K may run in another order than
+norm_linear's tile does (and without its multiply-adds), so fp32 results can differ in the last bits. The
+layer (eyas.layers.qkv_rotary) takes it at one row by default, where it measured faster.
 """
 
 from __future__ import annotations

@@ -2,10 +2,14 @@
 rotary embedding and the KV-cache write in one kernel (eyas.kernels.qkv_rotary) where it applies, instead of
 norm_linear then rotate_and_store: one launch fewer per layer.
 
-Off unless EYAS_QKV_ROTARY=1: built after a session's device time, not yet measured on a GPU. It applies
-where both kernels it replaces would run: the fused projection's conditions (eyas.layers.fused_linear: kernels
-enabled, a narrow projection of few rows and at most MAX_K input features) and the slot-attention kernel's,
-with no q/k norm between projection and rotary and the rotary not inside the attention kernel.
+By default it runs at one row (a batch-1 decode step): on an H200 (bench_step_ab.py, SmolLM2's shape at
+300 cached tokens, graph replays side by side, 2026-12-03) it made that step 4.7% shorter (0.4572 against
+0.4798 ms, 154 kernels against 184), but a verify of 4, 5 and 8 rows 3.4%, 1.0% and 2.3% longer: each program
+recomputes the rows' norm and rotates its pairs, work that grows with the rows. EYAS_QKV_ROTARY=1 takes it at
+every row count where it applies, =0 never. It applies where both kernels it replaces would run: the fused
+projection's conditions (eyas.layers.fused_linear: kernels enabled, a narrow projection of few rows and at
+most MAX_K input features) and the slot-attention kernel's, with no q/k norm between projection and rotary
+and the rotary not inside the attention kernel.
 """
 
 from __future__ import annotations
@@ -17,13 +21,24 @@ import torch
 from eyas.layers.attention import AttentionBatch, _kernel_fits, attend_cached, rotary_in_attention_at
 from eyas.layers.fused_linear import _fits, project_rows
 
+DEFAULT_ROWS = 1  # rows up to which the kernel runs unless EYAS_QKV_ROTARY says otherwise (see above)
+
+
+def max_rows() -> int:
+    """Rows (batch x tokens) up to which the layer takes the kernel: 0 with EYAS_QKV_ROTARY=0, the kernel's
+    own limit with =1, else DEFAULT_ROWS. Read per call, so a benchmark can time both in one process."""
+    from eyas.kernels.fused_linear import KERNEL_ROWS
+
+    switch = os.environ.get("EYAS_QKV_ROTARY")
+    return 0 if switch == "0" else KERNEL_ROWS if switch == "1" else DEFAULT_ROWS
+
 
 def fused(attn, h: torch.Tensor, delta: torch.Tensor | None, norm, batch: AttentionBatch) -> bool:
     """Whether norm_qkv_attend runs the one kernel for this layer and batch (read as a graph is captured)."""
     from eyas.kernels.fused_linear import MAX_K
 
     w = attn.qkv_proj.weight
-    return (os.environ.get("EYAS_QKV_ROTARY") == "1" and not attn.qk_norm and h.shape[-1] <= MAX_K
+    return (h.numel() // max(h.shape[-1], 1) <= max_rows() and not attn.qk_norm and h.shape[-1] <= MAX_K
             and not rotary_in_attention_at(attn.heads * attn.head_dim)
             and _fits(h, h.shape[-1], delta, norm.weight, w, attn.qkv_proj.bias, outputs=w.shape[0])
             and _kernel_fits(h, batch) and h.dtype == batch.kv.k.dtype)
