@@ -130,7 +130,7 @@ def test_a_close_call_on_one_window_is_measured_again_soon():
     modes = clock.steps(4 * 12, 4, {True: 0.0118, False: 0.006}, {True: 2.25, False: 1})  # then 191/s
     windows = modes[::4]
     assert windows[:4] == [False, True, False, True]
-    # speculation now ahead; plain, with one window measured, gets every second window until settled too
+    # speculation now ahead; plain's rate does not depend on the text: it keeps the probe schedule
     assert p.preferred[4] is True and windows[-6:] == [True] * 6
     # the far side of a close call is probed on the slow schedule from the first windows on
     q = SpecPolicy(adaptive=True, window=4, probe_every=16)
