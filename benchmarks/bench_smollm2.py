@@ -202,13 +202,13 @@ def phase_costs(eng, context=300):
         # The whole draft phase of one cycle (graphed when CUDA graphs are on), per draft forward.
         S, k = spec.spec.steps, spec.spec.topk
         H, Vd = eng.config.hidden_size, spec.draft.config.draft_vocab_size
-        logp0 = torch.log_softmax(torch.randn(1, Vd, device=DEVICE), -1)
+        scores0 = torch.log_softmax(torch.randn(1, Vd, device=DEVICE), -1)
         hidden0 = torch.randn(1, H, device=DEVICE, dtype=eng.dtype)
         root = torch.tensor([5], device=DEVICE)
         c = torch.tensor([context], device=DEVICE)
         slots = torch.tensor([0], device=DEVICE)
         res["draft_phase_ms"] = timed(lambda: spec._run("tree", spec.drafter.tree, 1, spec.kv, context + (S - 1) * k,
-                                                        [logp0, hidden0, root, c, slots], [0, 0, 0, 0, 0]))
+                                                        [scores0, hidden0, root, c, slots], [0, 0, 0, 0, 0]))
         res["draft_step_ms"] = res["draft_phase_ms"] / max(S - 1, 1)
         ids = torch.randint(0, 1000, (1, S + 1), device=DEVICE)
         feats = torch.randn(1, S + 1, 3 * H, device=DEVICE, dtype=eng.dtype)

@@ -50,13 +50,13 @@ def test_catch_up_over_ragged_lags_matches_a_pass_per_sequence(target_dir):
     want = []
     for s, state in zip(seqs, states):
         engine.spec._catch_up([s])
-        want.append((s.draft_state.hidden.clone(), s.draft_state.logp.clone()))
+        want.append((s.draft_state.hidden.clone(), s.draft_state.scores.clone()))
         s.draft_state = state
     engine.spec._catch_up(seqs)
-    for s, (h, logp) in zip(seqs, want):
+    for s, (h, scores) in zip(seqs, want):
         assert not s.draft_state.lag_tokens
         torch.testing.assert_close(s.draft_state.hidden, h, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(s.draft_state.logp, logp, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(s.draft_state.scores, scores, atol=1e-5, rtol=1e-5)
 
 
 def test_warm_up_runs_the_eager_passes_that_would_compile_in_traffic(tmp_path, monkeypatch):
@@ -90,17 +90,17 @@ def test_graphed_passes_of_s_plus_1_pairs_match_the_eager_pass(target_dir, fake_
     assert max(lags) > 2 * (spec.steps + 1)  # several passes, rows dropping out after their last pair
     states = [s.draft_state for s in seqs]
     in_one_eager_pass(engine.spec, seqs)
-    want = [(s.draft_state.hidden.clone(), s.draft_state.logp.clone()) for s in seqs]
+    want = [(s.draft_state.hidden.clone(), s.draft_state.scores.clone()) for s in seqs]
     for s, state in zip(seqs, states):
         s.draft_state = state
     keys = set(engine.runner.graphs.functions.graphs)
     engine.spec._catch_up(seqs)
     new = set(engine.runner.graphs.functions.graphs) - keys
     assert new <= {k for k in engine.runner.graphs.functions.graphs if k[0] == "extend"}
-    for s, (h, logp) in zip(seqs, want):
+    for s, (h, scores) in zip(seqs, want):
         assert not s.draft_state.lag_tokens
         torch.testing.assert_close(s.draft_state.hidden, h, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(s.draft_state.logp, logp, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(s.draft_state.scores, scores, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(3, 2, 5)], ids=["chain", "tree"])
@@ -118,7 +118,7 @@ def test_wide_passes_match_the_eager_pass_and_capture_nothing(target_dir, fake_g
     assert max(s.cached - n for s, n in zip(seqs, lags)) + 30 > engine.spec.kv.max_len  # no wide first pass
     states = [s.draft_state for s in seqs]
     in_one_eager_pass(engine.spec, seqs)
-    want = [(s.draft_state.hidden.clone(), s.draft_state.logp.clone()) for s in seqs]
+    want = [(s.draft_state.hidden.clone(), s.draft_state.scores.clone()) for s in seqs]
     for s, state in zip(seqs, states):
         s.draft_state = state
     widths, extend = [], engine.spec._extend
@@ -129,7 +129,7 @@ def test_wide_passes_match_the_eager_pass_and_capture_nothing(target_dir, fake_g
     engine.spec._catch_up(seqs)
     assert widths[0] == spec.steps + 1 and 30 in widths  # the row near its end first, then a wide pass
     assert all(k[3][0] != (30,) for k in set(graphs) - keys)  # no wide graph captured in traffic
-    for s, (h, logp) in zip(seqs, want):
+    for s, (h, scores) in zip(seqs, want):
         assert not s.draft_state.lag_tokens
         torch.testing.assert_close(s.draft_state.hidden, h, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(s.draft_state.logp, logp, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(s.draft_state.scores, scores, atol=1e-5, rtol=1e-5)

@@ -86,7 +86,7 @@ def test_the_drafts_chunked_prefill_gives_its_eager_states(tmp_path):
         for s in seqs:
             s.slot = eng.runner.kv.allocate()
         eng._prefill(seqs)
-        outs.append([(s.draft_state.batch_hidden[s.draft_state.row], s.draft_state.batch_logp[s.draft_state.row])
+        outs.append([(s.draft_state.batch_hidden[s.draft_state.row], s.draft_state.batch_scores[s.draft_state.row])
                      for s in seqs])
     for (h0, l0), (h1, l1) in zip(*outs):
         torch.testing.assert_close(h1, h0, atol=1e-5, rtol=1e-5)

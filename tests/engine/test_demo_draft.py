@@ -46,7 +46,7 @@ def _draft_states(demo_dir, prompts, pattern=None):
 
     def recorded(seqs):
         for s in seqs:
-            states[(s.id, s.cached)] = s.draft_state.logp.clone()
+            states[(s.id, s.cached)] = s.draft_state.scores.clone()
         cycle(seqs)
 
     engine.spec._speculative_cycle = recorded

@@ -82,8 +82,8 @@ def oracle_chain(eng, refs: dict[tuple, list[int]], wrong_every: int = 5):
     real = spec.draft_fn
     table = torch.zeros((eng.runner.kv.num_slots, 512), dtype=torch.long)
 
-    def draft_fn(logp0, hidden0, root, c, slots, kv_len):
-        tokens, parents, depth, mask = real(logp0, hidden0, root, c, slots, kv_len)
+    def draft_fn(scores0, hidden0, root, c, slots, kv_len):
+        tokens, parents, depth, mask = real(scores0, hidden0, root, c, slots, kv_len)
         for seq in eng.running:  # host work inside a graph body: fine where graphs are faked by re-running
             ref = refs[tuple(seq.prompt_ids)]
             table[seq.slot, :len(ref)] = torch.tensor(ref)

@@ -124,5 +124,5 @@ def in_one_eager_pass(spec, seqs):
         feats = lag_features(group, L)
         first = [s.cached - n for s, n in zip(group, lens)]
         meta = torch.tensor([first, [s.slot for s in group], [n - 1 for n in lens]], device=dev)
-        h, logp = spec.drafter.extend(ids, feats, meta[2], meta[0], meta[1], graph_kv_len(kv, max(first) + L))
-        set_states(group, h, logp)
+        h, scores = spec.drafter.extend(ids, feats, meta[2], meta[0], meta[1], graph_kv_len(kv, max(first) + L))
+        set_states(group, h, scores)

@@ -15,7 +15,7 @@ class DraftState:
     (c - len(lag_tokens) while lagging) and its scores for x_{c+1} (logits or log-probs). Rows stay in the
     pass's batched tensors, so a batch that runs together again is read back without a gather."""
     batch_hidden: torch.Tensor  # [n, H]
-    batch_logp: torch.Tensor    # [n, draft_vocab]
+    batch_scores: torch.Tensor  # [n, draft_vocab]
     row: int
     lag_tokens: list = field(default_factory=list)  # tokens of plain steps the draft has not seen yet
     lag_feats: list = field(default_factory=list)   # their features: (plain step's [B, 3H] features, row)
@@ -25,13 +25,13 @@ class DraftState:
         return self.batch_hidden[self.row]
 
     @property
-    def logp(self) -> torch.Tensor:
-        return self.batch_logp[self.row]
+    def scores(self) -> torch.Tensor:
+        return self.batch_scores[self.row]
 
 
-def set_states(seqs, hidden: torch.Tensor, logp: torch.Tensor):
+def set_states(seqs, hidden: torch.Tensor, scores: torch.Tensor):
     for i, s in enumerate(seqs):
-        s.draft_state = DraftState(hidden, logp, i)
+        s.draft_state = DraftState(hidden, scores, i)
 
 
 def lag_features(seqs, L: int) -> torch.Tensor:
@@ -60,5 +60,5 @@ def gather_states(seqs) -> tuple[torch.Tensor, torch.Tensor]:
     first = seqs[0].draft_state
     if first.batch_hidden.shape[0] == len(seqs) and all(
             s.draft_state.batch_hidden is first.batch_hidden and s.draft_state.row == i for i, s in enumerate(seqs)):
-        return first.batch_hidden, first.batch_logp
-    return (torch.stack([s.draft_state.hidden for s in seqs]), torch.stack([s.draft_state.logp for s in seqs]))
+        return first.batch_hidden, first.batch_scores
+    return (torch.stack([s.draft_state.hidden for s in seqs]), torch.stack([s.draft_state.scores for s in seqs]))

@@ -2,9 +2,9 @@
 tree from the last committed position, as a chain (topk 1) or EAGLE-2's dynamic tree.
 
 All are tensor-only with fixed shapes, so the speculative decoder (speculative.py) can capture them in CUDA
-graphs. Drafting reads the draft's output at position c-1 (scores logp0, see Drafter.scores; hidden hidden0)
-and writes draft cache columns from c on, which the commit's extend pass then overwrites with the accepted
-pairs.
+graphs. Drafting reads the draft's output at position c-1 (its scores scores0, see Drafter.scores, and its
+hidden state hidden0) and writes draft cache columns from c on, which the commit's extend pass then
+overwrites with the accepted pairs.
 """
 
 from __future__ import annotations
@@ -47,11 +47,11 @@ class Drafter:
             return self.draft.head_output(h)
         return torch.log_softmax(self.draft.logits(h), dim=-1)
 
-    def chain(self, logp0, hidden0, root, c, slots, kv_len):
+    def chain(self, scores0, hidden0, root, c, slots, kv_len):
         """A chain (topk 1): each step feeds its argmax to the next, and the draft attends causally over its
         cache. The same tree as tree()'s with k = 1 (up to which of two exactly tied tokens is guessed),
         without the small kernels of its scores, frontier and reranking."""
-        ids = argmax(logp0)[:, None]                                         # [B, 1] draft ids
+        ids = argmax(scores0)[:, None]                                       # [B, 1] draft ids
         hidden, guesses = hidden0[:, None], [ids]
         for step in range(2, self.spec.steps + 1):
             embeds = self.draft.embed_ids(ids, self.embed)
@@ -63,12 +63,12 @@ class Drafter:
         parents, depth, mask = self.chain_tree
         return tokens, parents.expand(B, -1), depth.expand(B, -1), mask.expand(B, -1, -1)
 
-    def tree(self, logp0, hidden0, root, c, slots, kv_len):
+    def tree(self, scores0, hidden0, root, c, slots, kv_len):
         """EAGLE-2 dynamic tree: expand the top-k frontier by cumulative log-prob for S steps, then rerank."""
         S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
         dev, B = root.device, root.shape[0]
         hidden = hidden0[:, None].expand(B, k, -1)
-        scores, ids = topk(logp0, k, log_softmax=True)                       # [B, k] log-probs
+        scores, ids = topk(scores0, k, log_softmax=True)                     # [B, k] log-probs
         pool_tokens, pool_scores = [ids], [scores]
         pool_parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
         pool_depth = [torch.ones((B, k), dtype=torch.long, device=dev)]

@@ -51,7 +51,7 @@ class _State:
     root: torch.Tensor    # [bucket]
     c_t: torch.Tensor     # [bucket]
     hidden: torch.Tensor  # [bucket, H]
-    logp: torch.Tensor    # [bucket, draft vocab]
+    scores: torch.Tensor  # [bucket, draft vocab]
 
     def copy_(self, other: "_State"):
         for f in fields(self):
@@ -65,7 +65,7 @@ class _CyclePair:
     times): the verify pass rewrites every cache column that the compaction then moves. Against a graph per
     phase this saves the copies of each phase's inputs into its graph's buffers and two graph launches per cycle."""
 
-    def __init__(self, spec, bucket: int, kv_draft: int, kv_target: int, hidden: torch.Tensor, logp: torch.Tensor,
+    def __init__(self, spec, bucket: int, kv_draft: int, kv_target: int, hidden: torch.Tensor, scores: torch.Tensor,
                  pool):
         dev = hidden.device
         scratch = spec.engine.runner.scratch_slot
@@ -73,20 +73,22 @@ class _CyclePair:
         def state():
             return _State(torch.zeros(bucket, dtype=torch.long, device=dev), torch.zeros(bucket, dtype=torch.long,
                                                                                           device=dev),
-                          hidden.new_zeros((bucket,) + hidden.shape[1:]), logp.new_zeros((bucket,) + logp.shape[1:]))
+                          hidden.new_zeros((bucket,) + hidden.shape[1:]),
+                          scores.new_zeros((bucket,) + scores.shape[1:]))
 
         self.state = (state(), state())
         self.slots = torch.full((bucket,), scratch, dtype=torch.long, device=dev)  # padding rows: the scratch slot
         self.active = torch.zeros(bucket, dtype=torch.long, device=dev)  # 1 for the batch's rows
 
         def body(src: _State, dst: _State):
-            tokens, parents, depth, mask = spec.draft_fn(src.logp, src.hidden, src.root, src.c_t, self.slots, kv_draft)
+            tokens, parents, depth, mask = spec.draft_fn(src.scores, src.hidden, src.root, src.c_t, self.slots,
+                                                         kv_draft)
             argmax, _, aux = spec._verify_fn(tokens, depth, mask, src.c_t, self.slots, kv_target)
-            new, accepted, sel, h, logp_next = spec._commit_fn(tokens, parents, depth, argmax, aux, src.c_t,
+            new, accepted, sel, h, scores_next = spec._commit_fn(tokens, parents, depth, argmax, aux, src.c_t,
                                                                self.slots, kv_draft)
             spec._compact_paths(self.slots, src.c_t, sel, accepted)
             dst.hidden.copy_(h)
-            dst.logp.copy_(logp_next)
+            dst.scores.copy_(scores_next)
             dst.root.copy_(new.gather(1, accepted[:, None])[:, 0])
             dst.c_t.copy_(src.c_t + (accepted + 1) * self.active)  # padding rows stay at column 0 of the scratch row
             return torch.cat([new, accepted[:, None]], dim=1)
@@ -123,7 +125,7 @@ class SpecAhead(AheadOfHost):
         self.pairs: dict[tuple, _CyclePair] = {}
         self.pair: _CyclePair | None = None
         # the next cycle's inputs without whole-cycle graphs, on the device, padded to the batch bucket
-        self._root = self._c_t = self.slots_t = self._active = self.hidden = self.logp = None
+        self._root = self._c_t = self.slots_t = self._active = self.hidden = self.scores = None
 
     @property
     def c_t(self) -> torch.Tensor:
@@ -144,7 +146,7 @@ class SpecAhead(AheadOfHost):
             return False
         return self.holds(seqs) if self.active else True
 
-    def _pair_for(self, bucket: int, c: int, hidden: torch.Tensor, logp: torch.Tensor) -> _CyclePair:
+    def _pair_for(self, bucket: int, c: int, hidden: torch.Tensor, scores: torch.Tensor) -> _CyclePair:
         """The pair of whole-cycle graphs for `bucket` rows whose longest holds at most c cached tokens. One
         attention bound for the cycle's passes (its largest need), so that a row crossing a bound never needs
         a pair of mixed bounds, which the warm-up would not have captured."""
@@ -153,7 +155,7 @@ class SpecAhead(AheadOfHost):
         key = (bucket, graph_kv_len(spec.kv, need), graph_kv_len(spec.engine.runner.kv, need))
         pair = self.pairs.get(key)
         if pair is None:
-            pair = self.pairs[key] = _CyclePair(spec, bucket, key[1], key[2], hidden, logp,
+            pair = self.pairs[key] = _CyclePair(spec, bucket, key[1], key[2], hidden, scores,
                                                 spec.engine.runner.graphs.pool)
         return pair
 
@@ -162,20 +164,20 @@ class SpecAhead(AheadOfHost):
         dev, B = spec.engine.device, len(seqs)
         Bp = next(b for b in BATCH_BUCKETS if b >= B)
         pad = Bp - B
-        hidden, logp = gather_states(seqs)
+        hidden, scores = gather_states(seqs)
         rows = torch.tensor([[s.output_ids[-1] for s in seqs] + [0] * pad, [s.cached for s in seqs] + [0] * pad,
                              [s.slot for s in seqs] + [spec.engine.runner.scratch_slot] * pad,
                              [1] * B + [0] * pad], device=dev)  # one host-to-device copy
         root, c_t, slots_t, active = rows[0], rows[1], rows[2], rows[3]
         hidden = torch.cat([hidden, hidden.new_zeros((pad,) + hidden.shape[1:])]) if pad else hidden
-        logp = torch.cat([logp, logp.new_zeros((pad,) + logp.shape[1:])]) if pad else logp
+        scores = torch.cat([scores, scores.new_zeros((pad,) + scores.shape[1:])]) if pad else scores
         self.seqs = list(seqs)
         if self.whole_cycles:
-            self.pair = self._pair_for(Bp, max(s.cached for s in seqs), hidden, logp)
-            self.pair.seed(_State(root, c_t, hidden, logp), slots_t, active)
+            self.pair = self._pair_for(Bp, max(s.cached for s in seqs), hidden, scores)
+            self.pair.seed(_State(root, c_t, hidden, scores), slots_t, active)
         else:
-            self._root, self._c_t, self.slots_t, self._active, self.hidden, self.logp = \
-                root, c_t, slots_t, active, hidden, logp
+            self._root, self._c_t, self.slots_t, self._active, self.hidden, self.scores = \
+                root, c_t, slots_t, active, hidden, scores
         self._enqueue()
 
     def _may_enqueue(self) -> bool:
@@ -199,12 +201,12 @@ class SpecAhead(AheadOfHost):
         spec = self.spec
         B, c_t, slots_t = len(self.seqs), self._c_t, self.slots_t
         c = self._longest()
-        tokens, parents, depth, mask = spec._draft(B, c, self.logp, self.hidden, self._root, c_t, slots_t)
+        tokens, parents, depth, mask = spec._draft(B, c, self.scores, self.hidden, self._root, c_t, slots_t)
         argmax, _, aux = spec._verify(B, c, tokens, depth, mask, c_t, slots_t, padded=True)
-        new, accepted, h, logp = spec._commit(B, c, tokens, parents, depth, argmax, aux, c_t, slots_t, padded=True)
+        new, accepted, h, scores = spec._commit(B, c, tokens, parents, depth, argmax, aux, c_t, slots_t, padded=True)
         # The next cycle's inputs, computed on the device (copies: the graphs' outputs are overwritten
         # by their next replay).
-        self.hidden, self.logp = h.clone(), logp.clone()
+        self.hidden, self.scores = h.clone(), scores.clone()
         self._root = new.gather(1, accepted[:, None])[:, 0]
         self._c_t = c_t + (accepted + 1) * self._active  # padding rows stay at column 0 of the scratch row
         self.flights.send(torch.cat([new, accepted[:, None]], dim=1))
@@ -213,7 +215,7 @@ class SpecAhead(AheadOfHost):
         """The next cycle as one graph replay; a row that may cross an attention bound moves the state to the
         pair of the wider bound first, on the device."""
         old = self.pair
-        pair = self._pair_for(len(old.slots), self._longest(), old.current.hidden, old.current.logp)
+        pair = self._pair_for(len(old.slots), self._longest(), old.current.hidden, old.current.scores)
         if pair is not old:
             pair.seed(old.current, old.slots, old.active)
             self.pair = pair
@@ -233,8 +235,8 @@ class SpecAhead(AheadOfHost):
         B = len(self.seqs)
         if self.pair is not None:  # copies: the pair's buffers are the next batch's inputs
             state = self.pair.current
-            set_states(self.seqs, state.hidden[:B].clone(), state.logp[:B].clone())
+            set_states(self.seqs, state.hidden[:B].clone(), state.scores[:B].clone())
         else:
-            set_states(self.seqs, self.hidden[:B], self.logp[:B])
+            set_states(self.seqs, self.hidden[:B], self.scores[:B])
         self.seqs = self.pair = None
-        self._root = self._c_t = self.slots_t = self._active = self.hidden = self.logp = None
+        self._root = self._c_t = self.slots_t = self._active = self.hidden = self.scores = None

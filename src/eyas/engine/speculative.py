@@ -101,8 +101,8 @@ class SpeculativeDecoder(AdaptiveSteps):
         else:
             sel, accepted, new = accept_greedy_batched(tokens, parents, depth, argmax, self.spec.steps)
         feats = aux.gather(1, sel[..., None].expand(-1, -1, aux.shape[-1]))
-        h, logp = self.drafter.extend(new, feats, accepted, c_t, slots, kv_len)
-        return new, accepted, sel, h, logp
+        h, scores = self.drafter.extend(new, feats, accepted, c_t, slots, kv_len)
+        return new, accepted, sel, h, scores
 
     def _run(self, name, fn, B, kv, kv_need, inputs, pads, padded=False):
         """Run `fn` on inputs padded to a batch bucket; replayed from a CUDA graph when the engine has them.
@@ -133,10 +133,10 @@ class SpeculativeDecoder(AdaptiveSteps):
                 slots: torch.Tensor, max_start: int):
         """Run the draft over accepted pairs (ids, feats [B, L], padded to a fixed length) at columns
         starts..; keep its output at `last` per sequence."""
-        h, logp = self._run("extend", self.drafter.extend, len(seqs), self.kv, max_start + feats.shape[1],
+        h, scores = self._run("extend", self.drafter.extend, len(seqs), self.kv, max_start + feats.shape[1],
                             [ids, feats, last, starts, slots], [0, 0, 0, 0, self.engine.runner.scratch_slot])
-        # Copies: under CUDA graphs h and logp are static buffers that the next replay overwrites.
-        set_states(seqs, h.clone(), logp.clone())
+        # Copies: under CUDA graphs h and scores are static buffers that the next replay overwrites.
+        set_states(seqs, h.clone(), scores.clone())
 
     # -- prefill ---------------------------------------------------------------------------------
     def prefill(self, seqs, features, lens: list[int]):
@@ -166,18 +166,18 @@ class SpeculativeDecoder(AdaptiveSteps):
         C = PREFILL_CHUNK
         pad = chunked_length(T) - T
         ids, features = F.pad(ids, (0, pad)), F.pad(features, (0, 0, 0, pad))
-        h = logp = None
+        h = scores = None
         for start in range(0, T, C):
             starts = torch.full((B,), start, dtype=torch.long, device=ids.device)
             hc, lc = self._run("extend", self.drafter.extend, B, self.kv, start + C,
                                [ids[:, start:start + C], features[:, start:start + C], (last - start).clamp(0, C - 1),
                                 starts, slots], [0, 0, 0, 0, self.engine.runner.scratch_slot])
             if h is None:  # copies: under CUDA graphs hc and lc are buffers the next replay overwrites
-                h, logp = hc.clone(), lc.clone()
+                h, scores = hc.clone(), lc.clone()
             else:
                 here = ((last >= start) & (last < start + C))[:, None]
-                h, logp = torch.where(here, hc, h), torch.where(here, lc, logp)
-        return h, logp
+                h, scores = torch.where(here, hc, h), torch.where(here, lc, scores)
+        return h, scores
 
     def _speculative_cycle(self, seqs):
         if self.accept_on_device and all(s.params.greedy for s in seqs):
@@ -197,9 +197,9 @@ class SpeculativeDecoder(AdaptiveSteps):
         c = [s.cached for s in seqs]
         tokens, parents, depth, argmax, _, aux, c_t, slots_t = self._draft_and_verify(seqs, c)
         with prof.phase("commit"):
-            new, accepted, h, logp = self._commit(B, max(c), tokens[:B], parents[:B], depth[:B], argmax, aux, c_t,
+            new, accepted, h, scores = self._commit(B, max(c), tokens[:B], parents[:B], depth[:B], argmax, aux, c_t,
                                                   slots_t)
-            set_states(seqs, h.clone(), logp.clone())  # graph outputs: the next replay overwrites them
+            set_states(seqs, h.clone(), scores.clone())  # graph outputs: the next replay overwrites them
         with prof.phase("accept"):
             host = torch.cat([new, accepted[:, None]], dim=1).tolist()  # the cycle's one sync
             self._advance(seqs, [row[:row[-1] + 1] for row in host], [row[-1] for row in host])
@@ -260,20 +260,20 @@ class SpeculativeDecoder(AdaptiveSteps):
     def _draft_and_verify(self, seqs, c: list[int]):
         """Draft a tree for every sequence from its draft state, and verify it with the target."""
         with self.profiler.phase("draft"):
-            hidden0, logp0 = gather_states(seqs)
+            hidden0, scores0 = gather_states(seqs)
             root, c_t, slots_t = torch.tensor([[s.output_ids[-1] for s in seqs], c, [s.slot for s in seqs]],
                                               device=self.engine.device)  # one host-to-device copy for the inputs
-            tokens, parents, depth, mask = self._draft(len(seqs), max(c), logp0, hidden0, root, c_t, slots_t)
+            tokens, parents, depth, mask = self._draft(len(seqs), max(c), scores0, hidden0, root, c_t, slots_t)
         with self.profiler.phase("verify"):
             argmax, logits, aux = self._verify(len(seqs), max(c), tokens, depth, mask, c_t, slots_t)
         return tokens, parents, depth, argmax, logits, aux, c_t, slots_t
 
     # The passes of a cycle as graphs, for B sequences whose longest holds at most `c` cached tokens; inputs may
     # come padded to the batch bucket, padding rows at the scratch slot (spec_ahead.py keeps them so).
-    def _draft(self, B, c, logp0, hidden0, root, c_t, slots_t):
+    def _draft(self, B, c, scores0, hidden0, root, c_t, slots_t):
         """The drafted tree (tokens, parents, depth, mask), rows padded to the batch bucket."""
         tokens, parents, depth, mask = self._run("tree", self.draft_fn, B, self.kv, c + self.reach["tree"],
-                                                 [logp0, hidden0, root, c_t, slots_t],
+                                                 [scores0, hidden0, root, c_t, slots_t],
                                                  [0, 0, 0, 0, self.engine.runner.scratch_slot], padded=True)
         # Read after the verify graph replays, which may keep its temporaries where these live (graphs.py):
         # a chain's verify pass crosses a length bucket two columns before its draft does, so its graph is
@@ -290,11 +290,11 @@ class SpeculativeDecoder(AdaptiveSteps):
     def _commit(self, B, c, tokens, parents, depth, argmax, aux, c_t, slots_t, padded=False):
         """Greedy acceptance and the draft's extend pass (one graph), then a tree's KV compaction (eager:
         moving columns is not idempotent). Returns new tokens, accepted counts and the draft's output."""
-        new, accepted, sel, h, logp = self._run("commit", self._commit_fn, B, self.kv, c + self.reach["commit"],
+        new, accepted, sel, h, scores = self._run("commit", self._commit_fn, B, self.kv, c + self.reach["commit"],
                                                 [tokens, parents, depth, argmax, aux, c_t, slots_t],
                                                 [0, 0, 0, 0, 0, 0, self.engine.runner.scratch_slot], padded=padded)
         self._compact_paths(slots_t, c_t, sel, accepted)
-        return new, accepted, h, logp
+        return new, accepted, h, scores
 
     def _plain_step(self, seqs):
         """One plain decode step; the draft catches up later (see the module docstring), so speculation
