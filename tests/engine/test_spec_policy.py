@@ -392,7 +392,7 @@ def test_a_plain_rate_of_zero_does_not_stop_the_policy():
 
 def test_a_bucket_new_to_plain_borrows_a_clear_lead_of_speculation_above():
     """A batch's tail passes through buckets where speculation is measured but plain decoding is not. Where
-    the next larger bucket has both measured and speculation far ahead, the policy keeps speculating and
+    the nearest larger bucket with both measured has speculation far ahead, the policy keeps speculating and
     measures plain only on the probe schedule, instead of a window of plain at once (on an H200, batch 64's
     tail spent 31 ms of a 394-ms run in such windows at buckets 16 and 4). A close call there, a lead only
     at a smaller bucket (speculation's lead shrinks as the batch grows), or none at all is measured as before."""
@@ -404,11 +404,21 @@ def test_a_bucket_new_to_plain_borrows_a_clear_lead_of_speculation_above():
     p.rates[(32, True)] = 160.0   # 1.6x at 32: speculate, plain only every probe_every windows
     assert [p.speculate(16) for _ in range(6)] == [True, True, False, True, True, False]
     assert p.preferred[16] is True
-    # no neighbour with both measured (a far bucket does not count): plain is measured, as before
+    # no larger bucket with both measured (a smaller one does not count): plain is measured, as before
     q = SpecPolicy(adaptive=True, window=4, probe_every=3)
-    q.rates = {(1, True): 300.0, (1, False): 100.0, (16, True): 140.0}
+    q.rates = {(1, True): 300.0, (1, False): 100.0, (16, True): 140.0, (32, True): 120.0}
     q.measured = {key: q.window for key in q.rates}
     assert q.speculate(16) is False
+    # the nearest larger bucket with both measured decides, past one with plain unmeasured (batch 8's tail at
+    # bucket 2 on an H200, 2026-12-03: bucket 4 had no plain window, bucket 8 a 1.8x lead)
+    u = SpecPolicy(adaptive=True, window=4, probe_every=3)
+    u.rates = {(2, True): 230.0, (4, True): 210.0, (8, True): 190.0, (8, False): 105.0, (16, True): 100.0,
+               (16, False): 120.0}
+    u.measured = {key: u.window for key in u.rates}
+    assert [u.speculate(2) for _ in range(3)] == [True, True, False]
+    u.rates[(8, False)] = 170.0  # a close call at the nearest: plain is measured, whatever lies beyond
+    u.windows.clear()
+    assert u.speculate(2) is False
     # the top bucket of a batch: a far lead at 32, below it, is not borrowed at 64 (on an H200, 2026-12-03, a
     # batch of 64 borrowed bucket 32's 1.66x and never measured plain, in a run where plain beat the fixed chain)
     t = SpecPolicy(adaptive=True, window=4, probe_every=3)

@@ -13,9 +13,11 @@ A mode counts as measured at a bucket once its windows there held a window's wor
 a first window cut short after one step by a change of bucket, a switch's wait in it, once decided a bucket
 on its own (batch 8's tail on an H200, 2026-12-01: one speculative step at bucket 2 read 971 tok/s per
 sequence against plain's 1,177, and the policy preferred plain there). A bucket where speculation is
-measured and plain not yet borrows the verdict of the next larger bucket when speculation leads by far there
-with both measured (`_lead_above`), and measures plain only on the probe schedule: a batch's tail passes
-through such buckets for a few windows each. On an H200 (2026-12-02) batch 64's tail spent 31 ms of a 394-ms
+measured and plain not yet borrows the verdict of the nearest larger bucket with both measured when
+speculation leads by far there (`_lead_above`), and measures plain only on the probe schedule: a batch's tail
+passes through such buckets for a few windows each (on an H200, 2026-12-03, batch 8's tail ran a plain
+window at bucket 2, 11 ms of a 182-ms run, while bucket 4 had plain unmeasured and bucket 8 showed a 1.8x
+lead; a version that looked at 2b only measured it). On an H200 (2026-12-02) batch 64's tail spent 31 ms of a 394-ms
 run in plain windows at buckets 16 and 4, where speculation then read 1.8-1.9x plain's rate per sequence
 (buckets 8 and 32 showed leads of 1.4-1.6x). Only a larger batch's lead is borrowed: speculation's lead
 shrinks as the batch grows, so a smaller one's overstates it (2026-12-03: bucket 32's 1.66x lead, borrowed
@@ -169,10 +171,15 @@ class SpecPolicy:
         return ((not current) if n % every == 0 else current), current
 
     def _lead_above(self, b: int, rates: dict, measured: dict) -> bool:
-        """Whether speculation is far ahead (more than 1 / FAR) at bucket 2b, with both modes measured there."""
+        """Whether speculation is far ahead (more than 1 / FAR) at the nearest larger bucket with both modes
+        measured (2b, else 4b, ...): speculation's lead only grows as the batch shrinks."""
+        top = max((key[0] for key in measured), default=0)
         c = 2 * b
-        return (min(measured.get((c, True), 0), measured.get((c, False), 0)) >= self.window
-                and rates[(c, True)] > rates[(c, False)] / FAR)
+        while c <= top:
+            if min(measured.get((c, True), 0), measured.get((c, False), 0)) >= self.window:
+                return rates[(c, True)] > rates[(c, False)] / FAR
+            c *= 2
+        return False
 
     def continues(self, batch_size: int, now: float) -> bool:
         """At a boundary (boundary() true): whether the window that the next step opens, once the open one
