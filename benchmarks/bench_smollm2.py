@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -333,7 +334,7 @@ def cycle_profiles(model_path, prompt, draft, cycles=20, report=None, twin=None)
     return rows
 
 
-def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1):
+def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1, report=None):
     """Plain decoding, the chain always, and the chain under the adaptive policy: one engine per mode (slots
     for the largest batch), all three built and warmed up first (every batch bucket's graphs, as `eyas serve`
     captures them at start). Per batch size each engine runs once untimed (for the adaptive policy its first
@@ -341,16 +342,19 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1
     timed in `rounds` rounds, each in the opposite order of the one before: a short run at a large batch moves
     by 10-15% between processes (docs/BENCHMARKS.md, thirty-second session), so the modes are compared side
     by side in time. Reported per mode: the median tok/s and every round's; the adaptive rows also say what
-    the policy believed after the last round and where that round's time went."""
+    the policy believed after the last round and where that round's time went. `report(row)` is called as
+    each batch size's row is complete, so a run cut off by a time limit still shows the rows it measured."""
     import statistics
 
     new_tokens = new_tokens or NEW_TOKENS
     modes = {"plain": None, "chain": CHAIN, "adaptive": SpecConfig(3, 1, adaptive=True)}
-    engines = {}
+    engines, started = {}, time.perf_counter()
     for name, spec in modes.items():
         engines[name] = Engine(str(model_path), dtype="bf16", device=DEVICE, draft=draft if spec else None,
                                spec=spec, max_batch=max(batches), max_len=2048)
         engines[name].warm_up()
+    print(f"scaling: {len(engines)} engines built and warmed up in {time.perf_counter() - started:.0f} s",
+          file=sys.stderr, flush=True)
     rows = {B: {"batch": B} for B in batches}
     order = list(modes)
     for B in batches:
@@ -377,6 +381,8 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1
             if spec:
                 rows[B][f"{name}_accept_length"] = runs[name][-1][1]
         rows[B].update(adaptive_books(engines["adaptive"].spec.policy))
+        if report:
+            report(rows[B])
     out = [rows[B] for B in batches]
     slower = [r["batch"] for r in out if r["chain_tok_s"] < r["plain_tok_s"]]
     return dict(rows=out, rounds=rounds, always_speculating_slower_from=min(slower) if slower else None)
@@ -619,10 +625,14 @@ def main():
         results["cycle"] = cycle_profiles(path, prompts_ids(tok, 1)[0], draft)
         print(json.dumps(results["cycle"]), flush=True)
     if "scaling" in sections:
+        def scaling_row(row):  # printed and saved as measured: a run cut off keeps its rows
+            print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+            results.setdefault("scaling", {"rows": []})["rows"].append(row)
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=2)
+
         results["scaling"] = batch_scaling(path, prompts_ids(tok, 80), draft, [int(b) for b in args.batches.split(",")],
-                                           rounds=args.rounds)
-        for r in results["scaling"]["rows"]:
-            print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()}), flush=True)
+                                           rounds=args.rounds, report=scaling_row)
         print("always speculating is slower than plain from batch", results["scaling"]["always_speculating_slower_from"])
     if "sweep" in sections:
         results["sweep"] = sweep(path, prompts[:args.prompts], draft, specs, args.rounds, twin)

@@ -116,7 +116,7 @@ def test_scaling_books_the_adaptive_run_by_bucket(monkeypatch, tmp_path):
 def test_scaling_builds_every_engine_first_and_times_in_alternating_rounds(monkeypatch, tmp_path):
     """The scaling section builds plain, chain and adaptive engines before it times any, runs each once
     untimed per batch size, then times the three in rounds of alternating order; a row holds every round's
-    tok/s and their median."""
+    tok/s and their median, and is reported as soon as its batch size is measured."""
     from eyas.engine.engine import Engine
     from tests.helpers import random_draft, tiny_llama
 
@@ -136,14 +136,17 @@ def test_scaling_builds_every_engine_first_and_times_in_alternating_rounds(monke
     monkeypatch.setattr(bench, "DEVICE", "cpu")
     monkeypatch.setattr(bench, "Engine", Recorded)
     tiny_llama(tmp_path, vocab=128, layers=3, hidden=64)
+    reported = []
     out = bench.batch_scaling(tmp_path, [[1, 2, 3, 4, 5], [6, 7, 8, 9]], random_draft(64, 128, draft_vocab=64),
-                              [2], new_tokens=10, rounds=3)
+                              [1, 2], new_tokens=10, rounds=3, report=lambda row: reported.append((len(events), row)))
+    # each row as soon as its batch size is measured: batch 1's before batch 2's 3 untimed and 9 timed runs
+    assert [row for _, row in reported] == out["rows"] and [i for i, _ in reported] == [len(events) - 12, len(events)]
     builds = [i for i, e in enumerate(events) if e[0] == "build"]
     assert [events[i][1] for i in builds] == ["plain", "chain", "adaptive"]
     runs = [mode for kind, mode in events[builds[-1] + 1:] if kind == "run"]
     assert runs[-12:] == ["plain", "chain", "adaptive"] + ["plain", "chain", "adaptive", "adaptive", "chain", "plain",
                                                            "plain", "chain", "adaptive"]
-    row = out["rows"][0]
+    row = out["rows"][1]
     for mode in ("plain", "chain", "adaptive"):
         rounds = row[f"{mode}_tok_s_rounds"]
         assert len(rounds) == 3 and row[f"{mode}_tok_s"] == pytest.approx(sorted(rounds)[1], rel=1e-3)
