@@ -95,7 +95,6 @@ OLD_STEP = ("EYAS_SHORT_ROW_SPLITS", "0", "EYAS_FUSED_O_PROJ", "0")
 IN_STEP = ("EYAS_DECODE_AHEAD", "0")  # the host in step with the GPU: the default before 2026-12-01's 21st session
 
 
-
 def eyas_engine(model_path, dtype, warm_prompt, draft=None, spec=None):
     """An engine for one sequence, warmed up (its CUDA graphs captured) on a short generation."""
     eng = Engine(str(model_path), dtype=dtype, device=DEVICE, draft=draft, spec=spec, max_batch=1, max_len=2048)

@@ -85,7 +85,7 @@ class _CyclePair:
                                                          kv_draft)
             argmax, _, aux = spec._verify_fn(tokens, depth, mask, src.c_t, self.slots, kv_target)
             new, accepted, sel, h, scores_next = spec._commit_fn(tokens, parents, depth, argmax, aux, src.c_t,
-                                                               self.slots, kv_draft)
+                                                                 self.slots, kv_draft)
             spec._compact_paths(self.slots, src.c_t, sel, accepted)
             dst.hidden.copy_(h)
             dst.scores.copy_(scores_next)

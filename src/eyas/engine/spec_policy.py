@@ -15,11 +15,11 @@ on its own (batch 8's tail on an H200, 2026-12-01: one speculative step at bucke
 sequence against plain's 1,177, and the policy preferred plain there). A bucket where speculation is
 measured and plain not yet borrows the verdict of the nearest larger bucket with both measured when
 speculation leads by far there (`_lead_above`), and measures plain only on the probe schedule: a batch's tail
-passes through such buckets for a few windows each (on an H200, 2026-12-03, batch 8's tail ran a plain
-window at bucket 2, 11 ms of a 182-ms run, while bucket 4 had plain unmeasured and bucket 8 showed a 1.8x
-lead; a version that looked at 2b only measured it). On an H200 (2026-12-02) batch 64's tail spent 31 ms of a 394-ms
-run in plain windows at buckets 16 and 4, where speculation then read 1.8-1.9x plain's rate per sequence
-(buckets 8 and 32 showed leads of 1.4-1.6x). Only a larger batch's lead is borrowed: speculation's lead
+passes through such buckets for a few windows each. On an H200 (2026-12-02) batch 64's tail spent 31 ms of
+a 394-ms run in plain windows at buckets 16 and 4, where speculation then read 1.8-1.9x plain's rate per
+sequence (buckets 8 and 32 showed leads of 1.4-1.6x); on 2026-12-03, batch 8's tail ran an 11-ms plain window
+at bucket 2 of a 182-ms run, with plain unmeasured at bucket 4 and a 1.8x lead at 8, by a version that
+looked at bucket 2b only. Only a larger batch's lead is borrowed: speculation's lead
 shrinks as the batch grows, so a smaller one's overstates it (2026-12-03: bucket 32's 1.66x lead, borrowed
 at 64 by a version that also looked down, kept a batch of 64 speculating to its end, plain never measured
 there, in a run where plain decoding beat the fixed chain by 6%). It runs the faster mode; the slower
@@ -161,9 +161,8 @@ class SpecPolicy:
         # can accept far less than the rest), so while plain is preferred speculation gets every second
         # window until it has SETTLE windows' worth of steps there; running the slower of two close modes
         # costs little. Plain decoding's rate does not depend on the text: while speculation is preferred,
-        # plain keeps the probe schedule (on an H200, 2026-12-03, a version that settled both modes so
-        # re-measured plain every second window in a batch's tail at bucket 2, where speculation led
-        # 1.42-1.48x; the adaptive engine ran at 0.97x of the fixed chain at batch 8 and 32).
+        # plain keeps the probe schedule (on an H200, 2026-12-03, a version that settled both modes ran an
+        # 11-ms plain window again in batch 32's tail at bucket 2, where speculation led 1.42x).
         far = g < FAR or g > 1 / FAR
         near = FAR ** 2 < g < 1 / FAR ** 2
         unsettled = near and not current and measured.get((b, True), 0) < SETTLE * self.window

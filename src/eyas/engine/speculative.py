@@ -134,7 +134,7 @@ class SpeculativeDecoder(AdaptiveSteps):
         """Run the draft over accepted pairs (ids, feats [B, L], padded to a fixed length) at columns
         starts..; keep its output at `last` per sequence."""
         h, scores = self._run("extend", self.drafter.extend, len(seqs), self.kv, max_start + feats.shape[1],
-                            [ids, feats, last, starts, slots], [0, 0, 0, 0, self.engine.runner.scratch_slot])
+                              [ids, feats, last, starts, slots], [0, 0, 0, 0, self.engine.runner.scratch_slot])
         # Copies: under CUDA graphs h and scores are static buffers that the next replay overwrites.
         set_states(seqs, h.clone(), scores.clone())
 
@@ -197,8 +197,8 @@ class SpeculativeDecoder(AdaptiveSteps):
         c = [s.cached for s in seqs]
         tokens, parents, depth, argmax, _, aux, c_t, slots_t = self._draft_and_verify(seqs, c)
         with prof.phase("commit"):
-            new, accepted, h, scores = self._commit(B, max(c), tokens[:B], parents[:B], depth[:B], argmax, aux, c_t,
-                                                  slots_t)
+            new, accepted, h, scores = self._commit(B, max(c), tokens[:B], parents[:B], depth[:B], argmax, aux,
+                                                    c_t, slots_t)
             set_states(seqs, h.clone(), scores.clone())  # graph outputs: the next replay overwrites them
         with prof.phase("accept"):
             host = torch.cat([new, accepted[:, None]], dim=1).tolist()  # the cycle's one sync
@@ -291,8 +291,8 @@ class SpeculativeDecoder(AdaptiveSteps):
         """Greedy acceptance and the draft's extend pass (one graph), then a tree's KV compaction (eager:
         moving columns is not idempotent). Returns new tokens, accepted counts and the draft's output."""
         new, accepted, sel, h, scores = self._run("commit", self._commit_fn, B, self.kv, c + self.reach["commit"],
-                                                [tokens, parents, depth, argmax, aux, c_t, slots_t],
-                                                [0, 0, 0, 0, 0, 0, self.engine.runner.scratch_slot], padded=padded)
+                                                  [tokens, parents, depth, argmax, aux, c_t, slots_t],
+                                                  [0, 0, 0, 0, 0, 0, self.engine.runner.scratch_slot], padded=padded)
         self._compact_paths(slots_t, c_t, sel, accepted)
         return new, accepted, h, scores
 
