@@ -125,7 +125,7 @@ def test_a_clear_lead_of_speculation_is_not_measured_again_and_again(seed):
     """A batch's tail: 2 sequences for 12 windows, where speculation leads plain by about 1.4x per sequence.
     Plain decoding's rate does not depend on the text, so once measured it is probed on the slow schedule; a
     version that gave it every second window until it had SETTLE windows ran 3 plain windows more here (on
-    an H200, 2026-12-03, such tails held the adaptive engine at 0.97x of the fixed chain at batch 8 and 32)."""
+    an H200, 2026-12-03, it ran an 11-ms plain window again in batch 32's tail at bucket 2)."""
     kw = dict(n=2, plain_s=1.0e-3, cycle_s=1.5e-3, accept=2.1, churn=0.0, steps=192, seed=seed)
     rate, share, _ = simulate(**kw)
     spec = simulate(**kw, mode=True)[0]
