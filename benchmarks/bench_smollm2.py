@@ -20,6 +20,10 @@ Sections, all in one process so the numbers are side by side:
   sweep      batch-1 tokens/s and acceptance of each speculative setting in --specs (steps/topk[/draft tokens],
              SGLang's meaning) beside plain decode on the same prompts, every engine built first, then timed in
              --rounds rounds of alternating order: which chain and which tree are fastest
+
+With --markdown FILE the speed, scaling and sweep sections are also written there as markdown tables under a
+line naming the date, hardware, versions, commit and command (benchmarks/md_tables.py), rewritten as rows
+arrive, for docs/BENCHMARKS.md to take as they are.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from eyas.errors import EyasError
 from eyas.layers.sampling import SamplingParams
 from eyas.models.demo import demo_model_path
 from eyas.models.tokenizer import encode_messages, load_tokenizer
+from md_tables import ratio, run_header, table  # benchmarks/md_tables.py
 from timing import kernels_by_name, median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 CHAIN, TREE = SpecConfig(3, 1), SpecConfig(5, 4, 8)
@@ -490,6 +495,63 @@ def sweep(model_path, prompts, draft, specs, rounds=2, twin=None):
                 rows=rows, best_chain=best(chains), best_tree=best(trees))
 
 
+def speed_label(name: str) -> str:
+    """A speed row's name as a table says it: eyas_chain_unfused -> 'eyas chain 3/1/4 unfused'."""
+    named = {"hf_static": "HF generate, static cache", "hf_prompt_lookup": "HF prompt lookup"}
+    if name in named:
+        return named[name]
+    for prefix, spec in (("eyas_chain", CHAIN), ("eyas_tree", TREE)):
+        if name == prefix or name.startswith(prefix + "_"):
+            name = f"{prefix} {spec_name(spec)}{name[len(prefix):]}"
+    return name.replace("_", " ")
+
+
+def markdown_report(results: dict) -> str:
+    """The run's measured sections as markdown tables, under its header (md_tables.run_header)."""
+    parts = [results["header"]]
+    speed = results.get("speed")
+    if speed:
+        plain = speed.get("eyas_plain", {}).get("tok_s")
+        rows = [[speed_label(n), r["tok_s"], r.get("accept_length"), ratio(r["tok_s"], plain)]
+                for n, r in speed.items()]
+        parts.append(f"Batch 1, {NEW_TOKENS} new tokens per prompt, greedy:\n\n"
+                     + table(["row", "tok/s", "acceptance", "over eyas plain"], rows))
+        hf = speed.get("hf_static", {}).get("tok_s")
+        chain = speed.get("eyas_chain", {}).get("tok_s")
+        parts.append(f"eyas plain / HF static cache: {ratio(plain, hf) or 'not run'}; eyas chain "
+                     f"{spec_name(CHAIN)} / eyas plain: {ratio(chain, plain) or 'not run'}.")
+    scaling = results.get("scaling")
+    if scaling and scaling.get("rows"):
+        rows = []
+        for r in scaling["rows"]:
+            faster = max(r["plain_tok_s"], r["chain_tok_s"])
+            rows.append([r["batch"], r["plain_tok_s"], f"{r['chain_tok_s']:,.1f} ({r['chain_accept_length']:.2f})",
+                         r["adaptive_tok_s"], ratio(r["adaptive_tok_s"], faster),
+                         ratio(r["chain_tok_s"], r["plain_tok_s"])])
+        rounds = scaling.get("rounds", 1)
+        parts.append(f"Batch scaling, tok/s, the median of {rounds} round{'' if rounds == 1 else 's'}:\n\n"
+                     + table(["batch", "plain", f"chain {spec_name(CHAIN)} (acceptance)", "adaptive",
+                              "adaptive / faster fixed", "chain / plain"], rows))
+        if "always_speculating_slower_from" in scaling:
+            parts.append(f"Always speculating is slower than plain decoding from batch: "
+                         f"{scaling['always_speculating_slower_from'] or 'none measured'}.")
+    sweep = results.get("sweep")
+    if sweep:
+        rows = [["plain", sweep["plain_tok_s"], "1.000×", "", "", "", "", "",
+                 " / ".join(f"{x:,.1f}" for x in sweep["plain_tok_s_rounds"])]]
+        for r in sweep["rows"]:
+            ph = r["phase_ms"]
+            rows.append([r["spec"], r["tok_s"], f"{r['over_plain']:.3f}×", f"{r['accept_length']:.2f}",
+                         *(f"{ph.get(k, 0.0):.3f}" for k in ("draft", "verify", "commit", "accept")),
+                         " / ".join(f"{x:,.1f}" for x in r["tok_s_rounds"])])
+        n = sweep["rounds"]
+        parts.append(f"Settings side by side, {n} round{'' if n == 1 else 's'} of alternating order (the median "
+                     "tok/s; phases in ms per cycle):\n\n"
+                     + table(["setting", "tok/s", "over plain", "acceptance", "draft", "verify", "commit", "accept",
+                              "rounds"], rows))
+    return "\n\n".join(parts) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--draft", default="random")
@@ -524,6 +586,8 @@ def main():
                     help="sweep: each setting also built with NAME=VALUE[,NAME=VALUE...] set, a row beside it "
                          "(e.g. EYAS_CYCLE_GRAPH=0)")
     ap.add_argument("--out", default="bench_smollm2.json")
+    ap.add_argument("--markdown", default="", help="also write the measured sections as markdown tables to this "
+                    "file, rewritten as each section ends (for docs/BENCHMARKS.md)")
     args = ap.parse_args()
     global DEVICE, NEW_TOKENS
     DEVICE, NEW_TOKENS = args.device, args.new_tokens
@@ -538,16 +602,26 @@ def main():
     results = dict(kernels=os.environ.get("EYAS_KERNELS", "1"),
                    gpu=torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", torch=torch.__version__,
                    python=platform.python_version(),
-                   date=time.strftime("%Y-%m-%d"), draft=args.draft)
+                   date=time.strftime("%Y-%m-%d"), draft=args.draft, header=run_header(DEVICE))
+
+    def save():
+        """The JSON results, and the markdown tables with --markdown: as rows and sections end, so a run cut
+        off by a time limit keeps what it measured."""
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+        if args.markdown:
+            Path(args.markdown).write_text(markdown_report(results))
+
     draft = draft_arg(args, path)
     prompts = prompts_ids(tok, max(args.prompts, args.lossless))
     if "speed" in sections:
-        sp = {}
+        sp = results["speed"] = {}
 
         def row_done(name):
             """Each row as it is measured: a run cut short by a time limit still reports what it had."""
             print(json.dumps({"row": name, "tok_s": round(sp[name]["tok_s"], 1),
                               "accept_length": sp[name].get("accept_length")}), flush=True)
+            save()
 
         def speed(name, *engine, env=None):
             """One eyas engine's row; with env (variable, value) set while it is built and run."""
@@ -597,12 +671,11 @@ def main():
             row_done("hf_static")
             sp["hf_prompt_lookup"] = hf_speed_isolated(path, prompts[:args.hf_prompts], lookup=True)
             row_done("hf_prompt_lookup")
-        results["speed"] = sp
         print(json.dumps({k: round(v["tok_s"], 1) for k, v in sp.items()}), flush=True)
         twins = {k: k[:-len("_in_step")] for k in sp if k.endswith("_in_step")}
         if twins:  # decoding ahead is lossless: each row decodes exactly its twin's tokens
             print(json.dumps({k: sp[k]["digest"] == sp[t]["digest"] for k, t in twins.items()}), flush=True)
-        json.dump(results, open(args.out, "w"), indent=2)
+        save()
         if "phases" in sections:
             results["phases"] = phase_costs(eng)
             print(json.dumps(results["phases"]), flush=True)
@@ -618,7 +691,7 @@ def main():
         results["accept"] = {}
         for d, n in (("mt-bench", 80), ("humaneval", 164))[:args.accept_sets]:
             results["accept"][d] = acceptance(path, tok, draft, d, args.accept_prompts or n)
-            json.dump(results, open(args.out, "w"), indent=2)
+            save()
         print(json.dumps(results["accept"]), flush=True)
     if "cycle" in sections:
         results["cycle"] = cycle_profiles(path, prompts_ids(tok, 1)[0], draft)
@@ -626,9 +699,8 @@ def main():
     if "scaling" in sections:
         def scaling_row(row):  # printed and saved as measured: a run cut off keeps its rows
             print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
-            results.setdefault("scaling", {"rows": []})["rows"].append(row)
-            with open(args.out, "w") as f:
-                json.dump(results, f, indent=2)
+            results.setdefault("scaling", {"rows": [], "rounds": args.rounds})["rows"].append(row)
+            save()
 
         results["scaling"] = batch_scaling(path, prompts_ids(tok, 80), draft, [int(b) for b in args.batches.split(",")],
                                            rounds=args.rounds, report=scaling_row)
@@ -636,8 +708,9 @@ def main():
     if "sweep" in sections:
         results["sweep"] = sweep(path, prompts[:args.prompts], draft, specs, args.rounds, twin)
         print("fastest chain", results["sweep"]["best_chain"], "fastest tree", results["sweep"]["best_tree"])
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
+    save()
+    if args.markdown:
+        print(f"tables: {args.markdown}", flush=True)
 
 
 if __name__ == "__main__":

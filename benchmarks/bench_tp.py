@@ -2,7 +2,7 @@
 NCCL settings, against the memory-bandwidth bound measured in the same run.
 
 Usage: python benchmarks/bench_tp.py --tp 1,2 --out tp.json [--no-graphs] [--pdl] [--merge-in-kernel] [--fused-wide]
-       [--rotary-in-attention] [--fused-o-proj] [--shape llama-8b|smollm2]
+       [--rotary-in-attention] [--fused-o-proj] [--shape llama-8b|smollm2] [--markdown FILE]
 
 `decode_ms` is one step (graph replay and logits) timed from an idle GPU, the host's launch included;
 `decode_steady_ms` is a step among 20 queued back to back, as an engine decoding ahead of the host runs them.
@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from eyas.layers.attention import ROTARY_IN_ATTENTION_MIN_WIDTH
+from md_tables import run_header, table  # benchmarks/md_tables.py
 from timing import kernel_table, median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 USER_NCCL = dict(NCCL_PROTO="LL", NCCL_ALGO="Ring", NCCL_P2P_LEVEL="SYS", NCCL_MAX_NCHANNELS="16",
@@ -211,6 +212,27 @@ def run_config(tp, env, graphs=True, timeout_s=240, shape=LLAMA_8B, context=CONT
     return out
 
 
+def markdown_report(header: str, shape: str, context: int, rows: list[dict]) -> str:
+    """The run's rows as markdown tables: each configuration against its bandwidth bound and the cost of
+    verifying 4 and 8 tokens, then the first configuration's decode step kernel by kernel."""
+    cells = []
+    for r in rows:
+        verify = [f"{r[k]:.3f}×" if r.get(k) is not None else ""
+                  for k in ("verify4_over_decode", "verify8_over_decode")]
+        cells.append([r["tp"], r.get("variant", "default"), f"{r['decode_ms']:.3f}", f"{r['decode_steady_ms']:.3f}",
+                      f"{r['bandwidth_bound_ms']:.3f} ({r['copy_bw_tb_s']:.2f} TB/s)",
+                      f"{r['fraction_of_bound']:.1%}", f"{r['fraction_of_bound_steady']:.1%}", *verify,
+                      int((r.get("decode_kernels") or {}).get("kernels", 0)) or ""])
+    parts = [header, f"{shape}, random weights, batch 1, {context} cached tokens; ms per decode step:",
+             table(["TP", "variant", "decode", "steady", "bound (copy bandwidth)", "of bound", "steady of bound",
+                    "verify 4 / decode", "verify 8 / decode", "kernels"], cells)]
+    top = (rows[0].get("decode_kernels") or {}).get("top") if rows else None
+    if top:
+        parts += ["Where the first row's decode step goes (µs per step):",
+                  table(["kernel", "calls", "µs"], [[k["name"], int(k["calls"]), f"{k['us']:,.1f}"] for k in top])]
+    return "\n\n".join(parts) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", default="1,2")
@@ -236,7 +258,10 @@ def main():
     ap.add_argument("--context", type=int, default=CONTEXT,
                     help="cached tokens before the timed steps (default 512: past the attention's short-row bound, "
                          "512 columns)")
+    ap.add_argument("--markdown", default="", help="also write the rows as markdown tables to this file, "
+                    "rewritten as each row is measured (for docs/BENCHMARKS.md)")
     args = ap.parse_args()
+    header = run_header("cuda")
     if not 1 <= args.context <= 2000:
         raise SystemExit(f"bench_tp: --context {args.context} is not in 1..2000")
     if args.shape == "smollm2":
@@ -270,6 +295,9 @@ def main():
             rows.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "worker_env"}), flush=True)
             print("  worker env:", json.dumps(r.get("worker_env")), flush=True)
+            if args.markdown:
+                with open(args.markdown, "w") as f:
+                    f.write(markdown_report(header, args.shape, args.context, rows))
     json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape, context=args.context,
                    rows=rows),
               open(args.out, "w"), indent=2)

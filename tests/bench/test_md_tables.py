@@ -1,0 +1,74 @@
+"""The benchmarks' markdown tables (benchmarks/md_tables.py) and bench_smollm2's report: every number in a
+table is one the run measured, under a header that names the hardware, versions, commit and command."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_smollm2 as bench  # noqa: E402
+import md_tables  # noqa: E402
+
+
+def test_a_table_aligns_numbers_right_and_formats_them():
+    text = md_tables.table(["row", "tok/s", "acceptance"], [["plain", 1970.18, None], ["chain", 2201.69, 2.2911]])
+    assert text.splitlines() == ["| row | tok/s | acceptance |", "| --- | ---: | ---: |",
+                                 "| plain | 1,970.2 |  |", "| chain | 2,201.7 | 2.291 |"]
+    with pytest.raises(ValueError, match="2 cells under 3 headers"):
+        md_tables.table(["a", "b", "c"], [[1, 2]])
+
+
+def test_a_ratio_is_empty_where_a_side_is_missing():
+    assert md_tables.ratio(2201.7, 1970.2) == "1.118×"
+    assert md_tables.ratio(None, 1.0) == "" and md_tables.ratio(1.0, 0.0) == ""
+
+
+def test_the_header_names_the_command_commit_and_versions():
+    header = md_tables.run_header("cpu", ["benchmarks/bench_x.py", "--sections", "a b"])
+    assert "Command: `python3 benchmarks/bench_x.py --sections 'a b'`" in header
+    assert "commit " in header and "torch " in header and "CPU" in header
+
+
+def test_the_report_holds_the_run_s_numbers_and_their_ratios():
+    results = {
+        "header": "HEADER",
+        "speed": {"eyas_plain": {"tok_s": 2000.0}, "eyas_chain": {"tok_s": 2200.0, "accept_length": 2.29},
+                  "eyas_chain_unfused": {"tok_s": 1900.0, "accept_length": 2.29}, "hf_static": {"tok_s": 400.0}},
+        "scaling": {"rounds": 3, "always_speculating_slower_from": None, "rows": [
+            {"batch": 8, "plain_tok_s": 8000.0, "chain_tok_s": 11000.0, "chain_accept_length": 2.24,
+             "adaptive_tok_s": 10450.0}]},
+        "sweep": {"plain_tok_s": 2000.0, "plain_tok_s_rounds": [1990.0, 2010.0], "rounds": 2, "rows": [
+            {"spec": "3/1/4", "tok_s": 2300.0, "tok_s_rounds": [2290.0, 2310.0], "accept_length": 2.29,
+             "over_plain": 1.15, "phase_ms": {"draft": 0.2, "verify": 0.8, "commit": 0.08, "accept": 0.04}}]},
+    }
+    text = bench.markdown_report(results)
+    assert text.startswith("HEADER\n\n")
+    assert "| eyas chain 3/1/4 | 2,200.0 | 2.290 | 1.100× |" in text
+    assert "| eyas chain 3/1/4 unfused | 1,900.0 | 2.290 | 0.950× |" in text
+    assert "| HF generate, static cache | 400.0 |  | 0.200× |" in text
+    assert "eyas plain / HF static cache: 5.000×; eyas chain 3/1/4 / eyas plain: 1.100×." in text
+    assert "| 8 | 8,000.0 | 11,000.0 (2.24) | 10,450.0 | 0.950× | 1.375× |" in text
+    assert "the median of 3 rounds" in text and "from batch: none measured" in text
+    assert "| 3/1/4 | 2,300.0 | 1.150× | 2.29 | 0.200 | 0.800 | 0.080 | 0.040 | 2,290.0 / 2,310.0 |" in text
+
+
+def test_a_report_of_a_run_cut_short_shows_what_it_has():
+    """The tables are rewritten as rows arrive: a speed section without HF rows, and no other section."""
+    text = bench.markdown_report({"header": "H", "speed": {"eyas_plain": {"tok_s": 1900.0}}})
+    assert "| eyas plain | 1,900.0 |  | 1.000× |" in text and "HF static cache: not run" in text
+    assert "scaling" not in text.lower() and "side by side" not in text
+
+
+def test_the_8b_report_holds_each_row_against_its_bound():
+    """bench_tp's tables from a row as this session's H200 run reported it (call 2, 2026-12-03)."""
+    import bench_tp
+
+    row = {"tp": 1, "variant": "default", "decode_ms": 4.5359, "decode_steady_ms": 4.5504,
+           "bandwidth_bound_ms": 3.5822, "copy_bw_tb_s": 4.2089, "fraction_of_bound": 0.78973,
+           "fraction_of_bound_steady": 0.78722, "verify4_over_decode": 1.0752, "verify8_over_decode": 1.1814,
+           "decode_kernels": {"kernels": 334.0, "top": [{"name": "_slot_attention_kernel", "calls": 32.0,
+                                                        "us": 262.6}]}}
+    text = bench_tp.markdown_report("H", "llama-8b", 512, [row])
+    assert "| 1 | default | 4.536 | 4.550 | 3.582 (4.21 TB/s) | 79.0% | 78.7% | 1.075× | 1.181× | 334 |" in text
+    assert "| _slot_attention_kernel | 32 | 262.6 |" in text
