@@ -21,7 +21,7 @@ Sections, all in one process so the numbers are side by side:
              SGLang's meaning) beside plain decode on the same prompts, every engine built first, then timed in
              --rounds rounds of alternating order: which chain and which tree are fastest
 
-With --markdown FILE the speed, scaling and sweep sections are also written there as markdown tables under a
+With --markdown FILE the speed, cycle, scaling and sweep sections are also written there as markdown tables under a
 line naming the date, hardware, versions, commit and command (benchmarks/md_tables.py), rewritten as rows
 arrive, for docs/BENCHMARKS.md to take as they are.
 """
@@ -535,6 +535,16 @@ def markdown_report(results: dict) -> str:
         if "always_speculating_slower_from" in scaling:
             parts.append(f"Always speculating is slower than plain decoding from batch: "
                          f"{scaling['always_speculating_slower_from'] or 'none measured'}.")
+    cycle = results.get("cycle")
+    if cycle:
+        rows = [[name, f"{r['cycle_ms']:.4f}", f"{r['accept_length']:.2f}", f"{r['kernels_per_cycle']:.0f}",
+                 f"{r['graph_launches_per_cycle']:.1f}", f"{r['eager_kernel_launches_per_cycle']:.1f}",
+                 f"{r['host_wall_ms']:.4f}", f"{r['gpu_busy_ms']:.4f}",
+                 ", ".join(f"{k} {v:.3f}" for k, v in r["phase_ms_per_cycle"].items())] for name, r in cycle.items()]
+        parts.append("One speculative cycle at batch 1 (ms per cycle; phases from the eyas profiler, in step with "
+                     "the host):\n\n"
+                     + table(["setting", "cycle", "acceptance", "kernels", "graph launches", "eager launches",
+                              "host wall (profiled)", "GPU busy", "phases"], rows, right=set(range(1, 8))))
     sweep = results.get("sweep")
     if sweep:
         rows = [["plain", sweep["plain_tok_s"], "1.000×", "", "", "", "", "",
@@ -696,6 +706,7 @@ def main():
     if "cycle" in sections:
         results["cycle"] = cycle_profiles(path, prompts_ids(tok, 1)[0], draft)
         print(json.dumps(results["cycle"]), flush=True)
+        save()
     if "scaling" in sections:
         def scaling_row(row):  # printed and saved as measured: a run cut off keeps its rows
             print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}), flush=True)

@@ -72,3 +72,12 @@ def test_the_8b_report_holds_each_row_against_its_bound():
     text = bench_tp.markdown_report("H", "llama-8b", 512, [row])
     assert "| 1 | default | 4.536 | 4.550 | 3.582 (4.21 TB/s) | 79.0% | 78.7% | 1.075× | 1.181× | 334 |" in text
     assert "| _slot_attention_kernel | 32 | 262.6 |" in text
+
+
+def test_the_cycle_profile_table_holds_each_setting():
+    results = {"header": "H", "cycle": {"chain": {
+        "cycle_ms": 1.0233, "accept_length": 2.3, "kernels_per_cycle": 323.0, "graph_launches_per_cycle": 1.0,
+        "eager_kernel_launches_per_cycle": 0.0, "host_wall_ms": 1.1, "gpu_busy_ms": 0.95,
+        "phase_ms_per_cycle": {"draft": 0.2, "verify": 0.8}}}}
+    text = bench.markdown_report(results)
+    assert "| chain | 1.0233 | 2.30 | 323 | 1.0 | 0.0 | 1.1000 | 0.9500 | draft 0.200, verify 0.800 |" in text
