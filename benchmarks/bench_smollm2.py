@@ -48,7 +48,7 @@ from eyas.errors import EyasError
 from eyas.layers.sampling import SamplingParams
 from eyas.models.demo import demo_model_path
 from eyas.models.tokenizer import encode_messages, load_tokenizer
-from md_tables import ratio, run_header, table  # benchmarks/md_tables.py
+from md_tables import ratio, run_header, table, writable  # benchmarks/md_tables.py
 from timing import kernels_by_name, median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 CHAIN, TREE = SpecConfig(3, 1), SpecConfig(5, 4, 8)
@@ -606,6 +606,8 @@ def main():
     also_specs = parse_specs(args.also_specs, "--also-specs")  # bad input fails now, not after the first rows
     if args.rounds < 1:
         raise SystemExit(f"bench_smollm2: --rounds must be at least 1, got {args.rounds}")
+    writable(args.out, "bench_smollm2")
+    writable(args.markdown, "bench_smollm2")
     twin = parse_twin(args.twin)
     path = demo_model_path()
     tok = load_tokenizer(path)

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from eyas.layers.attention import ROTARY_IN_ATTENTION_MIN_WIDTH
-from md_tables import run_header, table  # benchmarks/md_tables.py
+from md_tables import run_header, table, writable  # benchmarks/md_tables.py
 from timing import kernel_table, median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
 USER_NCCL = dict(NCCL_PROTO="LL", NCCL_ALGO="Ring", NCCL_P2P_LEVEL="SYS", NCCL_MAX_NCHANNELS="16",
@@ -262,6 +262,8 @@ def main():
                     "rewritten as each row is measured (for docs/BENCHMARKS.md)")
     args = ap.parse_args()
     header = run_header("cuda")
+    writable(args.out, "bench_tp")
+    writable(args.markdown, "bench_tp")
     if not 1 <= args.context <= 2000:
         raise SystemExit(f"bench_tp: --context {args.context} is not in 1..2000")
     if args.shape == "smollm2":

@@ -37,6 +37,14 @@ def _commit() -> str:
         return "unknown"
 
 
+def writable(path: str, script: str) -> str:
+    """`path` if a file can be written there, else a one-line exit: checked before a run measures anything,
+    not when its first table is due."""
+    if path and not Path(path).resolve().parent.is_dir():
+        raise SystemExit(f"{script}: no folder {str(Path(path).resolve().parent)!r} for {path!r}")
+    return path
+
+
 def run_header(device: str, argv: list[str] | None = None) -> str:
     """One paragraph: date, hardware, versions, commit and the exact command of this run."""
     import torch

@@ -81,3 +81,11 @@ def test_the_cycle_profile_table_holds_each_setting():
         "phase_ms_per_cycle": {"draft": 0.2, "verify": 0.8}}}}
     text = bench.markdown_report(results)
     assert "| chain | 1.0233 | 2.30 | 323 | 1.0 | 0.0 | 1.1000 | 0.9500 | draft 0.200, verify 0.800 |" in text
+
+
+def test_a_table_file_without_a_folder_is_refused_before_the_run(tmp_path):
+    assert md_tables.writable(str(tmp_path / "t.md"), "bench_x") == str(tmp_path / "t.md")
+    assert md_tables.writable("", "bench_x") == ""
+    with pytest.raises(SystemExit) as e:
+        md_tables.writable(str(tmp_path / "no" / "t.md"), "bench_x")
+    assert str(e.value).startswith("bench_x: no folder") and "\n" not in str(e.value)
