@@ -597,7 +597,7 @@ def main():
                          "(e.g. EYAS_CYCLE_GRAPH=0)")
     ap.add_argument("--out", default="bench_smollm2.json")
     ap.add_argument("--markdown", default="", help="also write the measured sections as markdown tables to this "
-                    "file, rewritten as each section ends (for docs/BENCHMARKS.md)")
+                    "file, rewritten as rows and sections end (for docs/BENCHMARKS.md)")
     args = ap.parse_args()
     global DEVICE, NEW_TOKENS
     DEVICE, NEW_TOKENS = args.device, args.new_tokens
