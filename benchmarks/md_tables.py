@@ -4,12 +4,15 @@ takes them as written (appended, not retyped), so no number in them passes throu
 
 from __future__ import annotations
 
+import hashlib
 import platform
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _version(module: str) -> str:
@@ -19,10 +22,20 @@ def _version(module: str) -> str:
         return "absent"
 
 
+def source_digest(root: Path = ROOT) -> str:
+    """12 hex digits of sha256 over the Python files under src/ and benchmarks/ (paths and contents, in path
+    order): the code that ran, whatever .git says. `python3 benchmarks/md_tables.py` prints it for a checkout,
+    so a table can be matched to a commit."""
+    h = hashlib.sha256()
+    for path in sorted(p for d in ("src", "benchmarks") for p in (root / d).rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def _commit() -> str:
     """HEAD's short hash, "+ changes" when the tree differs from it (a copy of a working tree, as the GPU
     machines get, may carry a .git older than its files), or "unknown" outside a git checkout."""
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
 
     def git(*args):
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
@@ -57,7 +70,7 @@ def run_header(device: str, argv: list[str] | None = None) -> str:
     command = "python3 " + shlex.join(argv)
     return (f"{time.strftime('%Y-%m-%d %H:%M %Z')}, {hardware}; torch {torch.__version__}, triton "
             f"{_version('triton')}, transformers {_version('transformers')}, Python {platform.python_version()}; "
-            f"commit {_commit()}. Command: `{command}`")
+            f"commit {_commit()}, source digest {source_digest()}. Command: `{command}`")
 
 
 def table(headers: list[str], rows: list[list], right: set[int] | None = None) -> str:
@@ -83,3 +96,7 @@ def _cell(value) -> str:
 def ratio(a: float | None, b: float | None) -> str:
     """a / b as '1.234×', or '' where either is missing."""
     return f"{a / b:.3f}×" if a and b else ""
+
+
+if __name__ == "__main__":
+    print(source_digest())

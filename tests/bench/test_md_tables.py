@@ -89,3 +89,17 @@ def test_a_table_file_without_a_folder_is_refused_before_the_run(tmp_path):
     with pytest.raises(SystemExit) as e:
         md_tables.writable(str(tmp_path / "no" / "t.md"), "bench_x")
     assert str(e.value).startswith("bench_x: no folder") and "\n" not in str(e.value)
+
+
+def test_the_source_digest_follows_the_code_not_git(tmp_path):
+    for name in ("src/eyas/a.py", "benchmarks/b.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    (tmp_path / "README.md").write_text("not code")
+    first = md_tables.source_digest(tmp_path)
+    assert len(first) == 12 and md_tables.source_digest(tmp_path) == first
+    (tmp_path / "README.md").write_text("changed, but not code")
+    assert md_tables.source_digest(tmp_path) == first
+    (tmp_path / "src/eyas/a.py").write_text("x = 2\n")
+    assert md_tables.source_digest(tmp_path) != first
+    assert "source digest " in md_tables.run_header("cpu", ["x.py"])
