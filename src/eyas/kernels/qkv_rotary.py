@@ -17,6 +17,8 @@ layer (eyas.layers.qkv_rotary) takes it at one row by default, where it measured
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -96,9 +98,26 @@ _INTERPRETER_BLOCK_H = 64  # Triton's CPU interpreter steps through every progra
 
 
 def _candidates(m: int, k: int) -> list:
-    """The tiles whose two [rows, BLOCK_H, K] products fit (product_limit, as the fused projections' tiles)."""
+    """The tiles whose two [rows, BLOCK_H, K] products fit (product_limit, as the fused projections' tiles);
+    with EYAS_QKV_ROTARY_BLOCK_H=N (a bench switch) only those of N pairs, whether they fit or not. Timed
+    alone, the kernel picked 2 pairs per program at 4 rows, and a 4-row verify with it was 3% slower than
+    with the two kernels it replaces, though the profile showed the kernel itself shorter than their sum
+    (docs/BENCHMARKS.md, thirty-third session): this lets a step time the other tiles."""
+    pinned = _pinned_block_h()
+    if pinned:
+        return [c for c in CONFIGS if c.kwargs["BLOCK_H"] == pinned]
     m, k = triton.next_power_of_2(m), triton.next_power_of_2(k)
     return [c for c in CONFIGS if 2 * m * c.kwargs["BLOCK_H"] * k <= product_limit()] or CONFIGS[:1]
+
+
+def _pinned_block_h() -> int | None:
+    value = os.environ.get("EYAS_QKV_ROTARY_BLOCK_H")
+    if not value:
+        return None
+    sizes = sorted({c.kwargs["BLOCK_H"] for c in CONFIGS})
+    if not value.isdigit() or int(value) not in sizes:
+        raise ValueError(f"EYAS_QKV_ROTARY_BLOCK_H={value!r}: pairs per program must be one of {sizes}")
+    return int(value)
 
 
 def norm_qkv_rotary(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
@@ -152,6 +171,7 @@ def norm_qkv_rotary(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: to
         _norm_qkv_rotary_kernel[(triton.cdiv(pairs, tile.kwargs["BLOCK_H"]),)](
             *call, **tile.kwargs, num_warps=tile.num_warps, num_stages=tile.num_stages, **meta)
 
-    key = ("_norm_qkv_rotary_kernel", B * T, pairs, K, x.dtype, x.device, tuple(sorted(meta.items())), product_limit())
+    key = ("_norm_qkv_rotary_kernel", B * T, pairs, K, x.dtype, x.device, tuple(sorted(meta.items())), product_limit(),
+           _pinned_block_h())
     run(tile_choice.choose(key, lambda: _candidates(B * T, K), run, w), w)
     return h.view(x.shape), q
