@@ -54,3 +54,29 @@ def test_choose_times_once_per_key_and_keeps_the_pick():
     assert tile_choice.choose(("k", 2), lambda: ["x"], None, w, timer) == "x"  # one candidate: nothing to time
     assert len(calls) == 1
     assert tile_choice.picked(lambda key: key[0] == "k") == [(("k", 1), "b"), (("k", 2), "x")]
+
+
+def test_launch_chosen_times_over_weight_copies_then_launches_the_pick_over_the_weight():
+    """launch_chosen: the timer's launches pass each tile and a copy in the weight's place, and the one real
+    launch runs the chosen tile over the weight itself, on that tile's grid, with the tile's settings."""
+    from types import SimpleNamespace
+
+    launches = []
+
+    class Kernel:  # what kernel[grid](*args, **meta) does, recorded
+        def __getitem__(self, grid):
+            return lambda *args, **meta: launches.append((grid, args, meta))
+
+    tiles = [SimpleNamespace(kwargs={"BLOCK_N": n}, num_warps=4, num_stages=1) for n in (2, 8)]
+    weight, copy = torch.zeros(3), torch.ones(3)
+
+    def timer(candidates, launch, w):
+        for tile in candidates:
+            launch(tile, copy)
+        return [5.0, 1.0]
+
+    tile_choice.launch_chosen(Kernel(), ("k", 3), lambda: tiles, ["x", weight, "y"], 1,
+                              lambda tile: (16 // tile.kwargs["BLOCK_N"],), timer, USE_PDL=2)
+    assert [grid for grid, _, _ in launches] == [(8,), (2,), (2,)]
+    assert all(args[1] is copy for _, args, _ in launches[:2]) and launches[2][1] == ("x", weight, "y")
+    assert launches[2][2] == {"BLOCK_N": 8, "num_warps": 4, "num_stages": 1, "USE_PDL": 2}

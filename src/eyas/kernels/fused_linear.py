@@ -261,14 +261,9 @@ def _launch(kernel, m: int, n: int, k: int, weight_at: int, *args, **meta):
                                                         CHUNK_K=_INTERPRETER_CHUNK_K, **meta)
         return
 
-    def run(tile, weight):
-        call = list(args)
-        call[weight_at] = weight
-        kernel[(triton.cdiv(n, tile.kwargs["BLOCK_N"]),)](*call, **tile.kwargs, num_warps=tile.num_warps,
-                                                          num_stages=tile.num_stages, **meta)
-
     key = (kernel.fn.__name__, m, n, k, args[0].dtype, args[0].device, tuple(sorted(meta.items())), product_limit())
-    run(tile_choice.choose(key, lambda: _candidates(m, k), run, args[weight_at]), args[weight_at])
+    tile_choice.launch_chosen(kernel, key, lambda: _candidates(m, k), args, weight_at,
+                              lambda tile: (triton.cdiv(n, tile.kwargs["BLOCK_N"]),), **meta)
 
 
 def tile_for(kernel_name: str, m: int, n: int, k: int):

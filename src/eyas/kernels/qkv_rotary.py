@@ -165,13 +165,8 @@ def norm_qkv_rotary(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: to
                                                                               **meta)
         return h.view(x.shape), q
 
-    def run(tile, weight_copy):
-        call = list(args)
-        call[3] = weight_copy
-        _norm_qkv_rotary_kernel[(triton.cdiv(pairs, tile.kwargs["BLOCK_H"]),)](
-            *call, **tile.kwargs, num_warps=tile.num_warps, num_stages=tile.num_stages, **meta)
-
     key = ("_norm_qkv_rotary_kernel", B * T, pairs, K, x.dtype, x.device, tuple(sorted(meta.items())), product_limit(),
            _pinned_block_h())
-    run(tile_choice.choose(key, lambda: _candidates(B * T, K), run, w), w)
+    tile_choice.launch_chosen(_norm_qkv_rotary_kernel, key, lambda: _candidates(B * T, K), args, 3,
+                              lambda tile: (triton.cdiv(pairs, tile.kwargs["BLOCK_H"]),), **meta)
     return h.view(x.shape), q

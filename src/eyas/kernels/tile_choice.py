@@ -67,6 +67,18 @@ def choose(key: tuple, candidates: Callable[[], Sequence], launch: Callable, wei
     return pick
 
 
+def launch_chosen(kernel, key: tuple, candidates: Callable[[], Sequence], args: Sequence, weight_at: int,
+                  grid: Callable, timer: Callable | None = None, **meta):
+    """Launch the Triton `kernel` over `args` with the tile chosen for `key` (choose), where args[weight_at]
+    is the weight that timing replaces by its copies and grid(tile) the launch grid of a tile."""
+    def run(tile, weight):
+        call = list(args)
+        call[weight_at] = weight
+        kernel[grid(tile)](*call, **tile.kwargs, num_warps=tile.num_warps, num_stages=tile.num_stages, **meta)
+
+    run(choose(key, candidates, run, args[weight_at], timer), args[weight_at])
+
+
 def picked(match: Callable[[tuple], bool]) -> list:
     """(key, tile) of every pick kept so far whose key `match` accepts (for reports)."""
     return [(k, v) for k, v in _picked.items() if match(k)]
