@@ -1,5 +1,5 @@
-"""Markdown tables of a benchmark run, headed by what produced it: hardware, versions, date, the command and
-the commit. A script given `--markdown FILE` writes its tables there as it measures, and docs/BENCHMARKS.md
+"""Markdown tables of a benchmark run, headed by what produced it: hardware, versions, date, the command, the
+commit and a digest of the sources. A script given `--markdown FILE` writes its tables there as it measures, and docs/BENCHMARKS.md
 takes them as written (appended, not retyped), so no number in them passes through a hand."""
 
 from __future__ import annotations
@@ -35,10 +35,8 @@ def source_digest(root: Path = ROOT) -> str:
 def _commit() -> str:
     """HEAD's short hash, "+ changes" when the tree differs from it (a copy of a working tree, as the GPU
     machines get, may carry a .git older than its files), or "unknown" outside a git checkout."""
-    root = ROOT
-
     def git(*args):
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
 
     try:
         head = git("rev-parse", "--short", "HEAD")
