@@ -1,6 +1,7 @@
 """Markdown tables of a benchmark run, headed by what produced it: hardware, versions, date, the command, the
-commit and a digest of the sources. A script given `--markdown FILE` writes its tables there as it measures, and docs/BENCHMARKS.md
-takes them as written (appended, not retyped), so no number in them passes through a hand."""
+commit and a digest of the sources. A script given `--markdown FILE` writes its tables there as it measures,
+and docs/BENCHMARKS.md takes them as written (appended, not retyped), so no number in them passes through a
+hand."""
 
 from __future__ import annotations
 
