@@ -261,11 +261,11 @@ def main():
     ap.add_argument("--markdown", default="", help="also write the rows as markdown tables to this file, "
                     "rewritten as each row is measured (for docs/BENCHMARKS.md)")
     args = ap.parse_args()
-    header = run_header("cuda")
     writable(args.out, "bench_tp")
     writable(args.markdown, "bench_tp")
     if not 1 <= args.context <= 2000:
         raise SystemExit(f"bench_tp: --context {args.context} is not in 1..2000")
+    header = run_header("cuda") if args.markdown else ""  # git and a transformers import: only for the tables
     if args.shape == "smollm2":
         from bench_join import SMOLLM2  # benchmarks/bench_join.py: SmolLM2-135M's config
         shape = SMOLLM2
