@@ -19,10 +19,10 @@ passes through such buckets for a few windows each. On an H200 (2026-12-02) batc
 a 394-ms run in plain windows at buckets 16 and 4, where speculation then read 1.8-1.9x plain's rate per
 sequence (buckets 8 and 32 showed leads of 1.4-1.6x); on 2026-12-03, batch 8's tail ran an 11-ms plain window
 at bucket 2 of a 182-ms run, with plain unmeasured at bucket 4 and a 1.8x lead at 8, by a version that
-looked at bucket 2b only. Only a larger batch's lead is borrowed: speculation's lead
-shrinks as the batch grows, so a smaller one's overstates it (2026-12-03: bucket 32's 1.66x lead, borrowed
-at 64 by a version that also looked down, kept a batch of 64 speculating to its end, plain never measured
-there, in a run where plain decoding beat the fixed chain by 6%). It runs the faster mode; the slower
+looked at bucket 2b only. Only a larger batch's lead is borrowed: speculation's lead shrinks as the batch
+grows, so a smaller one's overstates it (2026-12-03: bucket 32's 1.66x lead, borrowed at 64 by a version
+that also looked down, kept a batch of 64 speculating to its end, plain never measured there, in a run where
+plain decoding beat the fixed chain by 6%). It runs the faster mode; the slower
 one gets one window now and then (`probe_every` windows, 4x less often when it is far behind) so that a
 change of traffic is noticed. A margin keeps the choice from flapping on noise. A close call on a first
 window or two is not settled: a window's acceptance depends on its text, and on an H200 (2026-12-02) a

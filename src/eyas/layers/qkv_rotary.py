@@ -19,7 +19,7 @@ import os
 import torch
 
 from eyas.layers.attention import AttentionBatch, _kernel_fits, attend_cached, rotary_in_attention_at
-from eyas.layers.fused_linear import _fits, project_rows
+from eyas.layers.fused_linear import _fits, norm_linear, project_rows
 
 DEFAULT_ROWS = 1  # rows up to which the kernel runs unless EYAS_QKV_ROTARY says otherwise (see above)
 
@@ -38,7 +38,7 @@ def fused(attn, h: torch.Tensor, delta: torch.Tensor | None, norm, batch: Attent
     from eyas.kernels.fused_linear import MAX_K
 
     w = attn.qkv_proj.weight
-    return (h.numel() // max(h.shape[-1], 1) <= max_rows() and not attn.qk_norm and h.shape[-1] <= MAX_K
+    return (h.numel() <= max_rows() * h.shape[-1] and not attn.qk_norm and h.shape[-1] <= MAX_K
             and not rotary_in_attention_at(attn.heads * attn.head_dim)
             and _fits(h, h.shape[-1], delta, norm.weight, w, attn.qkv_proj.bias, outputs=w.shape[0])
             and _kernel_fits(h, batch) and h.dtype == batch.kv.k.dtype)
@@ -49,8 +49,6 @@ def norm_qkv_attend(attn, norm, h: torch.Tensor, delta: torch.Tensor | None, pos
     """(h + delta, the attention block's output) for a models.llama.Attention `attn` whose input norm is
     `norm`: through eyas.kernels.qkv_rotary where `fused` says so, else norm_linear and attn.attend."""
     if not fused(attn, h, delta, norm, batch):
-        from eyas.layers.fused_linear import norm_linear
-
         h, qkv = norm_linear(norm, attn.qkv_proj, h, delta)
         return h, attn.attend(qkv, positions, batch, rotary)
     from eyas.kernels.qkv_rotary import norm_qkv_rotary
