@@ -6,7 +6,7 @@ By default it runs at one row (a batch-1 decode step): on an H200 (bench_step_ab
 300 cached tokens, graph replays side by side, 2026-12-03) it made that step 4.7% shorter (0.4572 against
 0.4798 ms, 154 kernels against 184), but a verify of 4, 5 and 8 rows 3.4%, 1.0% and 2.3% longer: each program
 recomputes the rows' norm and rotates its pairs, work that grows with the rows. EYAS_QKV_ROTARY=1 takes it at
-every row count where it applies, =0 never. It applies where both kernels it replaces would run: the fused
+every row count where it applies, =0 never; EYAS_QKV_ROTARY_ROWS=N (unset EYAS_QKV_ROTARY) up to N rows. It applies where both kernels it replaces would run: the fused
 projection's conditions (eyas.layers.fused_linear: kernels enabled, a narrow projection of few rows and at
 most MAX_K input features) and the slot-attention kernel's, with no q/k norm between projection and rotary
 and the rotary not inside the attention kernel.
@@ -26,11 +26,15 @@ DEFAULT_ROWS = 1  # rows up to which the kernel runs unless EYAS_QKV_ROTARY says
 
 def max_rows() -> int:
     """Rows (batch x tokens) up to which the layer takes the kernel: 0 with EYAS_QKV_ROTARY=0, the kernel's
-    own limit with =1, else DEFAULT_ROWS. Read per call, so a benchmark can time both in one process."""
+    own limit with =1, else EYAS_QKV_ROTARY_ROWS (at most that limit), else DEFAULT_ROWS. Read per call, so
+    a benchmark can time several settings in one process."""
     from eyas.kernels.fused_linear import KERNEL_ROWS
 
     switch = os.environ.get("EYAS_QKV_ROTARY")
-    return 0 if switch == "0" else KERNEL_ROWS if switch == "1" else DEFAULT_ROWS
+    if switch in ("0", "1"):
+        return 0 if switch == "0" else KERNEL_ROWS
+    rows = os.environ.get("EYAS_QKV_ROTARY_ROWS", "")
+    return min(int(rows), KERNEL_ROWS) if rows.isdigit() else DEFAULT_ROWS
 
 
 def fused(attn, h: torch.Tensor, delta: torch.Tensor | None, norm, batch: AttentionBatch) -> bool:
