@@ -35,7 +35,7 @@ def test_the_report_holds_the_run_s_numbers_and_their_ratios():
         "header": "HEADER",
         "speed": {"eyas_plain": {"tok_s": 2000.0}, "eyas_chain": {"tok_s": 2200.0, "accept_length": 2.29},
                   "eyas_chain_unfused": {"tok_s": 1900.0, "accept_length": 2.29}, "hf_static": {"tok_s": 400.0}},
-        "scaling": {"rounds": 3, "always_speculating_slower_from": None, "rows": [
+        "scaling": {"rounds": 3, "chain_slower_at": [], "speculation_stops_paying_from": None, "rows": [
             {"batch": 8, "plain_tok_s": 8000.0, "chain_tok_s": 11000.0, "chain_accept_length": 2.24,
              "adaptive_tok_s": 10450.0}]},
         "sweep": {"plain_tok_s": 2000.0, "plain_tok_s_rounds": [1990.0, 2010.0], "rounds": 2, "rows": [
@@ -49,8 +49,25 @@ def test_the_report_holds_the_run_s_numbers_and_their_ratios():
     assert "| HF generate, static cache | 400.0 |  | 0.200× |" in text
     assert "eyas plain / HF static cache: 5.000×; eyas chain 3/1/4 / eyas plain: 1.100×." in text
     assert "| 8 | 8,000.0 | 11,000.0 (2.24) | 10,450.0 | 0.950× | 1.375× |" in text
-    assert "the median of 3 rounds" in text and "from batch: none measured" in text
+    assert "the median of 3 rounds" in text and "at batch: none measured; it paid at the largest batch measured." in text
     assert "| 3/1/4 | 2,300.0 | 1.150× | 2.29 | 0.200 | 0.800 | 0.080 | 0.040 | 2,290.0 / 2,310.0 |" in text
+
+
+def test_speculation_stops_paying_where_it_loses_at_every_larger_batch():
+    """A chain that loses at batch 1 (one prompt's acceptance) and pays from 8 has not stopped paying there."""
+    def rows(*pairs):
+        return [{"batch": b, "plain_tok_s": p, "chain_tok_s": c} for b, p, c in pairs]
+
+    got = bench.where_speculation_stops_paying(rows((1, 1945, 1922), (8, 8551, 11520), (64, 41393, 47839),
+                                                    (128, 72958, 72628)))
+    assert got == {"chain_slower_at": [1, 128], "speculation_stops_paying_from": 128}
+    got = bench.where_speculation_stops_paying(rows((64, 2, 1), (8, 1, 2), (128, 2, 1), (1, 2, 1)))
+    assert got == {"chain_slower_at": [1, 64, 128], "speculation_stops_paying_from": 64}
+    got = bench.where_speculation_stops_paying(rows((1, 2, 1), (8, 1, 2)))
+    assert got == {"chain_slower_at": [1], "speculation_stops_paying_from": None}
+    row = {"batch": 8, "plain_tok_s": 1.0, "chain_tok_s": 2.0, "chain_accept_length": 2.0, "adaptive_tok_s": 2.0}
+    report = bench.markdown_report({"header": "H", "scaling": {"rounds": 1, "rows": [row], **got}})
+    assert "slower than plain decoding at batch: 1; it paid at the largest batch measured." in report
 
 
 def test_a_report_of_a_run_cut_short_shows_what_it_has():
