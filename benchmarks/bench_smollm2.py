@@ -367,15 +367,22 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1
         for eng in engines.values():
             eng.generate(batch, params)
         sync()
-        runs = {name: [] for name in modes}
+        runs, adaptive_rounds = {name: [] for name in modes}, []
         for r in range(rounds):
             for name in (order if r % 2 == 0 else order[::-1]):
                 eng = engines[name]
-                if modes[name] is not None and modes[name].adaptive:
+                adaptive = modes[name] is not None and modes[name].adaptive
+                if adaptive:
                     eng.spec.policy.recent.clear()  # this timed run's windows only
+                    prefill_before = eng.spec.policy.seconds["prefill"]
                 t0 = time.perf_counter()
                 seqs = eng.generate(batch, params)
                 sync()
+                if adaptive:
+                    policy = eng.spec.policy
+                    adaptive_rounds.append(dict(seconds=round(time.perf_counter() - t0, 4),
+                                                prefill=round(policy.seconds["prefill"] - prefill_before, 4),
+                                                by_bucket=time_by_bucket(closed_windows(policy))))
                 toks = sum(len(s.output_ids) for s in seqs)
                 passes = max(sum(s.verify_passes for s in seqs), 1)
                 runs[name].append((toks / (time.perf_counter() - t0), (toks - B) / passes))
@@ -385,6 +392,7 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1
             if spec:
                 rows[B][f"{name}_accept_length"] = runs[name][-1][1]
         rows[B].update(adaptive_books(engines["adaptive"].spec.policy))
+        rows[B]["adaptive_rounds_books"] = adaptive_rounds
         if report:
             report(rows[B])
     out = [rows[B] for B in batches]
@@ -405,24 +413,36 @@ def where_speculation_stops_paying(rows: list[dict]) -> dict:
     return dict(chain_slower_at=slower, speculation_stops_paying_from=stops)
 
 
-def adaptive_books(policy) -> dict:
-    """What the adaptive policy believed (its rates and booked seconds, cumulative) and where its last timed
-    run went: the six slowest windows, and seconds and tokens per bucket and mode (a batch's tail, as its
-    sequences finish, runs at the small buckets)."""
-    snap = policy.snapshot()
+def closed_windows(policy) -> list[dict]:
+    """The policy's windows closed since its `recent` was last cleared, with their rates (tokens/s per
+    sequence); void and empty ones left out."""
     closed = [w for w in policy.windows_closed() if w["seconds"] > 0 and not w["void"]]
     for w in closed:
         w["rate"] = w["tokens"] / (w["sequences"] / w["steps"]) / w["seconds"]
+    return closed
+
+
+def time_by_bucket(closed: list[dict]) -> dict:
+    """{"bucket/spec" or "bucket/plain": {"seconds", "tokens"}} summed over these windows."""
     by_bucket = {}
     for w in closed:
         key = f"{w['bucket']}/{'spec' if w['speculated'] else 'plain'}"
         seconds, tokens = by_bucket.get(key, (0.0, 0))
         by_bucket[key] = (seconds + w["seconds"], tokens + w["tokens"])
+    return {k: dict(seconds=round(v[0], 4), tokens=v[1]) for k, v in sorted(by_bucket.items())}
+
+
+def adaptive_books(policy) -> dict:
+    """What the adaptive policy believed (its rates and booked seconds, cumulative) and where its last timed
+    run went: the six slowest windows, and seconds and tokens per bucket and mode (a batch's tail, as its
+    sequences finish, runs at the small buckets). batch_scaling adds each timed round's seconds, prefill
+    and time per bucket (`adaptive_rounds_books`): a round that lost to the fixed chain shows where."""
+    snap = policy.snapshot()
+    closed = closed_windows(policy)
     rates = {f"{b}/{'spec' if sp else 'plain'}": round(r, 1) for (b, sp), r in sorted(snap["rates"].items())}
     return dict(adaptive_rates=rates, adaptive_seconds={k: round(v, 3) for k, v in snap["seconds"].items()},
                 adaptive_slowest_windows=sorted(closed, key=lambda w: w["rate"])[:6],
-                adaptive_time_by_bucket={k: dict(seconds=round(v[0], 4), tokens=v[1])
-                                         for k, v in sorted(by_bucket.items())})
+                adaptive_time_by_bucket=time_by_bucket(closed))
 
 
 def parse_specs(text: str, flag: str = "--specs") -> list[SpecConfig]:

@@ -100,7 +100,8 @@ def test_a_bad_twin_is_one_line(text):
 
 def test_scaling_books_the_adaptive_run_by_bucket(monkeypatch, tmp_path):
     """The scaling section's adaptive rows say where the timed run's time went, per bucket and mode, and
-    those windows hold every token the run's steps produced (each sequence's first comes from its prefill)."""
+    those windows hold every token the run's steps produced (each sequence's first comes from its prefill);
+    each round's books say the same for that round, with its wall time and prefill seconds."""
     from tests.helpers import random_draft, tiny_llama
 
     monkeypatch.setattr(bench, "DEVICE", "cpu")
@@ -111,6 +112,9 @@ def test_scaling_books_the_adaptive_run_by_bucket(monkeypatch, tmp_path):
         books = row["adaptive_time_by_bucket"]
         assert books and all(v["seconds"] > 0 for v in books.values())
         assert sum(v["tokens"] for v in books.values()) == row["batch"] * (24 - 1)
+        (only,) = row["adaptive_rounds_books"]  # one round: the same windows as the last run's books
+        assert only["by_bucket"] == books and only["seconds"] > sum(v["seconds"] for v in books.values())
+        assert 0 < only["prefill"] < only["seconds"]
 
 
 def test_scaling_builds_every_engine_first_and_times_in_alternating_rounds(monkeypatch, tmp_path):
