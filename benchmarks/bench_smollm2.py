@@ -360,7 +360,6 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1
     print(f"scaling: {len(engines)} engines built and warmed up in {time.perf_counter() - started:.0f} s",
           file=sys.stderr, flush=True)
     rows = {B: {"batch": B} for B in batches}
-    order = list(modes)
     for B in batches:
         batch = [prompts[i % len(prompts)] for i in range(B)]
         params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
@@ -368,24 +367,24 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1
             eng.generate(batch, params)
         sync()
         runs, adaptive_rounds = {name: [] for name in modes}, []
-        for r in range(rounds):
-            for name in (order if r % 2 == 0 else order[::-1]):
-                eng = engines[name]
-                adaptive = modes[name] is not None and modes[name].adaptive
-                if adaptive:
-                    eng.spec.policy.recent.clear()  # this timed run's windows only
-                    prefill_before = eng.spec.policy.seconds["prefill"]
-                t0 = time.perf_counter()
-                seqs = eng.generate(batch, params)
-                sync()
-                if adaptive:
-                    policy = eng.spec.policy
-                    adaptive_rounds.append(dict(seconds=round(time.perf_counter() - t0, 4),
-                                                prefill=round(policy.seconds["prefill"] - prefill_before, 4),
-                                                by_bucket=time_by_bucket(closed_windows(policy))))
-                toks = sum(len(s.output_ids) for s in seqs)
-                passes = max(sum(s.verify_passes for s in seqs), 1)
-                runs[name].append((toks / (time.perf_counter() - t0), (toks - B) / passes))
+        for name in alternating_rounds(modes, rounds):
+            eng = engines[name]
+            adaptive = modes[name] is not None and modes[name].adaptive
+            if adaptive:
+                eng.spec.policy.recent.clear()  # this timed run's windows only
+                prefill_before = eng.spec.policy.seconds["prefill"]
+            t0 = time.perf_counter()
+            seqs = eng.generate(batch, params)
+            sync()
+            seconds = time.perf_counter() - t0
+            if adaptive:
+                policy = eng.spec.policy
+                adaptive_rounds.append(dict(seconds=round(seconds, 4),
+                                            prefill=round(policy.seconds["prefill"] - prefill_before, 4),
+                                            by_bucket=time_by_bucket(closed_windows(policy))))
+            toks = sum(len(s.output_ids) for s in seqs)
+            passes = max(sum(s.verify_passes for s in seqs), 1)
+            runs[name].append((toks / seconds, (toks - B) / passes))
         for name, spec in modes.items():
             rows[B][f"{name}_tok_s"] = statistics.median(x[0] for x in runs[name])
             rows[B][f"{name}_tok_s_rounds"] = [round(x[0], 1) for x in runs[name]]
@@ -397,6 +396,14 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1
             report(rows[B])
     out = [rows[B] for B in batches]
     return dict(rows=out, rounds=rounds, **where_speculation_stops_paying(out))
+
+
+def alternating_rounds(items, rounds: int):
+    """Each item once per round, every round in the opposite order of the one before (A B C, C B A, A B C):
+    an effect of position in a round shows as a spread between rounds, not as a difference between items."""
+    order = list(items)
+    for r in range(rounds):
+        yield from order if r % 2 == 0 else order[::-1]
 
 
 def where_speculation_stops_paying(rows: list[dict]) -> dict:
@@ -505,10 +512,8 @@ def sweep(model_path, prompts, draft, specs, rounds=2, twin=None):
 
     row_specs = [s for s in specs for _ in range(2 if twin else 1)]
     runs: dict[str, list[dict]] = {n: [] for n in names}
-    order = list(range(len(names)))
-    for r in range(rounds):
-        for i in (order if r % 2 == 0 else order[::-1]):
-            runs[names[i]].append(under_env(i, timed_run, prompts))
+    for i in alternating_rounds(range(len(names)), rounds):
+        runs[names[i]].append(under_env(i, timed_run, prompts))
     median = {n: statistics.median(x["tok_s"] for x in runs[n]) for n in names}
     rows = []
     for i, (name, spec) in enumerate(zip(names[1:], row_specs), start=1):
