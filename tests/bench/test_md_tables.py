@@ -49,7 +49,8 @@ def test_the_report_holds_the_run_s_numbers_and_their_ratios():
     assert "| HF generate, static cache | 400.0 |  | 0.200× |" in text
     assert "eyas plain / HF static cache: 5.000×; eyas chain 3/1/4 / eyas plain: 1.100×." in text
     assert "| 8 | 8,000.0 | 11,000.0 (2.24) | 10,450.0 | 0.950× | 1.375× |" in text
-    assert "the median of 3 rounds" in text and "at batch: none measured; it paid at the largest batch measured." in text
+    assert "the median of 3 rounds" in text
+    assert "at batch: none measured; it paid at the largest batch measured." in text
     assert "| 3/1/4 | 2,300.0 | 1.150× | 2.29 | 0.200 | 0.800 | 0.080 | 0.040 | 2,290.0 / 2,310.0 |" in text
 
 

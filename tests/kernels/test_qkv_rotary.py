@@ -95,9 +95,8 @@ def test_bad_shapes_are_refused(device):
     ({"rotary_in_attention": "1"}, False), ({"kernels": "0"}, False), ({"K": 4096}, False)])
 def test_the_layer_takes_the_kernel_only_where_both_kernels_it_replaces_would_run(monkeypatch, change, expected):
     """eyas.layers.qkv_rotary.fused: the switch on (by default at one row only; EYAS_QKV_ROTARY_ROWS sets the
-    rows unless EYAS_QKV_ROTARY does), no q/k norm, the fused
-    projection's rows and features, the slot-attention kernel's cache, and the rotary not inside the attention
-    kernel."""
+    rows unless EYAS_QKV_ROTARY does), no q/k norm, the fused projection's rows and features, the
+    slot-attention kernel's cache, and the rotary not inside the attention kernel."""
     from types import SimpleNamespace
 
     from eyas.engine.kv_cache import KVCache

@@ -6,10 +6,10 @@ By default it runs at one row (a batch-1 decode step): on an H200 (bench_step_ab
 300 cached tokens, graph replays side by side, 2026-12-03) it made that step 4.7% shorter (0.4572 against
 0.4798 ms, 154 kernels against 184), but a verify of 4, 5 and 8 rows 3.4%, 1.0% and 2.3% longer: each program
 recomputes the rows' norm and rotates its pairs, work that grows with the rows. EYAS_QKV_ROTARY=1 takes it at
-every row count where it applies, =0 never; EYAS_QKV_ROTARY_ROWS=N (unset EYAS_QKV_ROTARY) up to N rows. It applies where both kernels it replaces would run: the fused
-projection's conditions (eyas.layers.fused_linear: kernels enabled, a narrow projection of few rows and at
-most MAX_K input features) and the slot-attention kernel's, with no q/k norm between projection and rotary
-and the rotary not inside the attention kernel.
+every row count where it applies, =0 never; without either, EYAS_QKV_ROTARY_ROWS=N up to N rows. It applies
+where both kernels it replaces would run: the fused projection's conditions (eyas.layers.fused_linear:
+kernels enabled, a narrow projection of few rows and at most MAX_K input features) and the slot-attention
+kernel's, with no q/k norm between projection and rotary and the rotary not inside the attention kernel.
 """
 
 from __future__ import annotations
