@@ -533,6 +533,17 @@ def sweep(model_path, prompts, draft, specs, rounds=2, twin=None):
                 rows=rows, best_chain=best(chains), best_tree=best(trees))
 
 
+def cycle_arithmetic(tok_s: float, accept_length: float, plain_tok_s: float, spec: str) -> dict:
+    """What a setting's measured speed says about its cycle: `cycle_ms` (acceptance / tok/s: a cycle's share of
+    the run, prefill and the host's gaps included, as plain's tok/s includes them), the `ceiling` over plain
+    if every drafted token were accepted (steps + 1 tokens per cycle: a chain's length, a tree's deepest
+    path) at that cycle cost, and the tokens per cycle it would take to decode at twice plain's tok/s."""
+    steps = int(spec.split("/", 1)[0])
+    cycle_s = accept_length / tok_s
+    return dict(cycle_ms=1000 * cycle_s, ceiling=(steps + 1) / cycle_s / plain_tok_s,
+                tokens_for_2x=2 * plain_tok_s * cycle_s)
+
+
 def speed_label(name: str) -> str:
     """A speed row's name as a table says it: eyas_chain_unfused -> 'eyas chain 3/1/4 unfused'."""
     named = {"hf_static": "HF generate, static cache", "hf_prompt_lookup": "HF prompt lookup"}
@@ -558,6 +569,12 @@ def markdown_report(results: dict) -> str:
         chain = speed.get("eyas_chain", {}).get("tok_s")
         parts.append(f"eyas plain / HF static cache: {ratio(plain, hf) or 'not run'}; eyas chain "
                      f"{spec_name(CHAIN)} / eyas plain: {ratio(chain, plain) or 'not run'}.")
+        accepted = speed.get("eyas_chain", {}).get("accept_length")
+        if chain and plain and accepted:
+            bound = cycle_arithmetic(chain, accepted, plain, spec_name(CHAIN))
+            parts.append(f"The chain's cycle: {bound['cycle_ms']:.3f} ms (acceptance / tok/s), a plain token "
+                         f"{1000 / plain:.3f} ms; a draft always right would give {bound['ceiling']:.2f}× plain at "
+                         f"that cycle, and 2× needs {bound['tokens_for_2x']:.2f} tokens per cycle.")
     scaling = results.get("scaling")
     if scaling and scaling.get("rows"):
         rows = []
@@ -588,18 +605,22 @@ def markdown_report(results: dict) -> str:
                               "host wall (profiled)", "GPU busy", "phases"], rows, right=set(range(1, 8))))
     sweep = results.get("sweep")
     if sweep:
-        rows = [["plain", sweep["plain_tok_s"], "1.000×", "", "", "", "", "",
+        plain = sweep["plain_tok_s"]
+        rows = [["plain", plain, "1.000×", "", "", "", "", "", f"{1000 / plain:.3f}", "", "",
                  " / ".join(f"{x:,.1f}" for x in sweep["plain_tok_s_rounds"])]]
         for r in sweep["rows"]:
-            ph = r["phase_ms"]
+            ph, bound = r["phase_ms"], cycle_arithmetic(r["tok_s"], r["accept_length"], plain, r["spec"])
             rows.append([r["spec"], r["tok_s"], f"{r['over_plain']:.3f}×", f"{r['accept_length']:.2f}",
                          *(f"{ph.get(k, 0.0):.3f}" for k in ("draft", "verify", "commit", "accept")),
+                         f"{bound['cycle_ms']:.3f}", f"{bound['ceiling']:.2f}×", f"{bound['tokens_for_2x']:.2f}",
                          " / ".join(f"{x:,.1f}" for x in r["tok_s_rounds"])])
         n = sweep["rounds"]
         parts.append(f"Settings side by side, {n} round{'' if n == 1 else 's'} of alternating order (the median "
-                     "tok/s; phases in ms per cycle):\n\n"
+                     "tok/s; phases in ms per cycle, profiled in step with the host; `cycle` is the run's own: "
+                     "acceptance / tok/s, a plain token's for plain; `ceiling`: over plain with every drafted "
+                     "token accepted at that cycle; `2× needs`: tokens per cycle for twice plain's tok/s):\n\n"
                      + table(["setting", "tok/s", "over plain", "acceptance", "draft", "verify", "commit", "accept",
-                              "rounds"], rows))
+                              "cycle ms", "ceiling", "2× needs", "rounds"], rows))
     return "\n\n".join(parts) + "\n"
 
 

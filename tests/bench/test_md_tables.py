@@ -48,10 +48,26 @@ def test_the_report_holds_the_run_s_numbers_and_their_ratios():
     assert "| eyas chain 3/1/4 unfused | 1,900.0 | 2.290 | 0.950× |" in text
     assert "| HF generate, static cache | 400.0 |  | 0.200× |" in text
     assert "eyas plain / HF static cache: 5.000×; eyas chain 3/1/4 / eyas plain: 1.100×." in text
+    assert ("The chain's cycle: 1.041 ms (acceptance / tok/s), a plain token 0.500 ms; a draft always right "
+            "would give 1.92× plain at that cycle, and 2× needs 4.16 tokens per cycle.") in text
     assert "| 8 | 8,000.0 | 11,000.0 (2.24) | 10,450.0 | 0.950× | 1.375× |" in text
     assert "the median of 3 rounds" in text
     assert "at batch: none measured; it paid at the largest batch measured." in text
-    assert "| 3/1/4 | 2,300.0 | 1.150× | 2.29 | 0.200 | 0.800 | 0.080 | 0.040 | 2,290.0 / 2,310.0 |" in text
+    assert ("| 3/1/4 | 2,300.0 | 1.150× | 2.29 | 0.200 | 0.800 | 0.080 | 0.040 | 0.996 | 2.01× | 3.98 | "
+            "2,290.0 / 2,310.0 |") in text
+    assert "| plain | 2,000.0 | 1.000× |  |  |  |  |  | 0.500 |  |  | 1,990.0 / 2,010.0 |" in text
+
+
+def test_a_cycle_s_cost_bounds_what_any_draft_could_give():
+    """The thirty-fourth session's sweep (plain 1,946.0, chain 3/1/4 2,209.8 tok/s at acceptance 2.291): a
+    1.037-ms cycle, so a draft that is always right would give 1.98x plain, and 2x needs 4.04 of its 4
+    tokens per cycle. A tree's bound is its deepest path, steps + 1 tokens."""
+    got = bench.cycle_arithmetic(2209.8, 2.2911, 1946.0, "3/1/4")
+    assert got["cycle_ms"] == pytest.approx(1.0368, abs=1e-4)
+    assert got["ceiling"] == pytest.approx(1.9825, abs=1e-3) and got["tokens_for_2x"] == pytest.approx(4.035, abs=1e-3)
+    tree = bench.cycle_arithmetic(1800.0, 2.8, 1946.0, "5/4/8 EYAS_X=1")
+    assert tree["ceiling"] == pytest.approx(6 / (2.8 / 1800.0) / 1946.0)
+    assert bench.cycle_arithmetic(4000.0, 2.0, 1000.0, "1/1/2")["ceiling"] == pytest.approx(4.0)
 
 
 def test_speculation_stops_paying_where_it_loses_at_every_larger_batch():
