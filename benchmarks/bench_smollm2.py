@@ -345,7 +345,8 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1
     windows of both modes and a switch back, whose catch-up pass compiles its kernels), then the three are
     timed in `rounds` rounds, each in the opposite order of the one before: a short run at a large batch moves
     by 10-15% between processes (docs/BENCHMARKS.md, thirty-second session), so the modes are compared side
-    by side in time. Reported per mode: the median tok/s and every round's; the adaptive rows also say what
+    by side in time. Reported per mode: the median tok/s, every round's, and every round's phases
+    (generate_with_phases: prefill and first step, full batch, tail); the adaptive rows also say what
     the policy believed after the last round and where that round's time went. `report(row)` is called as
     each batch size's row is complete, so a run cut off by a time limit still shows the rows it measured."""
     import statistics
@@ -366,17 +367,16 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1
         for eng in engines.values():
             eng.generate(batch, params)
         sync()
-        runs, adaptive_rounds = {name: [] for name in modes}, []
+        runs, adaptive_rounds, phase_rounds = {name: [] for name in modes}, [], {name: [] for name in modes}
         for name in alternating_rounds(modes, rounds):
             eng = engines[name]
             adaptive = modes[name] is not None and modes[name].adaptive
             if adaptive:
                 eng.spec.policy.recent.clear()  # this timed run's windows only
                 prefill_before = eng.spec.policy.seconds["prefill"]
-            t0 = time.perf_counter()
-            seqs = eng.generate(batch, params)
-            sync()
-            seconds = time.perf_counter() - t0
+            seqs, phases = generate_with_phases(eng, batch, params)
+            seconds = phases["seconds"]
+            phase_rounds[name].append(phases)
             if adaptive:
                 policy = eng.spec.policy
                 adaptive_rounds.append(dict(seconds=round(seconds, 4),
@@ -388,6 +388,7 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1
         for name, spec in modes.items():
             rows[B][f"{name}_tok_s"] = statistics.median(x[0] for x in runs[name])
             rows[B][f"{name}_tok_s_rounds"] = [round(x[0], 1) for x in runs[name]]
+            rows[B][f"{name}_phases_rounds"] = phase_rounds[name]
             if spec:
                 rows[B][f"{name}_accept_length"] = runs[name][-1][1]
         rows[B].update(adaptive_books(engines["adaptive"].spec.policy))
@@ -396,6 +397,36 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1
             report(rows[B])
     out = [rows[B] for B in batches]
     return dict(rows=out, rounds=rounds, **where_speculation_stops_paying(out))
+
+
+def generate_with_phases(eng, prompts, params) -> tuple[list, dict]:
+    """eng.generate, timed in three phases (seconds): `first_step` (the prefill and the first decode step or
+    cycle), `full` (steps while no sequence had finished) and `tail` (from the step that finished the first
+    sequence to the end, the GPU's last work included). With a fixed length plain decoding finishes every
+    sequence on one step; a speculative batch's sequences finish on different cycles, and its last ones run
+    at a small batch. Times are the host's, read as each step returns (steps may run ahead of the host)."""
+    t0 = time.perf_counter()
+    seqs = [eng.add(p, params) for p in prompts]
+    first = tail = None
+    while eng.has_work():
+        eng.step()
+        now = time.perf_counter()
+        first = first or now
+        if tail is None and any(s.finished for s in seqs):
+            tail = now
+    sync()
+    end = time.perf_counter()
+    first, tail = first or end, tail or end
+    return seqs, dict(seconds=round(end - t0, 4), first_step=round(first - t0, 4),
+                      full=round(max(tail - first, 0.0), 4), tail=round(end - tail, 4))
+
+
+def phase_cell(rounds: list[dict]) -> str:
+    """The round of median wall time as 'first step / full / tail' in ms."""
+    if not rounds:
+        return ""
+    mid = sorted(rounds, key=lambda p: p["seconds"])[(len(rounds) - 1) // 2]
+    return " / ".join(f"{1000 * mid[k]:.1f}" for k in ("first_step", "full", "tail"))
 
 
 def alternating_rounds(items, rounds: int):
@@ -593,6 +624,14 @@ def markdown_report(results: dict) -> str:
             tail = (f"from batch {stops} on at every batch measured" if stops
                     else "it paid at the largest batch measured")
             parts.append(f"The fixed chain was slower than plain decoding at batch: {slower}; {tail}.")
+        phased = [r for r in scaling["rows"] if r.get("plain_phases_rounds")]
+        if phased:
+            parts.append("Where each mode's median round went, ms: prefill and first step / full batch / tail "
+                         "(from the first sequence finished):\n\n"
+                         + table(["batch", "plain", "chain", "adaptive"],
+                                 [[r["batch"]] + [phase_cell(r[f"{m}_phases_rounds"]) for m in ("plain", "chain",
+                                                                                                "adaptive")]
+                                  for r in phased]))
     cycle = results.get("cycle")
     if cycle:
         rows = [[name, f"{r['cycle_ms']:.4f}", f"{r['accept_length']:.2f}", f"{r['kernels_per_cycle']:.0f}",

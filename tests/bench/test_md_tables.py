@@ -85,6 +85,18 @@ def test_speculation_stops_paying_where_it_loses_at_every_larger_batch():
     row = {"batch": 8, "plain_tok_s": 1.0, "chain_tok_s": 2.0, "chain_accept_length": 2.0, "adaptive_tok_s": 2.0}
     report = bench.markdown_report({"header": "H", "scaling": {"rounds": 1, "rows": [row], **got}})
     assert "slower than plain decoding at batch: 1; it paid at the largest batch measured." in report
+    assert "Where each mode's median round went" not in report  # a run from before the phases were timed
+
+
+def test_the_scaling_report_shows_each_mode_s_median_round_in_phases():
+    def phases(seconds, first, tail):
+        return dict(seconds=seconds, first_step=first, full=round(seconds - first - tail, 4), tail=tail)
+
+    row = {"batch": 128, "plain_tok_s": 1.0, "chain_tok_s": 1.0, "chain_accept_length": 2.0, "adaptive_tok_s": 1.0,
+           "plain_phases_rounds": [phases(0.45, 0.09, 0.001), phases(0.40, 0.08, 0.002), phases(0.50, 0.1, 0.003)],
+           "chain_phases_rounds": [phases(0.372, 0.09, 0.086)], "adaptive_phases_rounds": []}
+    report = bench.markdown_report({"header": "H", "scaling": {"rounds": 3, "rows": [row]}})
+    assert "| 128 | 90.0 / 359.0 / 1.0 | 90.0 / 196.0 / 86.0 |  |" in report
 
 
 def test_a_report_of_a_run_cut_short_shows_what_it_has():

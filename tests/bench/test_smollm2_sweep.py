@@ -115,6 +115,11 @@ def test_scaling_books_the_adaptive_run_by_bucket(monkeypatch, tmp_path):
         (only,) = row["adaptive_rounds_books"]  # one round: the same windows as the last run's books
         assert only["by_bucket"] == books and only["seconds"] > sum(v["seconds"] for v in books.values())
         assert 0 < only["prefill"] < only["seconds"]
+        for mode in ("plain", "chain", "adaptive"):
+            (phases,) = row[f"{mode}_phases_rounds"]
+            assert phases["first_step"] > 0 and phases["full"] >= 0 and phases["tail"] >= 0
+            assert phases["first_step"] + phases["full"] + phases["tail"] == pytest.approx(phases["seconds"], abs=2e-3)
+        assert row["adaptive_phases_rounds"][0]["seconds"] == only["seconds"]
 
 
 def test_scaling_builds_every_engine_first_and_times_in_alternating_rounds(monkeypatch, tmp_path):
@@ -133,9 +138,10 @@ def test_scaling_builds_every_engine_first_and_times_in_alternating_rounds(monke
             events.append(("build", self.mode))
             super().__init__(*args, **kwargs)
 
-        def generate(self, prompts, params):
-            events.append(("run", self.mode))
-            return super().generate(prompts, params)
+        def add(self, prompt_ids, params):
+            if not self.has_work():  # a run's first request: generate's, or the timed runs' own loop
+                events.append(("run", self.mode))
+            return super().add(prompt_ids, params)
 
     monkeypatch.setattr(bench, "DEVICE", "cpu")
     monkeypatch.setattr(bench, "Engine", Recorded)
