@@ -89,12 +89,13 @@ def test_bad_shapes_are_refused(device):
 
 
 @pytest.mark.parametrize("change, expected", [
-    ({}, True), ({"switch": None}, False), ({"switch": None, "rows": 1}, True), ({"switch": "0", "rows": 1}, False),
+    ({}, True), ({"switch": None}, False), ({"switch": None, "rows": 1}, True), ({"switch": None, "rows": 2}, True),
+    ({"switch": None, "rows": 3}, False), ({"switch": "0", "rows": 1}, False),
     ({"switch": None, "env_rows": "4"}, True), ({"switch": None, "env_rows": "3"}, False),
     ({"switch": "0", "env_rows": "4"}, False), ({"qk_norm": True}, False), ({"rows": 9}, False),
     ({"rotary_in_attention": "1"}, False), ({"kernels": "0"}, False), ({"K": 4096}, False)])
 def test_the_layer_takes_the_kernel_only_where_both_kernels_it_replaces_would_run(monkeypatch, change, expected):
-    """eyas.layers.qkv_rotary.fused: the switch on (by default at one row only; EYAS_QKV_ROTARY_ROWS sets the
+    """eyas.layers.qkv_rotary.fused: the switch on (by default up to two rows; EYAS_QKV_ROTARY_ROWS sets the
     rows unless EYAS_QKV_ROTARY does), no q/k norm, the fused projection's rows and features, the
     slot-attention kernel's cache, and the rotary not inside the attention kernel."""
     from types import SimpleNamespace
