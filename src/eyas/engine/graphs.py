@@ -8,17 +8,14 @@ An eager run and a graph run give identical tokens (tests/engine/test_graphs.py 
 
 from __future__ import annotations
 
-import gc
-import sys
-
 import torch
 
+from eyas.kernels.graph_capture import CAPTURE_ATTEMPTS, capture  # noqa: F401 (CAPTURE_ATTEMPTS: tests)
 from eyas.layers.attention import AttentionBatch, kernel_reads_cache
 from eyas.models.llama import ModelOutput
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 MAX_GRAPH_TOKENS = 64
-CAPTURE_ATTEMPTS = 2  # captures of one graph before its error is raised (capture())
 
 
 def kv_bucket(need: int, max_len: int) -> int:
@@ -44,41 +41,6 @@ def kernel_kv_len(need: int, max_len: int) -> int:
 
 
 SHORT_ROWS = 512  # the bound of attention_splits.choose_splits' short rows
-
-
-def capture(fn, pool, attempts: int = CAPTURE_ATTEMPTS):
-    """Warm `fn` up on a side stream (allocator, lazily built kernels), then capture it; returns (graph, outputs).
-
-    A capture the driver invalidates (cudaErrorStreamCaptureInvalidated: some call that a capture forbids ran
-    meanwhile) leaves no graph but no damage either: it is warmed up and captured again, up to `attempts`
-    times in all, with a line on stderr each time; then the error is raised. On an H200 one capture after
-    several engines had come and gone in one process failed so, once, and never when repeated
-    (docs/BENCHMARKS.md, 2026-12-01); on 2026-12-01 again one failed twice over in a long GPU test run and
-    passed alone. The garbage collector is off during a capture: a collection there would free tensors of
-    finished requests (CUDA or pinned host memory, whose allocators query and record events), work that
-    a capture may forbid (torch.cuda.graph collects before it starts, not during)."""
-    for attempt in range(1, attempts + 1):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
-            with torch.cuda.graph(graph, pool=pool):
-                outputs = fn()
-            return graph, outputs
-        except RuntimeError as e:  # torch.AcceleratorError and Triton's launch errors are RuntimeErrors
-            if attempt == attempts or "capture" not in str(e):
-                raise
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            print(f"eyas: a CUDA graph capture failed ({first}); capturing it again", file=sys.stderr, flush=True)
-        finally:
-            if collecting:
-                gc.enable()
 
 
 class _Graph:

@@ -20,6 +20,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from eyas.kernels.graph_capture import capture  # warms up (compiles) on a side stream, then captures
+
 MAX_COPIES = 256    # weight copies per timing graph (small weights need many to outgrow the L2 cache)
 REPLAYS = 5         # timed replays per candidate; the median counts
 
@@ -98,8 +100,6 @@ def graph_times(candidates: Sequence, launch: Callable, weight: torch.Tensor) ->
 
 
 def _replay_us(run: Callable, copies: list[torch.Tensor]) -> float:
-    from eyas.engine.graphs import capture  # warms up (compiles) on a side stream, then captures
-
     graph, _ = capture(lambda: [run(w) for w in copies], None, attempts=1)  # a tile that fails is no candidate
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
