@@ -18,7 +18,7 @@ VERBS = {
     "models": ("eyas.commands.models", "locate or prepare models (`eyas models demo`)"),
     "convert-gguf": ("eyas.commands.convert_gguf", "convert a GGUF file into an HF checkpoint directory"),
     "serve": ("eyas.server.cli", "serve a model behind an OpenAI-compatible API"),
-    "bench": ("eyas.bench.cli", "benchmark an OpenAI-compatible endpoint"),
+    "bench": ("eyas.commands.bench", "benchmark an OpenAI-compatible endpoint"),
     "runs": ("eyas.runs.cli", "query the run ledger: list, show, best, diff, replay, export, plot"),
     "launch": ("eyas.commands.launch", "start a server from a launch spec, verify its environment, bench, record"),
     "tune": ("eyas.commands.tune", "sweep speculative settings (and env sets) against a baseline, record each"),

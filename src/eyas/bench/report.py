@@ -143,3 +143,16 @@ def _acceptance_from_usage(ok: list, tokens: list[int]) -> Acceptance | None:
         total_tokens += max(n - 1, 0)
         total_passes += passes
     return Acceptance(total_tokens / total_passes, "usage") if total_passes > 0 else None
+
+
+def ledger_results(result) -> dict:
+    """A BenchResult as flat, queryable ledger results: `eyas runs best --metric tpot_ms_p50` works."""
+    d = result.to_dict()
+    out = {k: d[k] for k in ("output_tok_s", "request_s", "completed", "errors", "duration_s", "total_output_tokens",
+                             "total_prompt_tokens", "accept_length", "accept_source", "output_tokens_source")}
+    for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+        for stat, value in (d[name] or {}).items():
+            out[f"{name}_{stat}"] = value
+    if result.error_messages:
+        out["error_messages"] = result.error_messages
+    return {k: v for k, v in out.items() if v is not None}

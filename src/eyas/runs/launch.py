@@ -146,9 +146,9 @@ def env_problems(report: EnvReport) -> list[str]:
 
 
 def bench_results(plan: Plan, url: str) -> dict:
-    from eyas.bench.cli import ledger_results
     from eyas.bench.client import run_benchmark
     from eyas.bench.config import BenchConfig
+    from eyas.bench.report import ledger_results
 
     b = plan.spec.bench
     config = BenchConfig(url=url, dataset=b.dataset, num_prompts=b.num_prompts, concurrency=b.concurrency,

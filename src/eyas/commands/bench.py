@@ -2,8 +2,9 @@
 
 Usage: eyas bench --url http://127.0.0.1:8000 --dataset mt-bench --num-prompts 80 --concurrency 1 --max-tokens 256
 
-Every run is recorded in the run ledger (kind "bench", $EYAS_HOME/runs.db) unless --no-record: a number nobody can
-trace back to its settings is how the 94 tok/s was lost. Recording is best effort and never fails the benchmark.
+Every run is recorded in the run ledger (kind "bench", $EYAS_HOME/runs.db) unless --no-record, so every number can
+be traced back to its settings. Recording is best effort and never fails the benchmark. The verb lives here, not
+in eyas.bench, so that the load generator stays below the ledger (eyas.runs records it and launches it).
 """
 
 import json
@@ -11,8 +12,9 @@ import sys
 
 from eyas.bench.client import run_benchmark
 from eyas.bench.config import ENDPOINTS, BenchConfig
+from eyas.bench.report import ledger_results
 
-__all__ = ["add_arguments", "ledger_results", "run", "run_benchmark"]
+__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser):
@@ -32,19 +34,6 @@ def add_arguments(parser):
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--no-record", action="store_true", help="do not record this run in the ledger")
     parser.add_argument("--db", help="ledger file (default: $EYAS_HOME/runs.db)")
-
-
-def ledger_results(result) -> dict:
-    """A BenchResult as flat, queryable ledger results: `eyas runs best --metric tpot_ms_p50` works."""
-    d = result.to_dict()
-    out = {k: d[k] for k in ("output_tok_s", "request_s", "completed", "errors", "duration_s", "total_output_tokens",
-                             "total_prompt_tokens", "accept_length", "accept_source", "output_tokens_source")}
-    for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
-        for stat, value in (d[name] or {}).items():
-            out[f"{name}_{stat}"] = value
-    if result.error_messages:
-        out["error_messages"] = result.error_messages
-    return {k: v for k, v in out.items() if v is not None}
 
 
 def _warn(msg: str) -> None:
