@@ -116,7 +116,9 @@ def draft_config_json(cfg: DraftConfig, layout: str, verifier: str | None = None
         return {
             "architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3", "speculators_version": "0.7.0",
             "draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
-            "norm_before_residual": cfg.norm_before_residual, "norm_before_fc": False, "norm_output": True,
+            "norm_before_residual": cfg.norm_before_residual, "norm_before_fc": False,
+            # speculators/vLLM feed the *normalised* state to the next step when true; ours feeds the pre-norm one.
+            "norm_output": False,
             # speculators ids are layer inputs; ours mean "output of layer id".
             **({"eagle_aux_hidden_state_layer_ids": [i + 1 for i in cfg.aux_layer_ids]} if cfg.aux_layer_ids else {}),
             "transformer_layer_config": {**_layer_fields(cfg), "architectures": ["LlamaForCausalLM"]},
