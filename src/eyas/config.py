@@ -80,8 +80,8 @@ class ModelConfig:
     v_head_dim: int = 0
     rope_interleave: bool = False
     mtp_layers: int = 0              # DeepSeek's multi-token-prediction layers stored past num_layers (not run)
-    # Weights shipped quantized, dequantized at load: {"method": "fp8", "block": [r, c]} or
-    # {"method": "int4", "group_size": g} (compressed-tensors pack-quantized, symmetric).
+    # Weights shipped quantized, kept quantized at load: {"method": "fp8", "block": [r, c]} or
+    # {"method": "int4", "group_size": g (0: per row), "symmetric": bool} (compressed-tensors pack-quantized).
     quantization: dict | None = None
 
     @property

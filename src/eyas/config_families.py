@@ -1,7 +1,7 @@
 """The family-specific fields of an HF config.json, normalized for ModelConfig.
 
 Mixture-of-experts routing (Mixtral, Qwen3-MoE, DeepSeek-V3/Kimi-K2 under their own key names), multi-head
-latent attention, and the quantization formats whose weights we dequantize at load.
+latent attention, and the quantization formats whose weights we keep packed at load.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def mla_fields(hf: dict) -> dict:
 
 
 def quantization_fields(q: dict | None) -> dict | None:
-    """The two shipped weight formats we dequantize at load; anything else is refused here, by name."""
+    """The two shipped weight formats we keep quantized at load; anything else is refused here, by name."""
     if not q:
         return None
     method = q.get("quant_method")
@@ -83,10 +83,11 @@ def quantization_fields(q: dict | None) -> dict | None:
             raise EyasError("compressed-tensors checkpoints with several weight schemes or activation quantization "
                             "are not supported")
         w = schemes[0]
-        scheme = (w.get("num_bits"), w.get("type", "int"), w.get("strategy"), w.get("symmetric"))
-        if scheme != (4, "int", "group", True) or w.get("actorder"):
-            raise EyasError(f"unsupported compressed-tensors weights {w}; only symmetric int4 group quantization "
+        scheme = (w.get("num_bits"), w.get("type", "int"), w.get("strategy"))
+        if scheme not in ((4, "int", "group"), (4, "int", "channel")) or w.get("actorder"):
+            raise EyasError(f"unsupported compressed-tensors weights {w}; only int4 group or channel quantization "
                             "without activation ordering is supported")
-        return {"method": "int4", "group_size": int(w["group_size"])}
+        group = int(w["group_size"]) if w.get("strategy") == "group" else 0  # 0: one group per row
+        return {"method": "int4", "group_size": group, "symmetric": bool(w.get("symmetric", True))}
     raise EyasError(f"unsupported quantization '{method}'; supported: fp8 (block-quantized) and compressed-tensors "
                     "(pack-quantized int4)")

@@ -1,5 +1,5 @@
-"""Quantized checkpoints as shipped (DeepSeek-V3 FP8 blocks, Kimi-K2 compressed-tensors int4) load by
-dequantizing and match HF running the dequantized weights; the int4 reader follows the format's bit layout."""
+"""Quantized checkpoints as shipped (DeepSeek-V3 FP8 blocks, Kimi-K2 compressed-tensors int4) load kept
+quantized and match HF running the dequantized weights; the int4 reader follows the format's bit layout."""
 
 import json
 
@@ -11,7 +11,9 @@ from safetensors.torch import load_file, save_file
 from eyas.config import ModelConfig
 from eyas.errors import EyasError
 from eyas.models.loader import load_model
+from eyas.layers.quant_linear import QuantLinear
 from eyas.models.quant import FP8, dequantize_fp8, dequantize_int4, pack_int4_groups, quantize_fp8_blocks
+from eyas.models.quant_experts import QuantExperts
 from tests.models.tiny_moe import assert_matches_hf, build_hf
 
 FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [16, 16]}
@@ -36,6 +38,21 @@ def test_int4_reader_follows_the_packing_layout():
     assert torch.equal(pack_int4_groups(got[1:], 8)["weight_packed"], packed[1:])
 
 
+def test_int4_zero_points_pack_down_the_rows():
+    """Asymmetric schemes: weight_zero_point [ceil(out/8), groups], value i of a word the zero point of row 8p + i
+    (compressed-tensors pack_to_int32 with packed_dim=0), stored + 8; w = (q - z) * scale."""
+    rows = 9  # two words down the rows, the second holding one zero point
+    zeros = torch.tensor([[-8, 7, 0, 1, 2, 3, 4, -1, 5]]).T  # one group per row
+    words = [0x7CBA98F0, 0xD]  # nibbles low to high: 0 15 8 9 10 11 12 7 / 13
+    zp = torch.tensor([[w - (1 << 32) if w >= 1 << 31 else w] for w in words], dtype=torch.int32)
+    packed = torch.full((rows, 1), 0x88888888 - (1 << 32), dtype=torch.int32)  # every value q = 0
+    scale = torch.full((rows, 1), 0.5)
+    got = dequantize_int4(packed, scale, torch.tensor([rows, 8]), group=8, zero_point=zp)
+    assert torch.equal(got, (-zeros.float() * 0.5).expand(rows, 8))
+    parts = pack_int4_groups(torch.randn(rows, 16), 8, symmetric=False)
+    assert parts["weight_zero_point"].shape == (2, 2) and parts["weight_scale"].shape == (rows, 2)
+
+
 def test_int4_round_trip_groups_and_ragged_packing():
     w = torch.randn(6, 96)
     parts = pack_int4_groups(w, 32)
@@ -46,6 +63,12 @@ def test_int4_round_trip_groups_and_ragged_packing():
     odd = pack_int4_groups(torch.randn(3, 20), 4)       # 20 columns: the last word is half padding
     assert odd["weight_packed"].shape == (3, 3)
     assert dequantize_int4(odd["weight_packed"], odd["weight_scale"], odd["weight_shape"], 4).shape == (3, 20)
+    for group, symmetric in ((0, True), (32, False), (0, False)):  # "channel" (one group per row), zero points
+        parts = pack_int4_groups(w, group, symmetric)
+        deq = dequantize_int4(parts["weight_packed"], parts["weight_scale"], parts["weight_shape"], group,
+                              parts.get("weight_zero_point"))
+        step = parts["weight_scale"].repeat_interleave(group or 96, 1)
+        assert ((deq - w).abs() <= step / 2 + 1e-6).all(), (group, symmetric)
 
 
 def test_fp8_blocks_scale_multiplies_per_block():
@@ -105,6 +128,10 @@ def test_deepseek_fp8_checkpoint_matches_dequantized_reference(tmp_path):
                      FP8_CONFIG)
     ours = load_model(path, "fp32", "cpu")
     assert ours.config.quantization == {"method": "fp8", "block": [16, 16]}
+    attn, moe = ours.model.layers[1].self_attn, ours.model.layers[1].mlp
+    assert isinstance(attn.kv_b_proj, QuantLinear) and attn.kv_b_proj.weight.dtype == FP8  # kept in fp8
+    assert isinstance(moe.experts, QuantExperts) and moe.experts.gate_up_proj.dtype == FP8
+    assert isinstance(ours.model.layers[0].mlp.gate_up_proj, QuantLinear)  # the dense layer's fused gate/up
     assert_matches_hf(ours, hf)
 
 
@@ -112,7 +139,12 @@ def test_kimi_int4_checkpoint_matches_dequantized_reference(tmp_path):
     # Kimi-K2-Thinking quantizes the routed experts only.
     hf, path = _ship(tmp_path, "kimi_k2", _int4, lambda k: ".mlp.experts." in k, INT4_CONFIG, model_type="kimi_k2")
     ours = load_model(path, "fp32", "cpu")
-    assert ours.config.family == "kimi_k2" and ours.config.quantization == {"method": "int4", "group_size": 32}
+    assert ours.config.family == "kimi_k2"
+    assert ours.config.quantization == {"method": "int4", "group_size": 32, "symmetric": True}
+    experts = ours.model.layers[1].mlp.experts
+    assert isinstance(experts, QuantExperts) and experts.gate_up_proj.dtype == torch.int32
+    assert experts.gate_up_proj_scale.dtype == torch.bfloat16  # the scales as shipped
+    assert not isinstance(ours.model.layers[1].self_attn.o_proj, QuantLinear)  # not quantized in the checkpoint
     assert_matches_hf(ours, hf)
 
 
@@ -126,14 +158,29 @@ def test_a_weight_without_its_scale_fails_by_name(tmp_path):
         load_model(path, "fp32", "cpu")
 
 
+def _int4_weights(**changes):
+    weights = {**INT4_CONFIG["config_groups"]["group_0"]["weights"], **changes}
+    return {**INT4_CONFIG, "config_groups": {"g": {"weights": weights}}}
+
+
+def _hf(qcfg):
+    return {"architectures": ["LlamaForCausalLM"], "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "quantization_config": qcfg}
+
+
 @pytest.mark.parametrize("qcfg, message", [
     ({"quant_method": "awq", "bits": 4}, "unsupported quantization 'awq'"),
     ({"quant_method": "fp8"}, "must be block-quantized"),
-    ({**INT4_CONFIG, "config_groups": {"g": {"weights": {**INT4_CONFIG["config_groups"]["group_0"]["weights"],
-                                                         "symmetric": False}}}}, "only symmetric int4"),
+    (_int4_weights(num_bits=8), "only int4 group or channel"),
+    (_int4_weights(actorder="group"), "without activation ordering"),
 ])
 def test_unsupported_quantization_is_refused_at_config(qcfg, message):
-    hf = {"architectures": ["LlamaForCausalLM"], "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
-          "num_hidden_layers": 1, "num_attention_heads": 2, "quantization_config": qcfg}
     with pytest.raises(EyasError, match=message):
-        ModelConfig.from_hf(hf)
+        ModelConfig.from_hf(_hf(qcfg))
+
+
+def test_asymmetric_and_channel_int4_schemes_are_read():
+    got = ModelConfig.from_hf(_hf(_int4_weights(symmetric=False, group_size=128))).quantization
+    assert got == {"method": "int4", "group_size": 128, "symmetric": False}
+    got = ModelConfig.from_hf(_hf(_int4_weights(strategy="channel", group_size=None))).quantization
+    assert got == {"method": "int4", "group_size": 0, "symmetric": True}

@@ -59,6 +59,8 @@ class ModelInfo:
     device: str
     dtype: str
     speculative: bool
+    weight_bytes: int = 0    # this rank's target weights as loaded (packed, for a quantized checkpoint)
+    kv_cache_bytes: int = 0  # this rank's target KV cache
 
 
 @dataclass(frozen=True)

@@ -118,9 +118,13 @@ def run_worker(rank: int, size: int, spec: WorkerSpec, commands, results) -> Non
         results.put(WorkerFailed(rank, _one_line(e)))
         raise SystemExit(1)
     margin = engine.spec.lookahead if engine.spec else 1
+    # The target's bytes as loaded (packed, where the checkpoint ships quantized), as models.loader.weight_bytes.
+    tensors = [*engine.target.parameters(), *engine.target.buffers()]
     results.put(Ready(rank, ModelInfo(max_len=engine.max_len, margin=margin, vocab_size=engine.config.vocab_size,
                                       eos_token_ids=sorted(engine.eos_ids), device=device, dtype=dtype,
-                                      speculative=engine.spec is not None)))
+                                      speculative=engine.spec is not None,
+                                      weight_bytes=sum(t.numel() * t.element_size() for t in tensors),
+                                      kv_cache_bytes=engine.runner.kv.bytes())))
     try:
         Lockstep(engine, rank, results).serve(commands)
     except Exception as e:

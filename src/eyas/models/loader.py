@@ -3,11 +3,14 @@
 The model is built on the meta device, materialized empty on the target device, and filled by
 streaming safetensors (single file or sharded with an index). Every parameter must be filled and
 every checkpoint key must be used, or loading fails with one line naming the key. Quantized checkpoints
-are dequantized while streaming (models/quant.py), so the model only ever sees dense weights.
+stay quantized: the safetensors headers say which linears and experts ship packed (models/quant.py), and
+those modules are swapped for their quantized twins before any byte is read (layers/quant_linear.py,
+models/quant_experts.py), which then take the checkpoint's pieces as they are.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from functools import partial
@@ -20,7 +23,7 @@ from eyas.config import ModelConfig
 from eyas.dist.parallel import SINGLE, TPContext
 from eyas.errors import EyasError
 from eyas.models.llama import CausalLM
-from eyas.models.quant import dequantize
+from eyas.models.quant import PIECE_SUFFIX, castable, keep_quantized, quantized_modules
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
@@ -86,13 +89,18 @@ def iterate_tensors(files: list[Path]):
 
 def map_key(key: str, fused: dict = FUSED) -> tuple[str, str, object]:
     """'model.layers.3.self_attn.q_proj.weight' -> ('model.layers.3.self_attn.qkv_proj', 'weight', 'q');
-    'model.layers.3.block_sparse_moe.experts.5.w3.weight' -> ('model.layers.3.mlp.experts', 'gate_up_proj', (5, 1))."""
+    'model.layers.3.block_sparse_moe.experts.5.w3.weight' -> ('model.layers.3.mlp.experts', 'gate_up_proj', (5, 1)).
+    A quantized weight's pieces keep their module: `X.weight_packed` -> 'weight', `X.weight_scale_inv` ->
+    'weight_scale', an expert's `weight_scale` -> 'gate_up_proj_scale' (models/quant.PIECE_SUFFIX)."""
     module, _, param = key.rpartition(".")
+    suffix = PIECE_SUFFIX.get(param)
     expert = EXPERT.match(module)
-    if expert and param == "weight" and expert.group(3) in EXPERT_PROJ:
+    if expert and suffix is not None and expert.group(3) in EXPERT_PROJ:
         prefix, e, proj = expert.groups()
         dst, part = EXPERT_PROJ[proj]
-        return f"{prefix}.mlp.experts", dst, int(e) if part is None else (int(e), part)
+        return f"{prefix}.mlp.experts", dst + suffix, int(e) if part is None else (int(e), part)
+    if suffix is not None:
+        param = "weight" + suffix
     module = module.replace(".block_sparse_moe", ".mlp")  # Mixtral's router: block_sparse_moe.gate
     for src, (dst, shard) in fused.items():
         if module.endswith(src):
@@ -114,9 +122,13 @@ def load_weights(model: torch.nn.Module, tensors, tie: bool = False, prefix_map=
         except AttributeError:
             raise EyasError(f"unexpected weight '{key}' in checkpoint") from None
         full = f"{module_name}.{param}"
+        if param.endswith("_shape") and getattr(module, "quantized", False):
+            module.load(param, tensor, shard)  # a packed weight's logical shape: checked, not stored
+            continue
         if full not in expected:
             raise EyasError(f"unexpected weight '{key}' in checkpoint")
-        tensor = tensor.to(params[full].dtype)
+        if castable(tensor.dtype) and castable(params[full].dtype):
+            tensor = tensor.to(params[full].dtype)  # packed values and their scales are taken as shipped
         if hasattr(module, "load"):
             module.load(param, tensor, shard)
         else:
@@ -156,13 +168,17 @@ def load_model(path: str | Path, dtype="bf16", device="cpu", tp: TPContext = SIN
     for module in model.modules():  # routers score experts in fp32, as the reference does (models/moe.py)
         if getattr(module, "keep_fp32", False):
             module.float()
+    prefix_map = partial(map_key, fused=FUSED_MLA if cfg.mla else FUSED)
+    skip = partial(_is_mtp, cfg=cfg) if cfg.mtp_layers else (lambda key: False)
+    if cfg.quantization:  # after the cast above, which would turn fp8 values and scales into `dtype`
+        keep_quantized(model, quantized_modules(files, cfg.quantization, skip), cfg.quantization, prefix_map, dtype)
     model = model.to_empty(device=device)
     model.model.rotary.reset_buffers()
-    tensors = iterate_tensors(files)
-    if cfg.mtp_layers:
-        tensors = ((k, t) for k, t in tensors if not _is_mtp(k, cfg))
-    if cfg.quantization:
-        tensors = dequantize(tensors, cfg.quantization)
-    load_weights(model, tensors, tie=cfg.tie_word_embeddings,
-                 prefix_map=partial(map_key, fused=FUSED_MLA if cfg.mla else FUSED))
+    tensors = ((k, t) for k, t in iterate_tensors(files) if not skip(k))
+    load_weights(model, tensors, tie=cfg.tie_word_embeddings, prefix_map=prefix_map)
     return model.eval().requires_grad_(False)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes the loaded model's parameters and buffers hold."""
+    return sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))

@@ -19,6 +19,7 @@ from eyas.dist.parallel import TPContext
 from eyas.layers.attention import AttentionBatch, attend
 from eyas.layers.linear import ColumnParallelLinear, RowParallelLinear
 from eyas.layers.norm import RMSNorm
+from eyas.layers.quant_linear import dense_weight
 from eyas.layers.rotary import RotaryEmbedding, yarn_mscale
 
 
@@ -65,9 +66,10 @@ class MLAttention(nn.Module):
         self.o_proj = RowParallelLinear(cfg.num_heads * self.v_dim, h, cfg.attention_bias, tp)
         self.low_rank_q = bool(cfg.q_lora_rank)
 
-    def _absorbed(self):
-        """(W_UK, W_UV): kv_b_proj's weight per head, [heads, nope, rank] and [heads, v_dim, rank]."""
-        return self.kv_b_proj.weight.view(self.heads, self.nope + self.v_dim, self.rank).split(
+    def _absorbed(self, dtype: torch.dtype):
+        """(W_UK, W_UV): kv_b_proj's weight per head, [heads, nope, rank] and [heads, v_dim, rank] (dequantized
+        here when the checkpoint ships it quantized: it is small, and absorbed rather than applied)."""
+        return dense_weight(self.kv_b_proj, dtype).view(self.heads, self.nope + self.v_dim, self.rank).split(
             [self.nope, self.v_dim], dim=1)
 
     def project(self, x, positions, rotary: RotaryEmbedding):
@@ -80,7 +82,7 @@ class MLAttention(nn.Module):
         if self.interleaved:
             q_rope, k_rope = deinterleave(q_rope), deinterleave(k_rope)
         q_rope, k_rope = rotary(q_rope, k_rope, positions)
-        q_latent = torch.einsum("bthn,hnr->bthr", q_nope, self._absorbed()[0])
+        q_latent = torch.einsum("bthn,hnr->bthr", q_nope, self._absorbed(q_nope.dtype)[0])
         kv = torch.cat([latent, k_rope], dim=-1)  # key and value alike
         return torch.cat([q_latent, q_rope], dim=-1), kv, kv
 
@@ -88,7 +90,7 @@ class MLAttention(nn.Module):
         """out: [B, T, heads * (rank + rope)], attention over the latents; the rope columns are dropped."""
         B, T, _ = out.shape
         out = out.view(B, T, self.heads, self.rank + self.rope)[..., :self.rank]
-        return self.o_proj(torch.einsum("bthr,hvr->bthv", out, self._absorbed()[1]).flatten(2))
+        return self.o_proj(torch.einsum("bthr,hvr->bthv", out, self._absorbed(out.dtype)[1]).flatten(2))
 
     def forward(self, x, positions, batch: AttentionBatch, rotary: RotaryEmbedding):
         return self.output(attend(*self.project(x, positions, rotary), self.layer, batch, self.scale))

@@ -98,13 +98,8 @@ class Experts(nn.Module):
         return (self.forward_grouped if grouped else self.forward_reference)(x, weights, ids)
 
     def forward_reference(self, x, weights, ids):
-        """x: [N, H]; weights, ids: [N, k]. The definition: sum over experts e of weight(token, e) * e(token)."""
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        for e in range(self.gate_up_proj.shape[0]):
-            gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.down_proj[e])
-            out += y.float() * (weights * (ids == e)).sum(-1, keepdim=True)
-        return out.to(x.dtype)
+        return experts_reference(x, weights, ids, self.gate_up_proj.shape[0],
+                                 lambda e: (self.gate_up_proj[e], self.down_proj[e]))
 
     def forward_grouped(self, x, weights, ids):
         """Token copies sorted by expert, one grouped matmul per projection; shapes depend only on N and k."""
@@ -119,6 +114,18 @@ class Experts(nn.Module):
         # Un-sort into [N, k, H] and sum over k: a fixed order, so no atomics and the same result every run.
         per_copy = torch.empty_like(y).index_copy_(0, order, y)
         return (per_copy.view(N, k, -1).float() * weights[..., None]).sum(1).to(x.dtype)
+
+
+def experts_reference(x, weights, ids, num_experts: int, expert) -> torch.Tensor:
+    """x: [N, H]; weights, ids: [N, k]; expert(e) -> (gate_up [2I, H], down [H, I]) in x's dtype. The definition:
+    sum over experts e of weight(token, e) * e(token), every expert run on every token."""
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in range(num_experts):
+        gate_up, down = expert(e)
+        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, down)
+        out += y.float() * (weights * (ids == e)).sum(-1, keepdim=True)
+    return out.to(x.dtype)
 
 
 class SparseMoE(nn.Module):
