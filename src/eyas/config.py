@@ -364,17 +364,32 @@ class SpecConfig:
     def __post_init__(self):
         if self.max_batch is not None and self.max_batch < 1:
             raise EyasError(f"speculation batch limit must be >= 1, got {self.max_batch}")
-        if self.steps < 1:
-            raise EyasError(f"--spec-steps must be >= 1, got {self.steps}")
-        if self.topk < 1:
-            raise EyasError(f"--spec-topk must be >= 1, got {self.topk}")
+        if not 1 <= self.steps <= MAX_SPEC_STEPS:
+            raise EyasError(f"--spec-steps must be in 1..{MAX_SPEC_STEPS}, got {self.steps}: a cycle verifies at "
+                            f"most {MAX_VERIFY_TOKENS} tokens per sequence, the most the engine captures")
+        if not 1 <= self.topk <= MAX_SPEC_TOPK:
+            raise EyasError(f"--spec-topk must be in 1..{MAX_SPEC_TOPK}, got {self.topk}: the draft's top-k "
+                            f"takes at most {MAX_SPEC_TOPK} per row")
         if self.topk == 1:
             # A chain has exactly one node per step: SGLang forces steps + 1 tokens.
             self.draft_tokens = self.steps + 1
             return
         most = 1 + self.topk + (self.steps - 1) * self.topk ** 2
         if self.draft_tokens is None:
-            self.draft_tokens = min(self.steps * self.topk + 1, most)
+            self.draft_tokens = min(self.steps * self.topk + 1, most, MAX_VERIFY_TOKENS)
         if not 2 <= self.draft_tokens <= most:
             raise EyasError(f"--spec-draft-tokens {self.draft_tokens} is impossible with {self.steps} steps and topk "
                             f"{self.topk}: it must be between 2 and {most} (1 + topk + (steps-1)*topk^2)")
+# What the engine captures per speculative cycle, so the bounds of every speculative setting: a verify pass (and
+# the draft's extend pass over steps + 1 accepted pairs) takes at most MAX_VERIFY_TOKENS new tokens per sequence,
+# the slot-attention kernel's row limit (layers.attention.KERNEL_TOKENS) under which its CUDA graphs are captured;
+# the draft's top-k takes at most MAX_SPEC_TOPK per row (kernels.topk.MAX_K, an unrolled loop).
+MAX_VERIFY_TOKENS = 64
+MAX_SPEC_STEPS = MAX_VERIFY_TOKENS - 1
+MAX_SPEC_TOPK = 16
+
+
+        if self.draft_tokens > MAX_VERIFY_TOKENS:
+            raise EyasError(f"--spec-draft-tokens must be at most {MAX_VERIFY_TOKENS}, got {self.draft_tokens}: a "
+                            f"cycle verifies at most {MAX_VERIFY_TOKENS} tokens per sequence, the most the engine "
+                            "captures")

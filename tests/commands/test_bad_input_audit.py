@@ -337,3 +337,160 @@ def test_demo_bad_input_before_the_demo_runs(capsys, monkeypatch, argv, needle):
     monkeypatch.setattr(eyas.models.demo, "demo_model_path", no_demo)
     code, _, err = run_cli(capsys, "demo", *argv)
     assert_one_line(code, err, needle)
+
+
+def test_generate_prompt_file_not_utf8(capsys, tmp_path):
+    path = tmp_path / "prompt.txt"
+    path.write_bytes(b"caf\xe9 au lait\n")  # Latin-1, not UTF-8
+    code, _, err = run_cli(capsys, "generate", "--model", "/nonexistent", "--prompt-file", path, "--device", "cpu")
+    assert_one_line(code, err, str(path), "is not UTF-8 text", "byte 3")
+
+
+def test_generate_missing_draft_is_named_as_the_draft(capsys, tiny_dir, tmp_path):
+    code, _, err = run_cli(capsys, "generate", "--model", tiny_dir, "--prompt", "hi", "--device", "cpu",
+                           "--draft", tmp_path / "no-such-draft")
+    assert_one_line(code, err, "draft directory not found", "no-such-draft")
+
+
+def test_load_draft_missing_directory_names_the_draft(tmp_path):
+    from eyas.errors import EyasError
+    from eyas.models.draft_io import load_draft
+
+    with pytest.raises(EyasError, match="draft directory not found"):
+        load_draft(tmp_path / "gone")
+
+
+@pytest.mark.parametrize("verb", ["generate", "serve"])
+def test_unknown_model_name_mentions_demo(capsys, verb):
+    argv = ["--prompt", "hi"] if verb == "generate" else ["--port", "0"]
+    code, _, err = run_cli(capsys, verb, "--model", "smollm2", "--device", "cpu", *argv)
+    assert_one_line(code, err, "model directory not found: smollm2", "'demo'")
+
+
+@pytest.mark.parametrize("flag, value, needle", [
+    ("--spec-steps", 1000, "--spec-steps must be in 1..63"),
+    ("--spec-topk", 100, "--spec-topk must be in 1..16"),
+    ("--spec-draft-tokens", 100, "--spec-draft-tokens must be at most 64"),
+])
+@pytest.mark.parametrize("verb", ["generate", "serve"])
+def test_spec_settings_bounded_by_what_the_engine_captures(capsys, tmp_path, verb, flag, value, needle):
+    # Refused at once, before any model is read (the model path does not exist), and the bound is said.
+    argv = [flag, value] + (["--spec-topk", 4, "--spec-steps", 8] if flag == "--spec-draft-tokens" else [])
+    extra = ["--prompt", "hi"] if verb == "generate" else ["--port", "0"]
+    code, _, err = run_cli(capsys, verb, "--model", "/nonexistent", "--device", "cpu", "--draft", tmp_path, *extra,
+                           *argv)
+    assert_one_line(code, err, needle)
+
+
+def test_spec_bounds_agree_with_the_engine_limits():
+    from eyas.config import MAX_SPEC_TOPK, MAX_VERIFY_TOKENS, SpecConfig
+    from eyas.kernels.topk import MAX_K
+    from eyas.layers.attention import KERNEL_TOKENS
+
+    assert (MAX_VERIFY_TOKENS, MAX_SPEC_TOPK) == (KERNEL_TOKENS, MAX_K)
+    assert SpecConfig(10, 8).draft_tokens == MAX_VERIFY_TOKENS  # the default is clamped, not refused
+
+
+def test_generate_huge_max_tokens_refused_before_the_model_loads(capsys, monkeypatch, tiny_dir):
+    import eyas.engine.engine
+
+    def no_engine(*a, **k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(eyas.engine.engine, "Engine", no_engine)
+    code, _, err = run_cli(capsys, "generate", "--model", tiny_dir, "--prompt", "hi", "--device", "cpu",
+                           "--max-tokens", 10 ** 9)
+    assert_one_line(code, err, "--max-tokens 1000000000 exceeds the context")
+
+
+def _options(parser):
+    """(prog, option) for every argument of a parser and its sub-parsers."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _options(sub)
+        elif not isinstance(action, argparse._HelpAction):
+            yield parser.prog, "/".join(action.option_strings) or action.dest, action.help
+
+
+@pytest.mark.parametrize("verb", ["generate", "demo", "serve", "runs"])
+def test_every_option_has_help_text(verb):
+    import argparse
+    import importlib
+
+    from eyas.cli import VERBS
+
+    parser = argparse.ArgumentParser(prog=f"eyas {verb}")
+    importlib.import_module(VERBS[verb][0]).add_arguments(parser)
+    missing = [f"{prog} {opt}" for prog, opt, text in _options(parser) if not text]
+    assert not missing, missing
+
+
+NO_TRITON = '''
+import importlib.abc, sys
+
+
+class NoTriton(importlib.abc.MetaPathFinder):
+    """A torch without Triton: every `import triton` fails, as on a plain `pip install .` CPU machine."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NoTriton())
+'''
+
+
+@pytest.fixture(scope="module")
+def chat_pair(tmp_path_factory):
+    from tests.server.tiny import predictable_pair
+
+    root = tmp_path_factory.mktemp("pair")
+    return predictable_pair(root / "target", root / "draft")
+
+
+@pytest.fixture
+def no_triton_env(tmp_path):
+    """An environment whose Python processes (server workers included) cannot import triton."""
+    import os
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NO_TRITON)
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "EYAS_KERNELS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(site)] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
+@pytest.mark.parametrize("spec", [[], ["--spec-steps", "3"], ["--spec-steps", "2", "--spec-topk", "2"]])
+def test_generate_on_the_cpu_never_needs_triton(chat_pair, no_triton_env, spec):
+    import subprocess
+    import sys
+
+    target, draft = chat_pair
+    check = subprocess.run([sys.executable, "-c", "import triton"], env=no_triton_env, capture_output=True, text=True)
+    assert check.returncode != 0 and "No module named 'triton'" in check.stderr  # the hook works
+    draft_args = ["--draft", str(draft), *spec] if spec else []
+    run = subprocess.run([sys.executable, "-m", "eyas.cli", "generate", "--model", str(target), "--prompt", "hello",
+                          "--max-tokens", "8", "--device", "cpu", "--json", *draft_args],
+                         env=no_triton_env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["num_tokens"] == 8 and "triton" not in run.stderr
+
+
+def test_serve_on_the_cpu_never_needs_triton(chat_pair, no_triton_env):
+    import httpx
+
+    from tests.server.tiny import Server
+
+    target, draft = chat_pair
+    with Server(target, "--draft", str(draft), env=no_triton_env) as server:
+        body = {"model": str(target), "prompt": "hello", "max_tokens": 8, "temperature": 0}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 8
+    assert "triton" not in server.log(), server.log()

@@ -27,11 +27,11 @@ def bundled_draft() -> Path | None:
 
 
 def add_arguments(p):
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
+    p.add_argument("--max-tokens", type=int, default=96, help="tokens per answer (default 96)")
     p.add_argument("--no-bench", action="store_true", help="skip the recorded server benchmark at the end")
-    p.add_argument("--bench-prompts", type=int, default=4)
-    p.add_argument("--port", type=int, default=8431)
+    p.add_argument("--bench-prompts", type=int, default=4, help="MT-bench prompts per recorded benchmark run")
+    p.add_argument("--port", type=int, default=8431, help="port of the servers the recorded benchmark starts")
 
 
 def run(args) -> int:

@@ -20,11 +20,12 @@ def add_arguments(p):
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-file", help="file holding the prompt text")
     p.add_argument("--chat", action="store_true", help="apply the chat template to the prompt as one user turn")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="sample from the smallest set of tokens whose probability reaches this (default 1: all)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (default 0: no limit)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the sampling draws, for reproducible output")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available")
     p.add_argument("--dtype", default=None, help="bf16 | fp16 | fp32 (default: bf16 on cuda, fp32 on cpu)")
     p.add_argument("--draft", help="EAGLE-3 draft directory (EAGLE, SGLang or speculators layout)")
@@ -33,8 +34,28 @@ def add_arguments(p):
     p.add_argument("--spec-draft-tokens", type=int, default=None, help="tokens sent to verify, root included")
     p.add_argument("--profile", action="store_true", default=os.environ.get("EYAS_PROFILE") == "1",
                    help="time every speculative cycle's phases (also EYAS_PROFILE=1)")
-    p.add_argument("--no-cuda-graphs", action="store_true")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run every forward eagerly on CUDA (no graphs)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def read_prompt_file(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise EyasError(f"--prompt-file {path} is not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x})") from None
+    except OSError as e:
+        raise EyasError(f"cannot read --prompt-file {path}: {e.strerror}") from None
+
+
+def check_draft_dir(draft: str | None) -> None:
+    """A missing or mistyped --draft is named as the draft, before the target loads."""
+    if draft is None:
+        return
+    path = Path(draft)
+    if not path.exists():
+        raise EyasError(f"draft directory not found: {path}")
+    if not path.is_dir():
+        raise EyasError(f"--draft {path} is not a directory")
 
 
 def run(args) -> int:
@@ -51,13 +72,7 @@ def run(args) -> int:
         raise EyasError("--device cuda was asked for but no CUDA device is available")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
-    if args.prompt_file:
-        try:
-            text = Path(args.prompt_file).read_text()
-        except OSError as e:
-            raise EyasError(f"cannot read --prompt-file {args.prompt_file}: {e.strerror}") from None
-    else:
-        text = args.prompt
+    text = read_prompt_file(args.prompt_file) if args.prompt_file else args.prompt
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed)
     given = {k: v for k, v in dict(steps=args.spec_steps, topk=args.spec_topk, draft_tokens=args.spec_draft_tokens)
@@ -65,10 +80,14 @@ def run(args) -> int:
     if given and not args.draft:
         raise EyasError("--spec-steps/--spec-topk/--spec-draft-tokens need --draft")
     spec = SpecConfig(**given) if args.draft else None
+    check_draft_dir(args.draft)
     model_path = resolve_model_path(args.model)
     # Weights first: a broken checkpoint should be reported as such, not as a tokenizer problem.
     config = ModelConfig.from_dir(model_path)
     max_len = min(config.max_position_embeddings, 4096)
+    margin = spec.draft_tokens + 1 if spec else 1  # the engine's lookahead (Engine.add)
+    if params.max_tokens + margin >= max_len:  # before the weights load; with the prompt, Engine.add checks it
+        raise EyasError(f"--max-tokens {params.max_tokens} exceeds the context of {max_len - margin} tokens")
     profiler = Profiler(device) if args.profile else None
     engine = Engine(str(model_path), dtype=dtype, device=device, draft=args.draft, spec=spec, max_batch=1,
                     max_len=max_len, cuda_graphs=not args.no_cuda_graphs, profiler=profiler)

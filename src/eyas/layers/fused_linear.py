@@ -28,9 +28,11 @@ def _fits(x: torch.Tensor, features: int, *tensors: torch.Tensor | None, outputs
     """Whether the kernel takes x, whose projection reads `features` inputs per row (for SiLU-and-mul, half
     of x's width: gate_up holds gate and up side by side). A projection that names its `outputs` may take
     up to narrow_rows() rows when they are at most NARROW_N, else up to max_rows()."""
+    present = [t for t in tensors if t is not None]
+    if not enabled(x, *present):  # first: the kernel module imports Triton, which a CPU install may lack
+        return False
     from eyas.kernels.fused_linear import NARROW_N, max_k, max_rows, narrow_rows
 
-    present = [t for t in tensors if t is not None]
     rows = narrow_rows() if outputs is not None and outputs <= NARROW_N else max_rows()
     return (os.environ.get("EYAS_FUSED_LINEAR", "1") != "0" and features <= max_k()
             and x.numel() <= rows * x.shape[-1] and enabled(x, *present)
@@ -54,6 +56,8 @@ def project_rows(linear, x: torch.Tensor) -> torch.Tensor:
     EYAS_FUSED_WIDE=1, through the kernels' wide tiles (no split-K reduce); up to MAX_K (small models) through
     their decode GEMV tiles, which launch under PDL while attention finishes (EYAS_FUSED_O_PROJ=0: cuBLAS);
     otherwise cuBLAS."""
+    if not enabled(x, linear.weight):  # the kernel module imports Triton, which a CPU install may lack
+        return linear(x)
     from eyas.kernels.fused_linear import MAX_K
 
     wide = x.shape[-1] > MAX_K

@@ -20,6 +20,7 @@ import os
 
 import torch
 
+from eyas.kernels import enabled
 from eyas.layers.attention import AttentionBatch, _kernel_fits, attend_cached, rotary_in_attention_at
 from eyas.layers.fused_linear import _fits, norm_linear, project_rows
 
@@ -41,6 +42,8 @@ def max_rows() -> int:
 
 def fused(attn, h: torch.Tensor, delta: torch.Tensor | None, norm, batch: AttentionBatch) -> bool:
     """Whether norm_qkv_attend runs the one kernel for this layer and batch (read as a graph is captured)."""
+    if not enabled(h):  # first: the kernel module imports Triton, which a CPU install may lack
+        return False
     from eyas.kernels.fused_linear import MAX_K
 
     w = attn.qkv_proj.weight

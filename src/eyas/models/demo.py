@@ -30,8 +30,14 @@ MARKER = "eyas-demo.json"
 
 
 def resolve_model_path(arg: str) -> Path:
-    """`--model` value -> checkpoint directory; "demo" means the converted SmolLM2. Existence is the loader's check."""
-    return demo_model_path() if arg == "demo" else Path(arg)
+    """`--model` value -> checkpoint directory; "demo" means the converted SmolLM2. A name that is no directory
+    is refused here, naming `demo`, the one name that needs none."""
+    if arg == "demo":
+        return demo_model_path()
+    if not Path(arg).exists():
+        raise EyasError(f"model directory not found: {arg} (--model takes an HF checkpoint directory, or 'demo' "
+                        "for the embedded SmolLM2-135M-Instruct)")
+    return Path(arg)
 
 
 def demo_model_path() -> Path:

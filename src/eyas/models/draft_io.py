@@ -61,6 +61,8 @@ def load_draft(path: str | Path, target_config=None, dtype=torch.float32, device
                max_positions: int | None = None) -> Eagle3Draft:
     """Load a draft in any supported layout; refuse one that does not fit the target."""
     path = Path(path)
+    if not path.exists():  # not read_config_json's "model directory not found": the draft is what is missing
+        raise EyasError(f"draft directory not found: {path}")
     cfg = DraftConfig.from_hf(read_config_json(path))
     if target_config is not None:
         if cfg.target_hidden_size != target_config.hidden_size:
@@ -91,12 +93,20 @@ def load_draft(path: str | Path, target_config=None, dtype=torch.float32, device
     return draft.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def _layer_fields(cfg: DraftConfig) -> dict:
+# The speculators release whose Eagle3DraftModel this layout is written for and tested against (tests/peers).
+SPECULATORS_VERSION = "0.9.0"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _layer_fields(cfg: DraftConfig, dtype: torch.dtype) -> dict:
     out = dict(model_type="llama", hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                num_hidden_layers=1, rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
                max_position_embeddings=cfg.max_position_embeddings, vocab_size=cfg.vocab_size,
-               hidden_act="silu", tie_word_embeddings=False, torch_dtype="bfloat16")
+               hidden_act="silu", tie_word_embeddings=False, torch_dtype=dtype_name(dtype))
     if cfg.mla:
         # DeepseekV3Config's names, which SGLang and vLLM read; head_dim there is derived, not a key.
         del out["head_dim"]
@@ -108,44 +118,83 @@ def _layer_fields(cfg: DraftConfig) -> dict:
     return out
 
 
-def draft_config_json(cfg: DraftConfig, layout: str, verifier: str | None = None) -> dict:
+def _speculators_json(cfg: DraftConfig, dtype: torch.dtype, verifier: str | None, speculative_tokens: int | None):
+    tokens = speculative_tokens or cfg.speculative_tokens
+    if not tokens:
+        raise EyasError("the speculators layout records how many tokens to speculate and this draft does not say; "
+                        "give it (eyas draft convert --speculative-tokens N)")
+    return {
+        "architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION, "torch_dtype": dtype_name(dtype),
+        "draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
+        # Every semantic flag written as the draft computes it, never left to a library's default.
+        "norm_before_residual": cfg.norm_before_residual, "norm_before_fc": cfg.norm_before_fc,
+        "fc_norm": cfg.fc_norm, "norm_output": cfg.norm_output,
+        # speculators ids are layer inputs; ours mean "output of layer id".
+        **({"eagle_aux_hidden_state_layer_ids": [i + 1 for i in cfg.aux_layer_ids]} if cfg.aux_layer_ids else {}),
+        "transformer_layer_config": {**_layer_fields(cfg, dtype), "architectures": ["LlamaForCausalLM"]},
+        "speculators_config": {
+            "algorithm": "eagle3", "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(tokens),
+                                  "accept_tolerance": 0.0, "verifier_accept_k": 1}],
+            # null: speculators then looks up no verifier on load (an empty string would be looked up).
+            "verifier": {"name_or_path": verifier or None, "architectures": ["LlamaForCausalLM"]},
+        },
+    }
+
+
+def _refuse_inexpressible(cfg: DraftConfig, layout: str) -> None:
+    """SGLang's LlamaForCausalLMEagle3 and the EAGLE code read none of the speculators flags: a draft using one
+    would run differently there, so it has no such layout."""
+    for flag in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+        if getattr(cfg, flag):
+            raise EyasError(f"this draft uses {flag}, which the {layout} layout cannot express (SGLang and the EAGLE "
+                            "code ignore it); save it with layout speculators")
+    if layout != "eagle":
+        return
+    # The official loader (eagle/model/cnets.py) derives head_dim as hidden_size // heads and knows only the
+    # `type` linear/dynamic rope scalings.
+    if cfg.head_dim * cfg.num_heads != cfg.hidden_size:
+        raise EyasError(f"the EAGLE code derives head_dim as hidden_size // heads ({cfg.hidden_size // cfg.num_heads}); "
+                        f"this draft's is {cfg.head_dim}: save it with layout sglang or speculators")
+    kind = (cfg.rope_scaling or {}).get("rope_type", "default")
+    if kind not in ("default", "linear"):
+        raise EyasError(f"the EAGLE code does not implement rope scaling '{kind}': save it with layout sglang or speculators")
+    if cfg.target_hidden_size != cfg.hidden_size:
+        raise EyasError("with target_hidden_size the EAGLE code takes the embedding from the draft checkpoint, and an "
+                        "eyas draft carries none: save it with layout sglang or speculators")
+
+
+def draft_config_json(cfg: DraftConfig, layout: str, verifier: str | None = None, dtype=torch.bfloat16,
+                      speculative_tokens: int | None = None) -> dict:
     if cfg.mla and layout != "sglang":
         raise EyasError(f"a latent-attention draft has no {layout} layout (only SGLang and vLLM run "
                         f"{MLA_DRAFT_ARCHITECTURES[0]}); save it with layout sglang")
     if layout == "speculators":
-        return {
-            "architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3", "speculators_version": "0.7.0",
-            "draft_vocab_size": cfg.draft_vocab_size, "target_hidden_size": cfg.target_hidden_size,
-            "norm_before_residual": cfg.norm_before_residual, "norm_before_fc": False,
-            # speculators/vLLM feed the *normalised* state to the next step when true; ours feeds the pre-norm one.
-            "norm_output": False,
-            # speculators ids are layer inputs; ours mean "output of layer id".
-            **({"eagle_aux_hidden_state_layer_ids": [i + 1 for i in cfg.aux_layer_ids]} if cfg.aux_layer_ids else {}),
-            "transformer_layer_config": {**_layer_fields(cfg), "architectures": ["LlamaForCausalLM"]},
-            "speculators_config": {
-                "algorithm": "eagle3", "default_proposal_method": "greedy",
-                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3, "accept_tolerance": 0.0,
-                                      "verifier_accept_k": 1}],
-                "verifier": {"name_or_path": verifier or "", "architectures": ["LlamaForCausalLM"]},
-            },
-        }
-    if cfg.norm_before_residual:
-        raise EyasError("this draft uses norm_before_residual, which the EAGLE and SGLang layouts cannot express; export as speculators")
+        return _speculators_json(cfg, dtype, verifier, speculative_tokens)
+    _refuse_inexpressible(cfg, layout)
     arch = "LlamaForCausalLMEagle3" if layout == "sglang" else "LlamaForCausalLM"
     if cfg.mla:
         arch = MLA_DRAFT_ARCHITECTURES[0]
-    out = {"architectures": [arch], **_layer_fields(cfg), "draft_vocab_size": cfg.draft_vocab_size,
-           "target_hidden_size": cfg.target_hidden_size}
+    out = {"architectures": [arch], **_layer_fields(cfg, dtype), "draft_vocab_size": cfg.draft_vocab_size}
+    if layout == "eagle" and cfg.rope_scaling:
+        out["rope_scaling"] = {"type": "linear", "factor": cfg.rope_scaling["factor"]}  # the key the EAGLE code reads
+    # Written only where it differs: the EAGLE code skips copying the target's embedding when the key is present.
+    if cfg.target_hidden_size != cfg.hidden_size:
+        out["target_hidden_size"] = cfg.target_hidden_size
     if cfg.aux_layer_ids:
         out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids)}
     return out
 
 
 def save_draft(draft: Eagle3Draft, out_dir: str | Path, layout: str = "sglang", verifier: str | None = None,
-               dtype=torch.bfloat16) -> Path:
-    """Write config.json + model.safetensors atomically (a crash leaves the old directory untouched)."""
+               dtype=torch.bfloat16, speculative_tokens: int | None = None) -> Path:
+    """Write config.json and the weights atomically (a crash leaves the old directory untouched): the EAGLE
+    layout as pytorch_model.bin, which the official loader reads first; the others as model.safetensors.
+    `speculative_tokens`: the proposal length the speculators layout records (else the draft config's)."""
     if layout not in LAYOUTS:
         raise EyasError(f"unknown draft layout '{layout}'; use one of {', '.join(LAYOUTS)}")
+    config = draft_config_json(draft.config, layout, verifier, dtype, speculative_tokens)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tensors = {}
@@ -154,11 +203,17 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, layout: str = "sglang", 
         tensors[_from_ours(k, layout)] = v if k in ("d2t", "t2d") else v.to(dtype).contiguous()
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
     try:
-        save_tensors(tensors, tmp / "model.safetensors", metadata={"format": "pt"})  # as save_pretrained writes
+        if layout == "eagle":
+            torch.save(tensors, tmp / "pytorch_model.bin")
+        else:
+            save_tensors(tensors, tmp / "model.safetensors", metadata={"format": "pt"})  # as save_pretrained writes
     except EyasError:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    (tmp / "config.json").write_text(json.dumps(draft_config_json(draft.config, layout, verifier), indent=2))
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise EyasError(f"could not write the draft to {out_dir}: {e.strerror or e}") from None
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
     # mkdtemp makes the directory 0700 and safetensors writes 0600; a saved draft is meant to be shared.
     os.chmod(tmp, 0o755)
     for f in tmp.iterdir():

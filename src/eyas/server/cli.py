@@ -42,13 +42,14 @@ def add_arguments(p) -> None:
     p.add_argument("--env-check", choices=("fail", "warn"), default="fail",
                    help="what a worker missing an --env value does to start-up (default fail)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="TCP port to serve on (default 8000; 0: any free port)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 routes and /server_info")
     p.add_argument("--max-running", type=int, default=8, help="requests decoded together: KV cache slots (default 8)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 503s (default 64)")
     p.add_argument("--max-model-len", type=int, help="tokens per sequence (default: the model's, at most 2048)")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default fp32 on CPU, bf16 on CUDA")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where the workers run (default auto: cuda when available)")
     p.add_argument("--profile", action="store_true", help="time each speculative phase (exported in /metrics)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run every forward eagerly on CUDA")
 
