@@ -247,3 +247,113 @@ def test_bad_lines_are_one_line_errors():
     for line in ["echo 'open", 'echo "open', "cmd >", "echo $(open"]:
         with pytest.raises(EyasError):
             parse_shell_line(line)
+
+
+# The everyday forms of the trap: a `\` meant to continue a multi-line command, with a blank typed after it.
+VAR_LINE = "NCCL_PROTO=LL NCCL_ALGO=Ring \\ \n{show} --tp-size 8 \\\n  --port 8000\n"
+FLAG_LINE = "NCCL_PROTO=LL {show} --model-path /m \\ \n  --tp-size 8 \\\n  --port 8000\n"
+
+
+def test_trap_backslash_space_newline_on_a_variable_line(tmp_path, show):
+    """bash runs the next line without the variables: they were set for a command named ' ', which fails."""
+    line = VAR_LINE.format(show=show)
+    rc, out, err = bash(line, tmp_path)
+    assert ": command not found" in err  # the ' ' command
+    argv, env = received(out)
+    assert argv == ["--tp-size", "8", "--port", "8000"] and "NCCL_PROTO" not in env and "NCCL_ALGO" not in env
+    parsed = parse_shell_line(line)
+    assert parsed.main.argv[2:] == argv and parsed.main.env == env == {}  # show = python + script
+    assert [d.name for d in parsed.dropped] == ["NCCL_PROTO", "NCCL_ALGO"]
+    assert "never gets it" in parsed.dropped[0].reason
+    assert parsed.as_intended.main.env == {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
+
+
+def test_trap_backslash_space_newline_on_a_flag_line(tmp_path, show):
+    """The command ends at that line with a stray ' ' argument; the next lines' flags run as a 'command'."""
+    line = FLAG_LINE.format(show=show)
+    rc, out, err = bash(line, tmp_path)
+    assert "--tp-size: command not found" in err
+    argv, env = received(out)
+    assert argv == ["--model-path", "/m", " "] and env == {"NCCL_PROTO": "LL"}
+    parsed = parse_shell_line(line)
+    assert parsed.main.argv[2:] == argv
+    assert "stray ' ' argument" in parsed.main.problem and "--tp-size 8 --port 8000" in parsed.main.problem
+    assert parsed.commands[1].not_a_program and "is a flag, not a program" in parsed.commands[1].problem
+    assert parsed.as_intended.main.argv[2:] == ["--model-path", "/m", "--tp-size", "8", "--port", "8000"]
+
+
+@pytest.mark.parametrize("blank", [" ", "\t"])
+def test_trap_backslash_blank_between_flags_and_backslash_tab(blank, tmp_path, show):
+    """`\\ ` (or `\\<tab>`) joined into one line glues a blank onto the next flag: ' --tp-size' is no flag."""
+    line = f"{show} --model-path /m \\{blank}--tp-size 8 \\{blank}--port 8000"
+    rc, out, err = bash(line, tmp_path)
+    argv, _ = received(out)
+    assert argv == ["--model-path", "/m", f"{blank}--tp-size", "8", f"{blank}--port", "8000"]
+    parsed = parse_shell_line(line)
+    assert parsed.main.argv[2:] == argv and "start with a blank" in parsed.main.problem
+    assert parsed.as_intended.main.argv[2:] == ["--model-path", "/m", "--tp-size", "8", "--port", "8000"]
+    # The `\<tab>` forms of the other two traps are repaired the same way.
+    tabbed = parse_shell_line(f"A=1 \\\tB=2 {show}")
+    assert tabbed.main.problem and tabbed.as_intended.main.env == {"A": "1", "B": "2"}
+    tabbed = parse_shell_line(f"{show} --m /m \\\t\n --tp 8")
+    assert tabbed.main.problem and tabbed.as_intended.main.argv[-2:] == ["--tp", "8"]
+
+
+def _from_shell(capsys, line, *extra):
+    from eyas.cli import main
+
+    code = main(["launch", "--from-shell", line, *extra])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def test_from_shell_first_line_says_whether_the_pasted_line_starts_a_server(capsys, tmp_path):
+    from eyas.runs.launch_spec import load_spec
+
+    server = "python -m sglang.launch_server --model-path /m"
+    out = _from_shell(capsys, f"NCCL_PROTO=LL NCCL_ALGO=Ring \\ \n{server} \\\n  --tp-size 8\n",
+                      "--write", str(tmp_path / "v.toml"))
+    assert out.splitlines()[0] == ("as pasted, the line starts the sglang server, but without NCCL_PROTO=LL, "
+                                   "NCCL_ALGO=Ring")
+    spec = load_spec(tmp_path / "v.toml")
+    assert spec.env == {} and spec.tp == 8  # what really runs; --as-intended adds the variables
+    out = _from_shell(capsys, f"{server} \\ \n  --tp-size 8 \\\n  --port 8000\n", "--write", str(tmp_path / "f.toml"))
+    first = out.splitlines()[0]
+    assert first.startswith("as pasted, the line starts no server: the line ends in `\\ `") and "--tp-size 8" in first
+    spec = load_spec(tmp_path / "f.toml")
+    assert (spec.tp, spec.port, spec.extra_args) == (8, 8000, [])  # never extra_args = [" "]
+    out = _from_shell(capsys, f"{server} \\ --tp-size 8 \\ --port 8000", "--write", str(tmp_path / "b.toml"))
+    assert out.startswith("as pasted, the line starts no server: arguments ' --tp-size', ' --port'")
+    assert load_spec(tmp_path / "b.toml").extra_args == []
+    assert _from_shell(capsys, server).splitlines()[0] == "as pasted, the line starts the sglang server"
+
+
+def test_from_shell_reads_vllm_api_server_and_carries_ssh_options(capsys):
+    out = _from_shell(capsys, "ssh -p 2222 -i ~/.ssh/k -l ubuntu -o 'ServerAliveInterval 30' gpu1 "
+                              "'python -m vllm.entrypoints.openai.api_server --model /m --tensor-parallel-size 2'")
+    assert "as pasted, the line starts the vllm server" in out and 'backend = "vllm"' in out and "tp = 2" in out
+    assert ("eyas launch SPEC --host ubuntu@gpu1 --ssh-option Port=2222 --ssh-option 'IdentityFile=~/.ssh/k' "
+            "--ssh-option ServerAliveInterval=30") in out
+
+
+def test_from_shell_leaves_unnamed_speculative_numbers_to_the_engine(capsys):
+    from eyas.runs.from_shell import SGLANG_TOPK1_WARNING, import_line
+    from eyas.runs.launch_backends import build_command
+
+    line = ("python -m sglang.launch_server --model-path /m --speculative-algorithm EAGLE3 "
+            "--speculative-draft-model-path /d")
+    imported = import_line(line)
+    spec = imported.spec()
+    assert (spec.spec_steps, spec.spec_topk, spec.spec_draft_tokens) == (None, None, None)
+    assert "names no speculative numbers" in imported.explain() and "SGLang's defaults" in imported.explain()
+    assert not any(a.startswith("--speculative-num") or a == "--speculative-eagle-topk"
+                   for a in build_command(spec, "python"))
+    vllm = import_line("vllm serve /m --speculative-config '{\"method\": \"eagle3\", \"model\": \"/d\"}'").spec()
+    assert vllm.spec_steps is None and '"num_speculative_tokens"' not in " ".join(build_command(vllm, "python"))
+    # SGLang turns draft tokens 3 at topk 1 and 3 steps into 4, with a warning: the spec does the same, and says so.
+    imported = import_line(f"{line} --speculative-eagle-topk 1 --speculative-num-steps 3 "
+                           f"--speculative-num-draft-tokens 3")
+    spec = imported.spec()
+    assert (spec.spec_steps, spec.spec_topk, spec.spec_draft_tokens) == (3, 1, 4)
+    assert SGLANG_TOPK1_WARNING in imported.explain()

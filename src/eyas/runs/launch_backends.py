@@ -65,14 +65,16 @@ def build_command(spec: LaunchSpec, python: str | None = None) -> list[str]:
         argv.append(spec.model)
         if spec.speculative:
             conf = {"method": "eagle3", "model": spec.draft, "num_speculative_tokens": spec.spec_steps}
-            argv += [flag["speculative_config"], json.dumps(conf)]
+            argv += [flag["speculative_config"], json.dumps({k: v for k, v in conf.items() if v is not None})]
     else:
         argv += [flag["model"], spec.model]
         if spec.speculative:
             if spec.backend == "sglang":
                 argv += [flag["algorithm"], "EAGLE3"]
-            argv += [flag["draft"], spec.draft, flag["spec_steps"], str(spec.spec_steps), flag["spec_topk"],
-                     str(spec.spec_topk), flag["spec_draft_tokens"], str(spec.spec_draft_tokens)]
+            argv += [flag["draft"], spec.draft]
+            for key in ("spec_steps", "spec_topk", "spec_draft_tokens"):  # None: the engine's default
+                if getattr(spec, key) is not None:
+                    argv += [flag[key], str(getattr(spec, key))]
             if spec.backend == "eyas" and not any(a.startswith("--spec-adaptive") for a in spec.extra_args):
                 # Speculate at every step, as SGLang and vLLM do with these settings: a launch (and a tune
                 # sweep) measures the configuration it names. `--spec-adaptive` in extra_args opts back in.
@@ -97,10 +99,12 @@ def detect(argv: list[str]) -> tuple[str, int, str | None]:
                 return "sglang", i + 2, python
             if module == "vllm.entrypoints.cli.main" and rest[:1] == ["serve"]:
                 return "vllm", i + 3, python
+            if module == "vllm.entrypoints.openai.api_server":  # vLLM's older entry point, still in its docs
+                return "vllm", i + 2, python
     if argv and _name(argv[0]) in ("eyas", "vllm") and argv[1:2] == ["serve"]:
         return _name(argv[0]), 2, None
     raise EyasError(f"not a server command eyas knows ({' '.join(argv[:4])} ...): expected `eyas serve`, "
-                    f"`python -m sglang.launch_server` or `vllm serve`")
+                    f"`python -m sglang.launch_server`, `vllm serve` or `python -m vllm.entrypoints.openai.api_server`")
 
 
 def spec_fields(argv: list[str]) -> dict:
@@ -135,7 +139,8 @@ def spec_fields(argv: list[str]) -> dict:
                 raise EyasError(f"the line uses --speculative-algorithm {value}; launch specs describe EAGLE3 runs")
         elif key == "speculative_config":
             conf = _speculative_config(value)
-            out.update(draft=conf["model"], spec_steps=conf.get("num_speculative_tokens"), spec_topk=1)
+            steps = conf.get("num_speculative_tokens")  # None: vLLM's default, left to it
+            out.update(draft=conf["model"], spec_steps=steps, spec_topk=None if steps is None else 1)
         else:
             out[key] = _int(name, value) if key in _INTS else value
     out["extra_args"] = extra

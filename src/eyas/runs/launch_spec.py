@@ -115,7 +115,9 @@ class LaunchSpec:
         for key in ("spec_steps", "spec_topk"):
             if given[key] is not None and given[key] < 1:  # a 0 is a value given, not one left to the default
                 raise EyasError(f"{key} must be >= 1, got {given[key]}")
-        # Every value is written out: SGLang picks per-model defaults for missing ones, which a record can't replay.
+        if all(v is None for v in given.values()):
+            return  # none named: the engine's own defaults (SGLang picks them per model), never invented here
+        # Once one is named the rest are written out, so a record replays the same numbers.
         sc = SpecConfig(**{k.removeprefix("spec_"): v for k, v in given.items() if v is not None})
         if sc.topk == 1 and self.spec_draft_tokens not in (None, sc.draft_tokens):
             raise EyasError(f"spec_draft_tokens {self.spec_draft_tokens} is impossible with spec_topk 1: a chain of "

@@ -39,6 +39,17 @@ def command_line(argv: list[str], env: dict[str, str]) -> str:
     return " ".join((["env"] + assigns if assigns else []) + [quote(a) for a in argv])
 
 
+def clip_command(argv: list[str], width: int = 200) -> str:
+    """The quoted command for a log line, cut only between arguments: `a b c ... (+3 more arguments)`."""
+    words: list[str] = []
+    for i, arg in enumerate(argv):
+        word = quote(arg)
+        if words and len(" ".join(words)) + 1 + len(word) > width:
+            return " ".join(words) + f" ... (+{len(argv) - i} more arguments)"
+        words.append(word)
+    return " ".join(words)
+
+
 @dataclass
 class Dropped:
     """An assignment that does not reach the program it was written for."""
@@ -56,6 +67,7 @@ class Command:
     env: dict[str, str] = field(default_factory=dict)  # set by the line; the program also gets inherited vars
     inherits_env: bool = True  # False after `env -i` or sudo's env_reset
     host: str | None = None  # the machine it runs on when reached through ssh
+    ssh_options: list[str] = field(default_factory=list)  # ssh's -p/-i/-l/-o/-J as `-o` options (Port=2222)
     wrappers: list[str] = field(default_factory=list)  # e.g. ["ssh root@h", "nohup"]
     redirections: list[str] = field(default_factory=list)
     background: bool = False
@@ -65,6 +77,11 @@ class Command:
     @property
     def program(self) -> str | None:
         return self.argv[0] if self.argv else None
+
+    @property
+    def not_a_program(self) -> bool:
+        """A "command" the shell fails to find: ' ' made by a `\\ `, or flags orphaned on a line of their own."""
+        return bool(self.program is not None and (not self.program.strip() or self.program.startswith("-")))
 
 
 # Commands that accompany the real work on a pasted line (`...; echo started`); they are never "the" program.
@@ -78,15 +95,16 @@ class ParsedLine:
     commands: list[Command]
     dropped: list[Dropped]  # every lost assignment on the line, one reason each
     notes: list[str] = field(default_factory=list)
-    as_intended: ParsedLine | None = None  # the same line with flattened `\\ ` continuations repaired
+    as_intended: ParsedLine | None = None  # the same line with its broken `\\`+newline continuations repaired
 
     @property
     def main(self) -> Command | None:
-        """The program the line is about: the first that is not an incidental echo/sleep/cd."""
-        for cmd in self.commands:
-            if cmd.program and cmd.program.strip().rsplit("/", 1)[-1] not in _INCIDENTAL:
+        """The program the line is about: the first that is not an incidental echo/sleep/cd, nor a failed ' '."""
+        real = [c for c in self.commands if c.program and c.program.strip().rsplit("/", 1)[-1] not in _INCIDENTAL]
+        for cmd in real:
+            if not cmd.not_a_program:
                 return cmd
-        return self.commands[-1] if self.commands else None
+        return real[0] if real else self.commands[-1] if self.commands else None
 
     @property
     def env(self) -> dict[str, str]:
@@ -126,18 +144,28 @@ def parse_shell_line(line: str) -> ParsedLine:
     ctx = Context()
     commands = run_simple_commands(split_simple_commands(tokenize(line)), None, {}, ctx)
     parsed = ParsedLine(line, commands, _dedupe(ctx.dropped + [d for c in commands for d in c.dropped]), ctx.notes)
-    # `A=1 \ B=2 cmd` is what a `\`+newline continuation becomes when a chat or terminal joins the lines.
-    repaired = re.sub(r"(?<=[ \t])\\ ", " ", line)
+    repaired = repair_continuations(line)
     if repaired != line and any(c.problem and "`\\ `" in c.problem for c in commands):
         parsed.as_intended = parse_shell_line(repaired)
     return parsed
+
+
+def repair_continuations(line: str) -> str:
+    """The line with every broken `\\`+newline continuation made whole again.
+
+    Two forms: `\\ ` then the newline (a space after the backslash: it escapes the space, and the newline ends the
+    command there), and `A=1 \\ B=2 cmd` (a paste or a chat joined the lines, the newline became a space). A tab
+    after the backslash does the same as a space.
+    """
+    line = re.sub(r"[ \t]*\\[ \t]+\n", " \\\n", line)
+    return re.sub(r"(?<=[ \t])\\[ \t]", " ", line)
 
 
 @dataclass
 class SimpleCommand:
     words: list[Word]
     redirections: list[str]
-    terminator: str  # the control operator after it: ';', '&', '&&', '||', '|' or '' at the end
+    terminator: str  # the control operator after it: ';', a newline, '&', '&&', '||', '|' or '' at the end
 
 
 def split_simple_commands(tokens: list[Word | Op]) -> list[SimpleCommand]:

@@ -156,7 +156,7 @@ def _double_quoted(line: str, i: int, word: _WordBuilder) -> int:
 
 
 def tokenize(line: str) -> list[Word | Op]:
-    """Words and operators of `line`; a newline becomes the operator ';' as it does for the shell."""
+    """Words and operators of `line`; a newline is the operator '\\n', which ends a command as ';' does."""
     tokens: list[Word | Op] = []
     word = _WordBuilder()
     i, n = 0, len(line)
@@ -202,7 +202,7 @@ def tokenize(line: str) -> list[Word | Op]:
             i += 1
         elif c == "\n":
             end_word()
-            tokens.append(Op(";"))
+            tokens.append(Op("\n"))
             i += 1
         elif c == "#" and not word.started:
             nl = line.find("\n", i)

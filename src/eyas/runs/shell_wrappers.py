@@ -30,6 +30,10 @@ _WRAPPERS: dict[str, tuple[frozenset[str], int]] = {
     "taskset": (frozenset(), 1),
 }
 _SSH_FLAGS_WITH_ARG = set("BbcDEeFIiJLlmOopQRSWw")
+# ssh's own flags for settings a launch needs again, as the `-o` options eyas passes with --ssh-option.
+_SSH_OPTION_OF = {"p": "Port", "i": "IdentityFile", "J": "ProxyJump", "c": "Ciphers", "m": "MACs",
+                  "b": "BindAddress", "B": "BindInterface", "S": "ControlPath"}
+_SSH_SWITCHES = {"4": "AddressFamily=inet", "6": "AddressFamily=inet6", "A": "ForwardAgent=yes", "C": "Compression=yes"}
 _SUDO_FLAGS_WITH_ARG = set("ughprtTCDRU")
 _SHELLS = {"bash", "sh", "zsh", "dash", "ksh"}
 
@@ -51,6 +55,7 @@ def run_simple_commands(simples: list[SimpleCommand], host: str | None, exported
     exported = dict(exported)
     unexported: dict[str, str] = {}
     commands: list[Command] = []
+    broken_above: Command | None = None  # the command whose line ended in `\\ `+newline: later flag lines are its
     for simple in simples:
         words, wrappers = list(simple.words), []
         if any(w.expands for w in words):
@@ -82,12 +87,65 @@ def run_simple_commands(simples: list[SimpleCommand], host: str | None, exported
             continue
         cmd = Command(argv=[], env={**exported, **prefix}, host=host, wrappers=wrappers,
                       redirections=list(simple.redirections), background=simple.terminator == "&")
-        commands.extend(_unwrap(cmd, words, ctx))
+        if _blank(words[0]):
+            _blank_command(cmd, words, prefix, simple.terminator)
+            commands.append(cmd)
+            continue
+        if broken_above is not None and words[0].text.startswith("-") and not any(words[0].quoted):
+            cmd.argv = [w.text for w in words]
+            cmd.problem = (f"'{words[0].text}' is a flag, not a program: the shell fails with 'command not found'. "
+                           f"It was meant for `{broken_above.program}` above, whose line ends in `\\ ` instead of "
+                           f"`\\`")
+            broken_above.problem += f" {' '.join(w.text for w in words)}"
+            commands.append(cmd)
+            continue
+        broken_above = None
+        unwrapped = _unwrap(cmd, words, ctx)
+        if len(unwrapped) == 1 and unwrapped[0] is cmd and cmd.argv and not cmd.problem:
+            if _stray_escapes(cmd, words[len(words) - len(cmd.argv):], simple.terminator):
+                broken_above = cmd if simple.terminator == "\n" else None
+        commands.extend(unwrapped)
     for k, v in unexported.items():
         ctx.dropped.append(Dropped(k, v, f"`{k}=...` stands alone (ended by ';' or a newline): it sets a shell "
                                          f"variable that is not exported, so programs started later on the line do "
                                          f"not receive it (write `export {k}=...` or put it in front of the command)"))
     return commands
+
+
+def _blank(word: Word) -> bool:
+    """A word that is only escaped blanks: what `\\ ` (or `\\<tab>`) alone makes."""
+    return bool(word.text) and not word.text.strip() and all(word.quoted)
+
+
+def _blank_command(cmd: Command, words: list[Word], prefix: dict[str, str], terminator: str) -> None:
+    """`A=1 B=2 \\ ` then a newline: the assignments belong to a command named ' ', which is never found."""
+    cmd.argv = [w.text for w in words]
+    line_end = terminator == "\n" and len(words) == 1
+    where = ("the `\\ ` at the end of the line escapes the space, not the newline, so the line is a command of "
+             "its own" if line_end else "a `\\ ` makes a word of a lone space")
+    cmd.problem = (f"the command name is {words[0].text!r}: {where}, and the shell fails with 'command not found'")
+    cmd.dropped += [Dropped(k, v, f"set only for the command {words[0].text!r}, which fails ({where}); a program "
+                                  f"started on a later line never gets it (delete the space after the backslash)")
+                    for k, v in prefix.items()]
+
+
+def _stray_escapes(cmd: Command, words: list[Word], terminator: str) -> bool:
+    """Arguments a `\\ ` or `\\<tab>` made: a lone ' ', or a flag with a space glued on (' --tp-size').
+
+    The server's argument parser reads neither as a flag and rejects the stray word, so the server exits at once.
+    Records why on `cmd` and returns True when there is one.
+    """
+    blank_at_end = terminator == "\n" and _blank(words[-1])
+    glued = [w.text for w in words[1:] if w.escaped_leading_space and w.text.strip()]
+    if blank_at_end:
+        cmd.problem = (f"the line ends in `\\ `: the backslash escapes the space, not the newline, so the command "
+                       f"ends there with a stray {words[-1].text!r} argument (its parser rejects it and exits) and "
+                       f"the flags on the next lines never reach it:")
+    elif glued or any(_blank(w) for w in words[1:]):
+        shown = ", ".join(repr(g) for g in glued) or "' '"
+        cmd.problem = (f"arguments {shown} start with a blank that a `\\ ` escaped (a `\\`+newline continuation "
+                       f"joined into one line): the parser does not read them as flags, rejects them and exits")
+    return bool(cmd.problem)
 
 
 def _unwrap(cmd: Command, words: list[Word], ctx: Context) -> list[Command]:
@@ -234,20 +292,34 @@ def _sudo(cmd: Command, words: list[Word]) -> list[Word]:
 
 
 def _ssh(cmd: Command, words: list[Word], ctx: Context) -> list[Command]:
-    i = 1
+    i, options, user = 1, [], None
     while i < len(words) and words[i].text.startswith("-"):
         text = words[i].text
         i += 1
         if text == "--":
             break
         for j, ch in enumerate(text[1:]):
+            if ch in _SSH_SWITCHES:
+                options.append(_SSH_SWITCHES[ch])
             if ch in _SSH_FLAGS_WITH_ARG:
-                i += j + 2 == len(text)
+                glued = text[j + 2:]
+                value = glued or (words[i].text if i < len(words) else "")
+                i += not glued
+                if ch == "l":
+                    user = value
+                elif ch in _SSH_OPTION_OF:
+                    options.append(f"{_SSH_OPTION_OF[ch]}={value}")
+                elif ch == "o":
+                    options.append("=".join(value.split(None, 1)) if "=" not in value else value)
+                elif ch == "F":
+                    ctx.note(f"ssh -F {value}: eyas passes no config file; give its settings as --ssh-option")
                 break
     if i + 1 >= len(words):  # no remote command: an interactive login, ssh itself is the program
         cmd.argv = [w.text for w in words]
         return [cmd]
     host = words[i].text
+    if user and "@" not in host:
+        host = f"{user}@{host}"
     ctx.dropped += [Dropped(k, v, f"ssh does not carry local variables to the command on {host} (only names in "
                                   f"SendEnv/AcceptEnv, off by default): set them inside the remote command")
                     for k, v in cmd.env.items()]
@@ -258,6 +330,7 @@ def _ssh(cmd: Command, words: list[Word], ctx: Context) -> list[Command]:
     inner = run_simple_commands(split_simple_commands(tokenize(remote)), host, {}, ctx)
     for c in inner:
         c.wrappers = cmd.wrappers + [f"ssh {host}"] + c.wrappers
+        c.ssh_options = options + c.ssh_options
     return inner
 
 
