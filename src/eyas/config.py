@@ -206,6 +206,17 @@ class ModelConfig:
 MLA_DRAFT_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
 
 
+def validate_draft_rope(scaling: dict | None) -> None:
+    """Refuse a draft rope scaling eyas does not compute as the engines do. `dynamic` (NTK) rescales with the
+    running sequence length past max_position_embeddings, and HF, vLLM and the EAGLE code each do it their way."""
+    kind = (scaling or {}).get("rope_type", "default")
+    if kind == "dynamic":
+        raise EyasError("draft rope_scaling type 'dynamic' is not supported: its frequencies change with the sequence "
+                        "length past max_position_embeddings, which eyas does not implement")
+    if kind not in ("default", "linear", "llama3", "yarn"):
+        raise EyasError(f"draft rope_scaling type '{kind}' is not supported (eyas implements linear, llama3, yarn)")
+
+
 def _rope(hf: dict) -> tuple[float, dict | None]:
     """transformers 5 folds rope settings into `rope_parameters`; older configs use rope_theta + rope_scaling."""
     params = hf.get("rope_parameters") or {}
@@ -255,6 +266,12 @@ class DraftConfig:
     max_position_embeddings: int = 2048
     aux_layer_ids: list[int] | None = None  # SGLang meaning: "output of layer id" (captured input of id + 1)
     norm_before_residual: bool = False      # speculators option; vanilla EAGLE-3 is False
+    # speculators/vLLM options (vanilla EAGLE-3 has all three False): feed the *normalised* output to the next
+    # step (and the head reads it as is); one RMSNorm over the fused 3Ht features before fc; one per feature.
+    norm_output: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    speculative_tokens: int | None = None   # the speculators config's proposal length, where it has one
     layout: str = "sglang"                  # where it came from: eagle | sglang | speculators
     # Multi-head latent attention (SGLang/vLLM `Eagle3DeepseekV2ForCausalLM`); kv_lora_rank 0 means the Llama layer.
     # As in ModelConfig, an MLA draft's head_dim is set to its rotary part and num_kv_heads to num_heads.
@@ -286,6 +303,9 @@ class DraftConfig:
             raise EyasError(f"draft_vocab_size {self.draft_vocab_size} must be in 1..vocab_size ({self.vocab_size})")
         if self.mla:
             validate_mla_dims(self, "draft latent attention", "draft ")
+        if self.norm_before_fc and self.fc_norm:
+            raise EyasError("draft config sets both norm_before_fc and fc_norm; they are exclusive (speculators refuses both)")
+        validate_draft_rope(self.rope_scaling)
 
     @classmethod
     def from_hf(cls, hf: dict) -> "DraftConfig":
@@ -297,12 +317,21 @@ class DraftConfig:
             layout, aux = "speculators", hf.get("eagle_aux_hidden_state_layer_ids")
             # speculators ids are layer *inputs*; we store SGLang's "output of layer" meaning.
             aux = [i - 1 for i in aux] if aux else None
-            nbr = bool(hf.get("norm_before_residual", True))
+            # Absent: False, the default of speculators' Eagle3SpeculatorConfig (vLLM's update_eagle3 assumes True).
+            nbr = bool(hf.get("norm_before_residual", False))
+            proposals = (hf.get("speculators_config") or {}).get("proposal_methods") or [{}]
+            spec_tokens = proposals[0].get("speculative_tokens")
         else:
             merged = hf
             layout = "sglang" if arch.endswith("Eagle3") or arch in MLA_DRAFT_ARCHITECTURES else "eagle"
             aux = (hf.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+            # Absent: False, as vLLM reads these layouts; SGLang and the EAGLE code never read the key.
             nbr = bool(hf.get("norm_before_residual", False))
+            spec_tokens = None
+        # Read as vLLM reads them (SGLang and the EAGLE code ignore all three); norm_before_fc may sit in eagle_config.
+        flags = {k: bool(merged.get(k, False)) for k in ("fc_norm", "norm_output")}
+        flags["norm_before_fc"] = bool((merged.get("eagle_config") or {}).get("norm_before_fc",
+                                                                             merged.get("norm_before_fc", False)))
         try:
             heads = merged["num_attention_heads"]
             theta, scaling = _rope(merged)
@@ -327,7 +356,9 @@ class DraftConfig:
                 max_position_embeddings=merged.get("max_position_embeddings", 2048),
                 aux_layer_ids=aux,
                 norm_before_residual=nbr,
+                speculative_tokens=spec_tokens,
                 layout=layout,
+                **flags,
                 **extra,
             )
         except KeyError as e:

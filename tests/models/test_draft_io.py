@@ -34,19 +34,27 @@ def target_cfg(hidden=H, vocab=V):
 def test_layouts_round_trip_to_identical_logits(tmp_path, layout):
     draft = random_draft(H, V, draft_vocab=40)
     draft.config.aux_layer_ids = [1, 2, 3]
-    save_draft(draft, tmp_path / layout, layout=layout, dtype=torch.float32)
+    save_draft(draft, tmp_path / layout, layout=layout, dtype=torch.float32, speculative_tokens=4)
     back = load_draft(tmp_path / layout, target_cfg())
     assert back.config.layout == layout
     assert back.config.capture_layers(6) == (2, 3, 4)  # explicit ids kept with SGLang's meaning across layouts
     assert torch.equal(back.d2t, draft.d2t) and torch.equal(back.t2d, draft.t2d)
     assert torch.equal(draft_logits(back), draft_logits(draft))
     cfg = json.loads((tmp_path / layout / "config.json").read_text())
+    assert cfg["torch_dtype"] == "float32" or cfg["transformer_layer_config"]["torch_dtype"] == "float32"
+    if layout == "eagle":  # the official loader reads pytorch_model.bin first (tests/models/test_eagle_official_rules.py)
+        assert cfg["architectures"] == ["LlamaForCausalLM"] and "target_hidden_size" not in cfg
+        assert not (tmp_path / layout / "model.safetensors").exists()
+        return
     with safe_open(str(tmp_path / layout / "model.safetensors"), "pt") as f:
         assert f.metadata() == {"format": "pt"}  # transformers' loaders check it when present
     if layout == "sglang":
         assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     if layout == "speculators":
         assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4] and cfg["norm_before_residual"] is False
+        assert cfg["norm_output"] is False and cfg["norm_before_fc"] is False and cfg["fc_norm"] is False
+        assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
+        assert back.config.speculative_tokens == 4
 
 
 def test_official_eagle_checkpoint_loads(tmp_path):

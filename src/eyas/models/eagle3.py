@@ -25,6 +25,7 @@ from eyas.dist.parallel import SINGLE
 from eyas.kernels import enabled
 from eyas.layers.attention import AttentionBatch, rotate_and_attend
 from eyas.layers.fused_linear import add_silu_mul_linear, linear_rows, norm_linear, silu_mul_linear
+from eyas.layers.linear import dense
 from eyas.layers.norm import RMSNorm, rms_norm_pair
 from eyas.layers.rotary import RotaryEmbedding
 from eyas.models.mla import MLAttention
@@ -62,7 +63,7 @@ class FusedLinear:
     bias: None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return dense(x, self.weight)
 
     def finish(self, y: torch.Tensor) -> torch.Tensor:
         return y
@@ -175,6 +176,12 @@ class Eagle3Draft(nn.Module):
         super().__init__()
         self.config = cfg
         self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        # speculators/vLLM variants (checkpoint keys `input_norm.weight`, `fc_norm.{i}.weight`): RMSNorm over the
+        # fused features, or over each of the three, before fc.
+        if cfg.norm_before_fc:
+            self.input_norm = RMSNorm(3 * cfg.target_hidden_size, cfg.rms_norm_eps)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(3))
         self.midlayer = MidLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
@@ -184,13 +191,27 @@ class Eagle3Draft(nn.Module):
                                       max_positions or max(cfg.max_position_embeddings, 2048))
 
     def forward(self, embeds, hidden, positions, batch: AttentionBatch, fuse: bool = False) -> torch.Tensor:
-        """embeds, hidden: [B, T, H] (hidden is [B, T, 3*Ht] target features when `fuse`). Returns the
-        pre-norm output, which is both the next step's hidden input and the input of `logits`."""
+        """embeds, hidden: [B, T, H] (hidden is [B, T, 3*Ht] target features when `fuse`). Returns the step's
+        output, which is both the next step's hidden input and the input of `logits`: the pre-norm state, or with
+        `norm_output` the normalised one."""
         batch.prepare(embeds.shape[1])
         if fuse:
-            hidden = hidden.to(self.fc.weight.dtype)
-            hidden = linear_rows(hidden, self.fc.weight) if step_fusions() else self.fc(hidden)
-        return self.midlayer(embeds.to(hidden.dtype), hidden, positions, batch, self.rotary)
+            hidden = self.fuse_features(hidden)
+        return self.step_output(self.midlayer(embeds.to(hidden.dtype), hidden, positions, batch, self.rotary))
+
+    def fuse_features(self, features: torch.Tensor) -> torch.Tensor:
+        """fc over the target's [B, T, 3*Ht] features (after the optional input norms): the first hidden input."""
+        x = features.to(self.fc.weight.dtype)
+        if self.config.norm_before_fc:
+            x = self.input_norm(x)
+        if self.config.fc_norm:
+            x = torch.cat([norm(part) for norm, part in zip(self.fc_norm, x.chunk(3, dim=-1))], dim=-1)
+        return linear_rows(x, self.fc.weight) if step_fusions() else self.fc(x)
+
+    def step_output(self, h: torch.Tensor) -> torch.Tensor:
+        """What the decoder layer's output `h` becomes for the next step and the head: itself, or with
+        `norm_output` (speculators' "Eagle 3.1") its final-normed value, which the head then reads as is."""
+        return self.norm(h) if self.config.norm_output else h
 
     def fuse_projections(self) -> "Eagle3Draft":
         """Inference only: fused q/k/v and gate/up matmuls (the draft step is launch-bound at small batch)."""
@@ -205,7 +226,10 @@ class Eagle3Draft(nn.Module):
 
     def head_output(self, out: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary in the head's dtype (autocast's, in training). At decode the norm
-        runs inside the lm_head's kernel; with gradients (training) norm_linear keeps torch's ops."""
+        runs inside the lm_head's kernel; with gradients (training) norm_linear keeps torch's ops. With
+        `norm_output` the step's output is already normed."""
+        if self.config.norm_output:
+            return linear_rows(out, self.lm_head.weight) if step_fusions() else self.lm_head(out)
         return norm_linear(self.norm, self.lm_head, out, None)[1]
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

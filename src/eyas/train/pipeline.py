@@ -243,7 +243,9 @@ class Pipeline:
         if self.dist.main:
             draft = load_draft_checkpoint(path)
             for layout in self.recipe.export.layouts:
-                out[layout] = str(save_draft(draft, self.export_dir(layout), layout, verifier=str(self.target_path)))
+                # The speculators layout records a proposal length: the steps eyas's evaluation drafts.
+                out[layout] = str(save_draft(draft, self.export_dir(layout), layout, verifier=str(self.target_path),
+                                             speculative_tokens=self.recipe.eval.spec_steps))
         self.dist.barrier()
         return out
 

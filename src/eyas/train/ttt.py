@@ -148,13 +148,13 @@ def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def unroll(draft: Eagle3Draft, embeds: torch.Tensor, features: torch.Tensor, steps: int) -> list[torch.Tensor]:
-    """embeds: [B, T, H] embeddings of x_0..x_{T-1}; features: [B, T, 3Ht]. Returns each step's pre-norm output."""
+    """embeds: [B, T, H] embeddings of x_0..x_{T-1}; features: [B, T, 3Ht]. Returns each step's output (Eagle3Draft.step_output)."""
     B, T, _ = embeds.shape
     positions = torch.arange(T, device=embeds.device).expand(B, T)
-    hidden = draft.fc(features.to(draft.fc.weight.dtype))
+    hidden = draft.fuse_features(features)
     cache, outs = [], []
     for k in range(steps):
-        hidden = midlayer_step(draft, shift_left(embeds, 1 + k), hidden, positions + k, cache)
+        hidden = draft.step_output(midlayer_step(draft, shift_left(embeds, 1 + k), hidden, positions + k, cache))
         outs.append(hidden)
     return outs
 
