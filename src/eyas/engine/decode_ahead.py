@@ -40,11 +40,13 @@ def decode_ahead_on() -> bool:
 
 def may_run_ahead(engine, seqs) -> bool:
     """What both modes ahead of the host (this one and spec_ahead.py) need: the switch on, CUDA graphs for the
-    batch, one GPU, no profiler (it times each step), and only greedy sequences (no generator to draw from)."""
+    batch, one GPU, no profiler (it times each step), and only greedy sequences (no generator to draw from) that want
+    no log-probabilities (the host reads no logits there)."""
     graphs = engine.runner.graphs
     if not decode_ahead_on() or graphs is None or engine.profiler is not None or engine.target.tp.size != 1:
         return False
-    return len(seqs) <= graphs.max_batch and all(s.params.greedy and s.generator is None for s in seqs)
+    return len(seqs) <= graphs.max_batch and all(s.params.greedy and s.generator is None and not s.wants_logprobs
+                                                 for s in seqs)
 
 
 @dataclass

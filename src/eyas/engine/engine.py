@@ -20,7 +20,7 @@ from eyas.engine.profile import NullProfiler
 from eyas.engine.runner import ModelRunner
 from eyas.engine.sequence import Sequence
 from eyas.errors import EyasError
-from eyas.layers.sampling import SamplingParams, adjusted_probs, sample_from, uniform
+from eyas.layers.sampling import SamplingParams, adjusted_probs, sample_from, token_logprobs, uniform
 from eyas.models.loader import load_model, parse_dtype
 
 
@@ -249,10 +249,11 @@ class Engine:
         out = self.runner.prefill(ids, [s.slot for s in seqs])
         last = torch.tensor(lens, device=self.device) - 1
         rows = torch.arange(len(seqs), device=self.device)
-        tokens = self.sample(self.target.logits(out.hidden[rows, last]), seqs).tolist()
-        for s, t in zip(seqs, tokens):
+        logits = self.target.logits(out.hidden[rows, last])
+        tokens = self.sample(logits, seqs).tolist()
+        for s, t, lp in zip(seqs, tokens, self.step_logprobs(seqs, logits, tokens)):
             s.cached = len(s.prompt_ids)
-            s.append([t], self.eos_ids)
+            s.append([t], self.eos_ids, lp)
         if self.spec:
             self.spec.prefill(seqs, out.aux_hidden, lens)
 
@@ -269,18 +270,30 @@ class Engine:
         starts = [s.cached for s in seqs]
         ids, pos = torch.tensor([[s.output_ids[-1] for s in seqs], starts], device=self.device)[:, :, None]
         out = self.runner.forward(ids, pos, [s.slot for s in seqs], starts)
-        self.take_step(seqs, self.sample(self.target.logits(out.hidden[:, -1]), seqs).tolist())
+        logits = self.target.logits(out.hidden[:, -1])
+        tokens = self.sample(logits, seqs).tolist()
+        self.take_step(seqs, tokens, self.step_logprobs(seqs, logits, tokens))
         return out
 
-    def take_step(self, seqs: list[Sequence], tokens: list[int]) -> None:
+    def take_step(self, seqs: list[Sequence], tokens: list[int], logprobs: list | None = None) -> None:
         """One decode step's tokens into its sequences (its cache write counted); a sequence that stopped
         before the step (decoding ahead learns a stop a step late) takes nothing."""
-        for s, t in zip(seqs, tokens):
+        for i, (s, t) in enumerate(zip(seqs, tokens)):
             if s.finished:
                 continue
             s.cached += 1
             s.verify_passes += 1
-            s.append([t], self.eos_ids)
+            s.append([t], self.eos_ids, logprobs[i] if logprobs else None)
+
+    @staticmethod
+    def step_logprobs(seqs: list[Sequence], logits: torch.Tensor, tokens: list[int]) -> list:
+        """Per sequence, [its token's TokenLogprob] under its row of logits [B, V] when it asked for
+        log-probabilities, else None. Nothing is computed when no sequence asked."""
+        out = [None] * len(seqs)
+        for i, s in enumerate(seqs):
+            if s.wants_logprobs:
+                out[i] = token_logprobs(logits[i:i + 1], tokens[i:i + 1], s.params.logprobs)
+        return out
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """logits [B, V] -> tokens [B]. Greedy rows take the argmax; sampled rows sharing temperature, top-p

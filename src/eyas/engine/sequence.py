@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eyas.layers.sampling import SamplingParams
+from eyas.layers.sampling import SamplingParams, TokenLogprob
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Sequence:
     verify_passes: int = 0          # target forwards after prefill (decode steps or verify passes)
     generator: torch.Generator | None = None
     draft_state: object = None      # owned by the speculative decoder
+    logprobs: list[TokenLogprob] | None = None  # one per output token, when params.logprobs asks for them
 
     @property
     def all_ids(self) -> list[int]:
@@ -35,8 +36,13 @@ class Sequence:
         """Generated tokens per target verify pass (SGLang's definition); the prefill token is not counted."""
         return (len(self.output_ids) - 1) / self.verify_passes if self.verify_passes else 0.0
 
-    def append(self, tokens: list[int], eos_ids: set[int]) -> list[int]:
-        """Append accepted tokens up to a stop; returns those actually kept."""
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.params.logprobs is not None
+
+    def append(self, tokens: list[int], eos_ids: set[int], logprobs: list[TokenLogprob] | None = None) -> list[int]:
+        """Append accepted tokens up to a stop; returns those actually kept. `logprobs` (one per token, when
+        the request asked for them) are kept with their tokens."""
         kept = []
         for t in tokens:
             kept.append(t)
@@ -47,4 +53,9 @@ class Sequence:
             if len(self.output_ids) >= self.params.max_tokens:
                 self.finish_reason = "length"
                 break
+        if logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(logprobs[:len(kept)])
         return kept
+

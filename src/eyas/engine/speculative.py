@@ -37,7 +37,7 @@ from eyas.engine.spec_policy import SpecPolicy
 from eyas.engine.tree import accept_greedy, accept_greedy_batched, accept_greedy_chain, accept_sampled
 from eyas.layers.attention import AttentionBatch
 from eyas.layers.rotary import RotaryEmbedding
-from eyas.layers.sampling import adjusted_probs
+from eyas.layers.sampling import adjusted_probs, token_logprobs
 from eyas.models.draft_io import load_draft
 from eyas.models.eagle3 import Eagle3Draft
 
@@ -180,7 +180,8 @@ class SpeculativeDecoder(AdaptiveSteps):
         return h, scores
 
     def _speculative_cycle(self, seqs):
-        if self.accept_on_device and all(s.params.greedy for s in seqs):
+        # Log-probabilities need the verify pass's rows on the host: those sequences accept there.
+        if self.accept_on_device and all(s.params.greedy and not s.wants_logprobs for s in seqs):
             self._greedy_cycle(seqs)
         else:
             self._sampled_cycle(seqs)
@@ -213,13 +214,14 @@ class SpeculativeDecoder(AdaptiveSteps):
         order = torch.where(cols <= accepted[:, None], cols, 0)
         self.engine.runner.kv.compact(slots_t, c_t[:, None] + sel, c_t[:, None] + order)
 
-    def _advance(self, seqs, new_tokens: list[list[int]], accepted: list[int]):
-        """The host's side of a commit: each sequence takes its accepted tokens and the bonus token."""
-        for s, tokens, m in zip(seqs, new_tokens, accepted):
+    def _advance(self, seqs, new_tokens: list[list[int]], accepted: list[int], logprobs: list | None = None):
+        """The host's side of a commit: each sequence takes its accepted tokens and the bonus token (and
+        their log-probabilities, where it asked for them)."""
+        for i, (s, tokens, m) in enumerate(zip(seqs, new_tokens, accepted)):
             self.profiler.record_accept(m, self.spec.steps)
             s.cached += m + 1
             s.verify_passes += 1
-            s.append(tokens, self.engine.eos_ids)
+            s.append(tokens, self.engine.eos_ids, logprobs[i] if logprobs else None)
 
     def _sampled_cycle(self, seqs):
         """A cycle with sampled sequences: acceptance draws on the host (tree.accept_sampled)."""
@@ -247,7 +249,10 @@ class SpeculativeDecoder(AdaptiveSteps):
             L = S + 1
             sel = [path + [0] * (L - len(path)) for path in paths]                     # accepted nodes
             new_tokens = [[host[i][j] for j in paths[i][1:]] + [bonus[i]] for i in range(B)]
-            self._advance(seqs, new_tokens, [len(path) - 1 for path in paths])
+            # The k-th new token was accepted (or drawn) against the target's row at the k-th node of the path.
+            logprobs = [token_logprobs(logits[i, paths[i]], new_tokens[i], s.params.logprobs)
+                        if s.wants_logprobs else None for i, s in enumerate(seqs)]
+            self._advance(seqs, new_tokens, [len(path) - 1 for path in paths], logprobs)
             # One host-to-device copy: accepted nodes, the extend pass's tokens and its last valid index
             # (which is also the number of drafted nodes accepted).
             meta = torch.tensor([sel[i] + t + [t[-1]] * (L - len(t)) + [len(t) - 1]

@@ -12,6 +12,8 @@ import torch
 
 from eyas.errors import EyasError
 
+MAX_LOGPROBS = 20  # alternatives per token a request may ask for (OpenAI's top_logprobs limit)
+
 
 @dataclass
 class SamplingParams:
@@ -22,6 +24,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None   # return each token's log-probability and this many top alternatives; None: off
 
     def __post_init__(self):
         if not 0 <= self.temperature < float("inf"):  # NaN and inf fail too: they would sample garbage
@@ -32,6 +35,8 @@ class SamplingParams:
             raise EyasError(f"top_k must be >= 0, got {self.top_k}")
         if self.max_tokens < 1:
             raise EyasError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise EyasError(f"logprobs must be in 0..{MAX_LOGPROBS}, got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:
@@ -53,6 +58,30 @@ def adjusted_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One emitted token's log-probability under the target, and the most likely tokens of the same row."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """The target's log-probabilities of `tokens` [n], token i under row i of logits [n, V], with each row's
+    `top` most likely tokens. Raw log-softmax of the logits, before temperature, top-p and top-k (what
+    OpenAI's API and vLLM report), so a token's figure does not depend on how it was chosen: sampled plainly,
+    or accepted from a draft against the verify pass's row at its position. One device-to-host copy."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.tensor(tokens, device=lp.device)
+    chosen = lp.gather(-1, ids[:, None])[:, 0].tolist()
+    if not top:
+        return [TokenLogprob(t, c) for t, c in zip(tokens, chosen)]
+    values, best = lp.topk(top, dim=-1)
+    values, best = values.tolist(), best.tolist()
+    return [TokenLogprob(t, c, tuple(zip(b, v))) for t, c, b, v in zip(tokens, chosen, best, values)]
 
 
 def uniform(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
