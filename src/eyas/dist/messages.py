@@ -82,6 +82,7 @@ class RequestUpdate:
     finish_reason: str | None      # "stop" | "length" | None while running
     verify_passes: int             # target forwards after prefill so far
     error: str | None = None       # the engine refused the request (one line); no tokens follow
+    logprobs: list | None = None   # TokenLogprob per new token, when the request asked for them
 
 
 @dataclass(frozen=True)

@@ -202,7 +202,8 @@ class Lockstep:
         for rid, seq in list(self.seqs.items()):
             n = self.sent[rid]
             if len(seq.output_ids) > n or seq.finished:
-                updates.append(RequestUpdate(rid, seq.output_ids[n:], seq.finish_reason, seq.verify_passes))
+                updates.append(RequestUpdate(rid, seq.output_ids[n:], seq.finish_reason, seq.verify_passes,
+                                             logprobs=None if seq.logprobs is None else seq.logprobs[n:]))
                 self.sent[rid] = len(seq.output_ids)
             if seq.finished:
                 del self.seqs[rid], self.sent[rid]

@@ -23,6 +23,7 @@ from eyas.models.tokenizer import encode_messages
 from eyas.server import protocol as P
 from eyas.server.errors import APIError, bad_request
 from eyas.server.generation import Generation
+from eyas.server.logprobs import LogprobFormatter
 
 
 @dataclass
@@ -88,6 +89,8 @@ def build_app(state: ServerState) -> FastAPI:
             raise bad_request(f"'{name}' is not supported by this server", param=name)
         if any(not s for s in req.stop_strings()):
             raise bad_request("stop strings must not be empty", param="stop")
+        if getattr(req, "top_logprobs", None) is not None and not req.logprobs:
+            raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
         return req
 
     def sampling(req, max_tokens: int | None, prompt_len: int, prompt_param: str) -> SamplingParams:
@@ -106,7 +109,8 @@ def build_app(state: ServerState) -> FastAPI:
         seed = req.seed if req.seed is not None or req.temperature == 0 else secrets.randbits(63)
         try:
             return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=max(req.top_k, 0),
-                                  max_tokens=max_tokens, seed=seed, ignore_eos=req.ignore_eos)
+                                  max_tokens=max_tokens, seed=seed, ignore_eos=req.ignore_eos,
+                                  logprobs=req.logprob_count())
         except EyasError as e:
             raise bad_request(str(e)) from None
 
@@ -142,13 +146,21 @@ def build_app(state: ServerState) -> FastAPI:
         if req.stream:
             return StreamingResponse(stream(gen, req, chat, created), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        parts, finish = [], None
+        parts, finish, entries = [], None, []
         async with aclosing(gen.text()) as pieces:
-            async for text, finish in pieces:
+            async for text, finish, logprobs in pieces:
                 parts.append(text)
+                entries.extend(logprobs)
         body = (P.chat_body if chat else P.completion_body)(gen.id, cfg.model, "".join(parts), finish, gen.usage(),
-                                                            created)
+                                                            created, logprobs_body(req, chat, entries))
         return JSONResponse(body)
+
+    def logprobs_body(req, chat: bool, entries, formatter: LogprobFormatter | None = None) -> dict | None:
+        """The choice's `logprobs` for these tokens, in the endpoint's shape; None when not asked for."""
+        if req.logprob_count() is None:
+            return None
+        formatter = formatter or LogprobFormatter(state.tokenizer)
+        return formatter.chat(entries) if chat else formatter.completion(entries)
 
     async def stream(gen: Generation, req, chat: bool, created: int):
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -156,15 +168,17 @@ def build_app(state: ServerState) -> FastAPI:
             if chat:
                 yield sse(P.chat_chunk(gen.id, cfg.model, {"role": "assistant", "content": ""}, None, created))
             # aclosing: when the client leaves, the generation's cleanup (abort, free the slot) runs now, not at GC.
+            formatter = LogprobFormatter(state.tokenizer)  # one per stream: completions' text_offset runs on
             async with aclosing(gen.text()) as pieces:
-                async for text, finish in pieces:
+                async for text, finish, logprobs in pieces:
+                    lp = logprobs_body(req, chat, logprobs, formatter)
                     if chat:
-                        if text:
-                            yield sse(P.chat_chunk(gen.id, cfg.model, {"content": text}, None, created))
+                        if text or logprobs:
+                            yield sse(P.chat_chunk(gen.id, cfg.model, {"content": text}, None, created, lp))
                         if finish:
                             yield sse(P.chat_chunk(gen.id, cfg.model, {}, finish, created))
                     elif text or finish:
-                        yield sse(P.completion_chunk(gen.id, cfg.model, text, finish, created))
+                        yield sse(P.completion_chunk(gen.id, cfg.model, text, finish, created, lp))
             if req.include_usage:
                 yield sse(P.usage_chunk(gen.id, cfg.model, obj, gen.usage(), created))
         except APIError as e:  # the 200 has been sent; say it inside the stream, as vLLM and SGLang do

@@ -31,6 +31,7 @@ class Generation:
         self.completion_tokens = 0
         self.verify_passes = 0
         self.finish_reason: str | None = None
+        self._logprobs: list = []  # TokenLogprobs received since the last piece of text was handed out
         self._last: float | None = None
         self._engine_done = False  # the engine finished (or dropped) the request by itself: no abort needed
         self._queue: asyncio.Queue = asyncio.Queue()
@@ -54,7 +55,8 @@ class Generation:
             raise APIError(503, f"the server cannot take requests: {e}", code="unavailable") from None
 
     async def text(self):
-        """Yields (text delta, finish_reason or None); the last item carries the finish reason."""
+        """Yields (text delta, finish_reason or None, the TokenLogprobs of the tokens that arrived since the
+        previous item: [] unless the request asked for them); the last item carries the finish reason."""
         outcome = "aborted"
         try:
             while True:
@@ -66,6 +68,8 @@ class Generation:
                     outcome, self._engine_done = "refused", True
                     raise APIError(400, event.error)
                 self._account(event)
+                if event.logprobs:
+                    self._logprobs.extend(event.logprobs)
                 self._engine_done = event.finish_reason is not None
                 out = self.stop.feed(self.detok.add(event.new_ids))
                 if self.stop.stopped:
@@ -76,16 +80,20 @@ class Generation:
                     self.finish_reason = "stop" if self.stop.stopped else event.finish_reason
                 if self.finish_reason is not None:
                     outcome = "finished"
-                    yield out, self.finish_reason
+                    yield out, self.finish_reason, self._take_logprobs()
                     return
                 if out:
-                    yield out, None
+                    yield out, None, self._take_logprobs()
         finally:
             if not self._engine_done:
                 # A stop string, a client that left, an error: the engine must let go of the slot.
                 self.scheduler.abort(self.id)
             self.metrics.finished(outcome, len(self.prompt_ids), self.completion_tokens, self.verify_passes,
                                   time.perf_counter() - self.arrival if outcome == "finished" else None)
+
+    def _take_logprobs(self) -> list:
+        taken, self._logprobs = self._logprobs, []
+        return taken
 
     def _account(self, event) -> None:
         now = time.perf_counter()

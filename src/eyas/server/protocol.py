@@ -1,7 +1,8 @@
 """The OpenAI request bodies we accept (pydantic) and the response bodies we send (plain dicts).
 
 Defaults follow OpenAI: temperature 1, top_p 1, /v1/completions max_tokens 16, chat max_tokens "the rest of the
-context". Extensions, as in vLLM: `top_k`, `ignore_eos`. Parameters we do not implement are refused with a 400
+context". Extensions, as in vLLM: `top_k`, `ignore_eos`. Log-probabilities (chat `logprobs` + `top_logprobs`,
+completions `logprobs` = the number of alternatives) are the target's raw ones, before temperature and top-p/k. Parameters we do not implement are refused with a 400
 naming them rather than silently ignored, because a benchmark that asked for a penalty would otherwise measure
 something it did not ask for. `usage` carries two eyas extensions the bench client reads: `verify_passes` (target
 forwards after prefill) and `accept_length` ((completion_tokens - 1) / verify_passes, SGLang's definition).
@@ -14,8 +15,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from eyas.layers.sampling import MAX_LOGPROBS
+
 # Fields refused when set to anything but their neutral value.
-UNSUPPORTED = ("logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty", "echo", "suffix",
+UNSUPPORTED = ("logit_bias", "presence_penalty", "frequency_penalty", "echo", "suffix",
                "tools", "tool_choice", "functions", "response_format", "repetition_penalty")
 
 
@@ -58,6 +61,10 @@ class Sampling(BaseModel):
 class CompletionRequest(Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = 16
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # alternatives per token; None: no log-probs
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
 
 class ChatMessage(BaseModel):
@@ -80,6 +87,11 @@ class ChatRequest(Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def logprob_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 # -- responses ----------------------------------------------------------------------------------------
@@ -92,25 +104,29 @@ def usage(prompt_tokens: int, completion_tokens: int, verify_passes: int) -> dic
             "verify_passes": verify_passes}
 
 
-def completion_body(rid: str, model: str, text: str, finish: str | None, use: dict | None, created: int) -> dict:
+def completion_body(rid: str, model: str, text: str, finish: str | None, use: dict | None, created: int,
+                    logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}], "usage": use}
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}], "usage": use}
 
 
-def completion_chunk(rid: str, model: str, text: str, finish: str | None, created: int) -> dict:
+def completion_chunk(rid: str, model: str, text: str, finish: str | None, created: int,
+                     logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
 
 
-def chat_body(rid: str, model: str, text: str, finish: str | None, use: dict | None, created: int) -> dict:
+def chat_body(rid: str, model: str, text: str, finish: str | None, use: dict | None, created: int,
+              logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                          "finish_reason": finish}], "usage": use}
 
 
-def chat_chunk(rid: str, model: str, delta: dict, finish: str | None, created: int) -> dict:
+def chat_chunk(rid: str, model: str, delta: dict, finish: str | None, created: int,
+               logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
 
 def usage_chunk(rid: str, model: str, obj: str, use: dict, created: int) -> dict:
