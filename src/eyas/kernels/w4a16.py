@@ -8,7 +8,9 @@ dense W: at decode the cost is the packed bytes (a quarter of bf16's for int4).
 
 Two shapes of launch:
 - dense rows (a linear at decode): a program takes BLOCK_M = 16 rows and BLOCK_N outputs and walks K with
-  tl.dot, so up to 16 rows read the weights once;
+  tl.dot, so up to 16 rows read the weights once. Triton's CPU interpreter gets a bf16 tl.dot wrong (numpy
+  has no bf16), so off CUDA the dot takes fp32 copies: the same products (a bf16 times a bf16 is exact in
+  fp32) summed in fp32, as the GPU's bf16 dot sums them;
 - expert rows (routed experts): each row carries its expert id, a program takes one row and BLOCK_N of that
   expert's outputs (the copies of a decode batch seldom share an expert).
 """
@@ -27,7 +29,7 @@ INT4, INT4_ZERO, FP8 = 0, 1, 2
 @triton.jit
 def _quant_rows_kernel(x_ptr, w_ptr, s_ptr, z_ptr, ids_ptr, out_ptr, M, N, K, x_stride, w_stride_e, w_stride_n,
                        s_stride_e, s_stride_n, z_stride_e, z_stride_n, group, block_r, block_c,
-                       FMT: tl.constexpr, HAS_IDS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       FMT: tl.constexpr, HAS_IDS: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -70,12 +72,12 @@ def _quant_rows_kernel(x_ptr, w_ptr, s_ptr, z_ptr, ids_ptr, out_ptr, M, N, K, x_
         w = rounded(w, x_dtype)  # the dequantized weight as the reference holds it: exact in x's dtype
         if HAS_IDS:
             acc += tl.sum(x.to(tl.float32)[:, None, :] * w[None, :, :], axis=2)
-        elif x_dtype == tl.float32:
-            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+        elif x_dtype == tl.float32 or FP32_DOT:
+            acc += tl.dot(x.to(tl.float32), tl.trans(w), input_precision="ieee")
         else:
             acc += tl.dot(x, tl.trans(w.to(x_dtype)))
     out = out_ptr + rows[:, None].to(tl.int64) * N + cols[None, :]
-    tl.store(out, acc.to(x_dtype), mask=row_ok[:, None] & col_ok[None, :])
+    tl.store(out, rounded(acc, x_dtype).to(x_dtype), mask=row_ok[:, None] & col_ok[None, :])
 
 
 def quant_linear_rows(x: torch.Tensor, fmt, values: torch.Tensor, scale: torch.Tensor,
@@ -107,5 +109,5 @@ def quant_linear_rows(x: torch.Tensor, fmt, values: torch.Tensor, scale: torch.T
     _quant_rows_kernel[grid](
         x, values, scale, zero, ids, out, M, N, K, x.stride(0), e_strides[0], values.stride(-2),
         e_strides[1], scale.stride(-2), e_strides[2], zero.stride(-2), fmt.group_of(K), fmt.block[0], fmt.block[1],
-        FMT=code, HAS_IDS=stacked, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+        FMT=code, HAS_IDS=stacked, FP32_DOT=not x.is_cuda, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
     return out

@@ -122,14 +122,17 @@ def load_weights(model: torch.nn.Module, tensors, tie: bool = False, prefix_map=
         except AttributeError:
             raise EyasError(f"unexpected weight '{key}' in checkpoint") from None
         full = f"{module_name}.{param}"
-        if param.endswith("_shape") and getattr(module, "quantized", False):
-            module.load(param, tensor, shard)  # a packed weight's logical shape: checked, not stored
+        quantized = getattr(module, "quantized", False)
+        if param.endswith("_shape") and quantized:
+            _load_piece(module, key, param, tensor, shard)  # a packed weight's logical shape: checked, not stored
             continue
         if full not in expected:
             raise EyasError(f"unexpected weight '{key}' in checkpoint")
         if castable(tensor.dtype) and castable(params[full].dtype):
             tensor = tensor.to(params[full].dtype)  # packed values and their scales are taken as shipped
-        if hasattr(module, "load"):
+        if quantized:
+            _load_piece(module, key, param, tensor, shard)
+        elif hasattr(module, "load"):
             module.load(param, tensor, shard)
         else:
             dst = getattr(module, param).data
@@ -143,6 +146,14 @@ def load_weights(model: torch.nn.Module, tensors, tie: bool = False, prefix_map=
     missing = sorted(expected - filled)
     if missing:
         raise EyasError(f"checkpoint is missing weight '{missing[0]}'" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+
+
+def _load_piece(module, key: str, param: str, tensor: torch.Tensor, shard):
+    """A quantized module's piece; its errors name the checkpoint key (a fused module has several)."""
+    try:
+        module.load(param, tensor, shard)
+    except EyasError as e:
+        raise EyasError(f"checkpoint weight {key}: {e}") from None
 
 
 def _is_mtp(key: str, cfg: ModelConfig) -> bool:
