@@ -110,7 +110,7 @@ def test_migrates_a_v1_ledger(tmp_path):
                   json.dumps({"output_tok_s": 94.0})))
     conn.close()
     with Ledger(path) as ledger:
-        assert schema_version(ledger.conn) == LATEST == 2
+        assert schema_version(ledger.conn) == LATEST == 3
         old = ledger.get(1)
         assert (old.env, old.results, old.versions, old.hardware) == ({"NCCL_PROTO": "LL"}, {"output_tok_s": 94.0},
                                                                       {}, {})
@@ -120,7 +120,7 @@ def test_migrates_a_v1_ledger(tmp_path):
         assert ledger.get(new).versions == {"torch": "2.13"} and ledger.get(new).model_fingerprint == "ab"
         assert ledger.best("output_tok_s").run_id == old.run_id
     with Ledger(path) as again:  # reopening does not re-apply anything
-        assert [r[0] for r in again.conn.execute("SELECT version FROM schema_version")] == [1, 2]
+        assert [r[0] for r in again.conn.execute("SELECT version FROM schema_version")] == [1, 2, 3]
 
 
 def test_refuses_a_newer_schema(tmp_path):
@@ -156,7 +156,7 @@ def test_concurrent_writers_from_several_processes(tmp_path):
         assert len(runs) == 100 and len({r.run_id for r in runs}) == 100
         assert {(r.results["worker"], r.results["i"]) for r in runs} == {(w, i) for w in range(4) for i in range(25)}
         assert all(r.status == "ok" and len(r.workers) == 1 for r in runs)
-        assert [r[0] for r in ledger.conn.execute("SELECT version FROM schema_version")] == [1, 2]
+        assert [r[0] for r in ledger.conn.execute("SELECT version FROM schema_version")] == [1, 2, 3]
 
 
 _KILL_ME = """
@@ -192,6 +192,7 @@ def test_sigkill_mid_write_keeps_every_completed_run(tmp_path):
         for run_id in completed:
             assert runs[run_id].status == "ok" and runs[run_id].results == {"output_tok_s": 1.0}
             assert len(runs[run_id].workers) == 1
-        # at most one run per kill was caught between start_run and finish_run
-        assert sum(r.status == "running" for r in runs.values()) <= 3
+        # at most one run per kill was caught between start_run and finish_run, and its launcher is gone
+        assert sum(r.status == "abandoned" for r in runs.values()) <= 3
+        assert not any(r.status == "running" for r in runs.values())
         assert ledger.start_run("bench", [], "/", {}, {})  # and the ledger still takes writes

@@ -5,9 +5,11 @@ Usage:
     outcome = launch(plan, host, ledger)      # -> Outcome(run_id, ok, results)
 
 One flow for every backend and host: check the host can run it (nothing is recorded if not), record the run,
-start the server with exactly base env + spec env in a session of its own, wait for /health (a dead server shows
-its log tail), read /proc/PID/environ of every process in that session and check each requested variable, record
-them all as workers, run the bench if the spec has one, then stop the session (SIGTERM, SIGKILL after a timeout).
+start the server with exactly base env + spec env (+ the environment hook, eyas.runs.envhook) in a session of its
+own, wait for /health (a dead server shows its log tail), read the starting environment of every process in that
+session (its own snapshot, else /proc/PID/environ) and check each requested variable, make sure the process
+listening on the port is one of them, record them all as workers, run the bench if the spec has one, then stop
+the session (SIGTERM, SIGKILL after a timeout).
 A run whose environment did not arrive is recorded as failed, bench numbers included: it is exactly the run the
 ledger must never offer as "best".
 """
@@ -18,18 +20,21 @@ import os
 import socket
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from eyas.errors import EyasError
-from eyas.runs.environment import REDACTED, filtered_env, is_secret, path_fingerprint
+from eyas.runs.environment import REDACTED, filtered_env, is_secret
+from eyas.runs import envhook
 from eyas.runs.launch_backends import build_command
-from eyas.runs.launch_host import Handle, check_probe
+from eyas.runs.launch_host import Handle, check_probe, workdir_for
 from eyas.runs.launch_spec import LaunchSpec
 from eyas.runs.ledger import Ledger
 from eyas.runs.procenv import EnvCheck, EnvReport, ProcessEnv
+from eyas.runs.shell import clip_command
 
 HEALTH_POLL_S = 0.5
 ALIVE_POLL_S = 2.0  # over ssh every liveness check is a round trip
@@ -126,7 +131,7 @@ def recordable(env: dict[str, str], requested: dict[str, str]) -> dict[str, str]
 def env_report(processes: list[dict], required: dict[str, str], root: int) -> EnvReport:
     out = []
     for p in processes:
-        proc = ProcessEnv(p["pid"], p.get("cmdline", ""))
+        proc = ProcessEnv(p["pid"], p.get("cmdline", ""), source=p.get("env_source", "proc"))
         if "error" in p:
             proc.error = p["error"]
         else:
@@ -134,6 +139,28 @@ def env_report(processes: list[dict], required: dict[str, str], root: int) -> En
             proc.observed = recordable(p["env"], required)
         out.append(proc)
     return EnvReport(root, dict(required), out)
+
+
+def check_listener(listening: list[int], report: EnvReport, port: int, where: str, sid: int) -> None:
+    """The process answering on the port must be one the launch started, or its numbers are another server's."""
+    mine = {p.pid for p in report.processes}
+    if not listening:
+        raise EyasError(f"no process on {where} is seen listening on port {port} although /health answers there: "
+                        f"cannot tell which server would be measured")
+    if not mine & set(listening):
+        raise EyasError(f"port {port} on {where} is held by pid {listening[0]}, not by the launched server (session "
+                        f"{sid}): another server answers there; stop it or pick another port")
+
+
+def record_processes(ledger: Ledger, run_id: str, report: EnvReport, procs: list[dict], host_name: str | None) -> None:
+    """Each readable process as a worker; an unreadable one is left out, so it never reads as "all unset"."""
+    by_pid = {p["pid"]: p for p in procs}
+    for p in report.processes:
+        if p.error:
+            continue
+        info = {"pid": p.pid, "cmdline": p.cmdline, "host": host_name, "env_source": p.source}
+        info.update({k: by_pid[p.pid][k] for k in ("argv", "proc_environ") if k in by_pid.get(p.pid, {})})
+        ledger.add_worker_env(run_id, f"pid{p.pid}", p.observed, info)
 
 
 def env_problems(report: EnvReport) -> list[str]:
@@ -159,11 +186,11 @@ def bench_results(plan: Plan, url: str) -> dict:
 
 
 def _fingerprint(path: str | None, host, ledger: Ledger) -> str | None:
-    if host.via != "local" or not path:
-        return None  # a path on another machine can't be hashed from here
-    try:
-        return path_fingerprint(path, ledger.path.parent)
-    except (OSError, EyasError):
+    if not path:
+        return None
+    try:  # on the host that serves it: over ssh for a remote launch (digests cached there by size and mtime)
+        return host.fingerprint(path, ledger.path.parent)
+    except (OSError, EyasError):  # an unreadable file must not stop the run from being recorded
         return None
 
 
@@ -178,7 +205,8 @@ def launch(plan: Plan, host, ledger: Ledger, *, keep_running: bool = False,
         raise EyasError(f"port {spec.port} on {where} already answers: stop that server or pick another port")
 
     env = {**facts["base_env"], **plan.env}
-    recorded_env = recordable({**facts["base_env"], **plan.verify}, plan.verify)  # what each process should get
+    # What each process should get: the base variables, or the host's login environment where it inherits that.
+    recorded_env = recordable({**host.server_base_env(facts), **plan.verify}, plan.verify)
     config = {**spec.to_dict(), "launch": {**host.config(), "python": plan.python,
                                            "env_passed_by": "shell line" if spec.shell_line else "process",
                                            **plan.extra}}
@@ -188,17 +216,22 @@ def launch(plan: Plan, host, ledger: Ledger, *, keep_running: bool = False,
                               draft_fingerprint=_fingerprint(spec.draft, host, ledger), host=host.name)
     results: dict[str, Any] = {"launched_by": " ".join(launched_by or sys.argv)}
     status, handle, report, failure = "failed", None, None, None
-    log(f"eyas: run {run_id}: starting {spec.backend} on {where}: {' '.join(plan.argv)[:200]}")
+    log(f"eyas: run {run_id}: starting {spec.backend} on {where}: {clip_command(plan.argv)}")
     try:
+        workdir = workdir_for(host.workdir_base, run_id)
+        envhook.install(host, workdir)
+        env, hook_vars = envhook.with_hook(env, workdir)
         handle = host.start(plan.argv, env, run_id)
         results.update(server_pid=handle.sid, log=handle.log, workdir=handle.workdir)
+        ledger.note_running(run_id, results)
         results["startup_s"] = round(wait_healthy(host, handle, url, spec.startup_timeout_s), 2)
-        report = env_report(host.processes(handle), plan.verify, handle.sid)
-        for p in report.processes:
-            ledger.add_worker_env(run_id, f"pid{p.pid}", p.observed, {"pid": p.pid, "cmdline": p.cmdline,
-                                                                        "host": host.name})
+        procs = envhook.read_session(host, handle.sid, workdir, hook_vars)
+        report = env_report(procs, plan.verify, handle.sid)
+        check_listener(envhook.probe(host, "listeners", str(spec.port)), report, spec.port, where, handle.sid)
+        record_processes(ledger, run_id, report, procs, host.name)
         problems = env_problems(report)
-        results.update(env_verified=not problems, processes=len(report.processes))
+        results.update(env_verified=not problems, processes=len(report.processes),
+                       env_sources=dict(sorted(Counter(p.source for p in report.processes if not p.error).items())))
         if plan.verify:
             log(report.render())
         if problems:
@@ -219,7 +252,10 @@ def launch(plan: Plan, host, ledger: Ledger, *, keep_running: bool = False,
             results["stopped"] = "killed" if stopped.get("killed") else "terminated"
         elif handle is not None:
             results["stopped"] = "kept running"
-        ledger.finish_run(run_id, status, results)
+        try:
+            ledger.finish_run(run_id, status, results)
+        except EyasError as e:  # `eyas remote stop` recorded it as stopped meanwhile
+            log(f"eyas: run {run_id}: {e}")
     if isinstance(failure, EyasError):
         raise LaunchFailed(f"run {run_id} failed: {failure}", run_id) from failure
     if failure is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import sqlite3
 import time
@@ -28,6 +29,7 @@ from typing import Any
 
 from eyas.errors import EyasError
 from eyas.paths import eyas_home
+from eyas.runs import procprobe
 from eyas.runs.record import (
     COLUMNS,
     FIELD_HELP,
@@ -74,6 +76,10 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "ALTER TABLE runs ADD COLUMN draft_fingerprint TEXT",
         "CREATE INDEX runs_kind_started ON runs(kind, started_at)",
         "CREATE INDEX worker_env_run ON worker_env(run_id)",
+    ]),
+    # A launcher killed with -9 left its run "running" forever: who recorded a run is kept, to tell when it is gone.
+    (3, "the process that records each run, so a run whose launcher died can be closed as abandoned", [
+        "ALTER TABLE runs ADD COLUMN launcher TEXT NOT NULL DEFAULT '{}'",
     ]),
 ]
 LATEST = MIGRATIONS[-1][0]
@@ -161,9 +167,63 @@ def _typed(value: str) -> Any:
     return int(parsed) if isinstance(parsed, bool) else parsed if isinstance(parsed, (int, float)) else value
 
 
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def launcher_identity(pid: int | None = None) -> dict[str, Any]:
+    """Enough to tell later whether this process still runs: host, boot, pid and the pid's start time."""
+    pid = os.getpid() if pid is None else pid
+    st = procprobe.stat(pid) or {}
+    return {"pid": pid, "hostname": socket.gethostname(), "boot_id": _boot_id(), "starttime": st.get("starttime")}
+
+
+def launcher_gone(launcher: dict[str, Any]) -> bool:
+    """True when the process that recorded a run on this machine no longer runs; False when alive or unknowable
+    (recorded on another machine, or by an eyas that did not record its launcher)."""
+    if not launcher.get("pid") or launcher.get("hostname") != socket.gethostname():
+        return False
+    if launcher.get("boot_id") and launcher["boot_id"] != _boot_id():
+        return True  # the machine rebooted since
+    st = procprobe.stat(launcher["pid"])
+    return st is None or st["state"] in ("Z", "X") or st["starttime"] != launcher.get("starttime")
+
+
+def server_still_running(kind: str, config: dict, results: dict) -> bool | None:
+    """Whether the server an abandoned run started is still up: None where this machine cannot tell."""
+    if kind == "serve":
+        return False  # the launcher was the server
+    launch = config.get("launch") or {}
+    sid = results.get("server_pid")
+    if kind == "bench" or not sid:
+        return None if kind != "bench" and launch.get("via") == "ssh" else False
+    if launch.get("via") == "ssh":
+        return None  # over ssh: `eyas remote status ID` asks the host
+    return bool(procprobe.session(int(sid)))
+
+
 def ledger_path(path: str | Path | None = None) -> Path:
     """The ledger's file: `path`, else runs.db in $EYAS_HOME."""
     return Path(path) if path else eyas_home() / "runs.db"
+
+
+def _stays_empty(path: Path) -> bool:
+    """An existing file of 0 bytes: a mistyped --db (a log, a fresh `touch`), never a ledger to initialise.
+
+    A ledger another process is creating is 0 bytes only until its first write (the WAL header, within
+    microseconds), so a file is called empty only when it still is a moment later.
+    """
+    for _ in range(3):
+        try:
+            if not path.is_file() or path.stat().st_size:
+                return False
+        except OSError:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 class Ledger:
@@ -171,9 +231,13 @@ class Ledger:
         self.path = ledger_path(path)
         if self.path.is_dir():
             raise EyasError(f"the run ledger {self.path} is a directory, not a file")
+        if _stays_empty(self.path):
+            raise EyasError(f"{self.path} is an empty file, not a run ledger: give the ledger's path (or delete the "
+                            f"empty file to start a new ledger there)")
         try:
             self.conn = connect(self.path)
             migrate(self.conn)
+            self.settle_abandoned()
         except sqlite3.DatabaseError as e:  # not an SQLite file (sqlite3 leaves it as it was), or unreadable
             raise EyasError(f"cannot open the run ledger {self.path}: {e}") from None
         except OSError as e:  # its folder cannot be created
@@ -219,7 +283,47 @@ class Ledger:
                 (kind, started, _dumps(list(argv)), str(cwd), _dumps(env), _dumps(config or {}), model, draft,
                  _dumps(versions or {}), _dumps(hardware or {}), host or socket.gethostname(), model_fingerprint,
                  draft_fingerprint))
+            c.execute("UPDATE runs SET launcher = ? WHERE id = ?", (_dumps(launcher_identity()), cur.lastrowid))
         return format_run_id(cur.lastrowid, started)
+
+    def settle_abandoned(self) -> list[str]:
+        """Close every running run whose launcher on this machine is gone as "abandoned", noting whether its
+        server still runs; returns their ids. Called on every open, so no run stays "running" forever."""
+        rows = self.conn.execute("SELECT id, started_at, kind, launcher, config, results FROM runs WHERE status = "
+                                 "'running'").fetchall()
+        closed = []
+        for rowid, started, kind, launcher, config, results in rows:
+            launcher = json.loads(launcher)
+            if not launcher_gone(launcher):
+                continue
+            facts = json.loads(results)
+            facts["abandoned"] = f"its launcher (pid {launcher['pid']} on {launcher['hostname']}) is gone"
+            facts["server_still_running"] = server_still_running(kind, json.loads(config), facts)
+            try:
+                with self._write() as c:
+                    c.execute("UPDATE runs SET status = 'abandoned', finished_at = ?, results = ? WHERE id = ? AND "
+                              "status = 'running'", (time.time(), _dumps(facts), rowid))
+            except sqlite3.OperationalError:  # a read-only ledger: leave it as it is
+                return closed
+            closed.append(format_run_id(rowid, started))
+        return closed
+
+    def note_running(self, run_id: str | int, results: dict) -> None:
+        """Store what is known so far (e.g. the server's pid) in a run that is still running."""
+        rowid = self._rowid(run_id)
+        with self._write() as c:
+            c.execute("UPDATE runs SET results = ? WHERE id = ? AND status = 'running'", (_dumps(results), rowid))
+
+    def record_stop(self, run_id: str | int, facts: dict) -> str:
+        """`eyas remote stop` ended the run's server: a run still open (running, abandoned) becomes "stopped";
+        a finished one keeps its status. `facts` joins its results either way. Returns the run's status."""
+        rowid = self._rowid(run_id)
+        with self._write() as c:
+            status, results = c.execute("SELECT status, results FROM runs WHERE id = ?", (rowid,)).fetchone()
+            new = "stopped" if status in ("running", "abandoned") else status
+            c.execute("UPDATE runs SET status = ?, finished_at = COALESCE(finished_at, ?), results = ? WHERE id = ?",
+                      (new, time.time(), _dumps({**json.loads(results), **facts}), rowid))
+        return new
 
     def _rowid(self, run_id: str | int) -> int:
         rowid, stamp = parse_run_id(run_id)
@@ -237,7 +341,8 @@ class Ledger:
     def finish_run(self, run_id: str | int, status: str, results: dict | None = None) -> None:
         """Close a running run exactly once; results of a finished run are never overwritten."""
         if status not in STATUSES or status == "running":
-            raise EyasError(f"unknown final status '{status}': expected ok, failed or interrupted")
+            raise EyasError(f"unknown final status '{status}': expected ok, failed, interrupted, abandoned or "
+                            f"stopped")
         rowid = self._rowid(run_id)
         with self._write() as c:
             cur = c.execute("UPDATE runs SET status = ?, finished_at = ?, results = ? WHERE id = ? AND "
@@ -293,7 +398,7 @@ class Ledger:
 
     def _select(self, clause: str, params: list[Any]) -> list[RunRecord]:
         cols = ("id, kind, status, started_at, finished_at, argv, cwd, env, config, results, model, draft, host, "
-                "model_fingerprint, draft_fingerprint, versions, hardware")
+                "model_fingerprint, draft_fingerprint, versions, hardware, launcher")
         rows = self.conn.execute(f"SELECT {cols} FROM runs {clause}", params).fetchall()
         workers: dict[int, list[WorkerEnv]] = {}
         ids = [r[0] for r in rows]
@@ -307,7 +412,8 @@ class Ledger:
                           finished_at=r[4], argv=json.loads(r[5]), cwd=r[6], env=json.loads(r[7]),
                           config=json.loads(r[8]), results=json.loads(r[9]), model=r[10], draft=r[11], host=r[12],
                           model_fingerprint=r[13], draft_fingerprint=r[14], versions=json.loads(r[15]),
-                          hardware=json.loads(r[16]), workers=workers.get(r[0], [])) for r in rows]
+                          hardware=json.loads(r[16]), workers=workers.get(r[0], []),
+                          launcher=json.loads(r[17])) for r in rows]
 
     def __enter__(self) -> Ledger:
         return self

@@ -6,7 +6,8 @@ The lost 94 tok/s came down to NCCL variables set in the launcher that were miss
 workers. Looking at the launcher proves nothing; this walks the whole process tree and reads each process's
 /proc/PID/environ. That file holds the environment the process was *started* with: later os.environ edits inside
 it are invisible, but whatever a parent handed its children (spawn, subprocess env=...) is exactly what shows.
-Linux only.
+A process that retitled itself (setproctitle) may have overwritten that memory: it is then reported as
+unreadable, never as missing every variable (eyas.runs.procprobe). Linux only.
 """
 
 from __future__ import annotations
@@ -14,54 +15,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eyas.runs import procprobe
 from eyas.runs.table import format_table
 
 _WATCHED = ("NCCL_", "CUDA_", "TORCH_", "EYAS_")
 
 
-def _parent_pids() -> dict[int, int]:
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # the process exited while we were listing
-            continue
-        # The command name is in parentheses and may itself contain spaces or ')': split after the last one.
-        fields = text.rsplit(")", 1)[1].split()
-        parents[int(stat.parent.name)] = int(fields[1])
-    return parents
+class EnvironUnreadable(OSError):
+    """/proc/PID/environ no longer holds an environment (a retitled process reused its memory)."""
 
 
 def process_tree(pid: int) -> list[int]:
-    """`pid` and all its descendants, parents before children."""
-    children: dict[int, list[int]] = {}
-    for child, parent in _parent_pids().items():
-        children.setdefault(parent, []).append(child)
-    tree, queue = [], [pid]
-    while queue:
-        p = queue.pop(0)
-        tree.append(p)
-        queue += sorted(children.get(p, []))
-    return tree
+    """`pid` and all its live descendants, parents before children."""
+    return procprobe.tree(pid)
 
 
 def read_environ(pid: int) -> dict[str, str]:
-    """The environment `pid` was started with. Raises PermissionError/FileNotFoundError when it cannot be read."""
+    """The environment `pid` was started with. Raises FileNotFoundError/PermissionError when it cannot be read,
+    EnvironUnreadable when its memory now holds something else (a setproctitle title)."""
     raw = Path(f"/proc/{pid}/environ").read_bytes()
-    env = {}
-    for entry in raw.split(b"\0"):
-        key, sep, value = entry.partition(b"=")
-        if sep:
-            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    env, problem = procprobe.parse_environ(raw)
+    if env is None:
+        raise EnvironUnreadable(0, problem)
     return env
 
 
 def read_cmdline(pid: int) -> str:
-    try:
-        return " ".join(a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                        if a)
-    except OSError:
-        return ""
+    return procprobe.cmdline(pid)
 
 
 @dataclass
@@ -81,7 +61,8 @@ class ProcessEnv:
     cmdline: str
     checks: list[EnvCheck] = field(default_factory=list)
     observed: dict[str, str] = field(default_factory=dict)  # its NCCL_/CUDA_/TORCH_/EYAS_ variables
-    error: str | None = None  # why /proc/PID/environ could not be read
+    error: str | None = None  # why its environment could not be read (never read as "all unset")
+    source: str = "proc"  # "proc" (/proc/PID/environ) or "snapshot" (written by the process at start)
 
     @property
     def ok(self) -> bool:
@@ -118,7 +99,7 @@ class EnvReport:
 def verify_env(root_pid: int, required: dict[str, str]) -> EnvReport:
     """For `root_pid` and every descendant: does its starting environment hold each required value?"""
     processes = []
-    for pid in process_tree(root_pid):
+    for pid in process_tree(root_pid) or [root_pid]:  # a root that is gone is reported, not skipped
         proc = ProcessEnv(pid, read_cmdline(pid))
         try:
             env = read_environ(pid)

@@ -10,7 +10,9 @@ from typing import Any
 from eyas.errors import EyasError
 
 KINDS = ("serve", "launch", "bench", "train", "tune", "generate")
-STATUSES = ("running", "ok", "failed", "interrupted")
+# abandoned: its launcher died (kill -9, a crash, a reboot) before it could finish the run;
+# stopped: `eyas remote stop` ended a server whose run was still open.
+STATUSES = ("running", "ok", "failed", "interrupted", "abandoned", "stopped")
 
 # Plain columns, addressable as `kind`, `status`, ...; the JSON columns are addressed as `config.X`, `env.X`, ...
 COLUMNS = ("kind", "status", "model", "draft", "host", "cwd", "started_at", "finished_at", "model_fingerprint",
@@ -69,6 +71,7 @@ class RunRecord:
     versions: dict[str, Any] = field(default_factory=dict)
     hardware: dict[str, Any] = field(default_factory=dict)
     workers: list[WorkerEnv] = field(default_factory=list)
+    launcher: dict[str, Any] = field(default_factory=dict)  # the process that recorded it: pid, host, start time
 
     def command(self) -> str:
         """The exact shell command that reproduces this run."""
