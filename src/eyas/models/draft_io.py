@@ -188,10 +188,13 @@ def draft_config_json(cfg: DraftConfig, layout: str, verifier: str | None = None
 
 
 def save_draft(draft: Eagle3Draft, out_dir: str | Path, layout: str = "sglang", verifier: str | None = None,
-               dtype=torch.bfloat16, speculative_tokens: int | None = None) -> Path:
+               dtype=torch.bfloat16, speculative_tokens: int | None = None,
+               embedding: torch.Tensor | None = None) -> Path:
     """Write config.json and the weights atomically (a crash leaves the old directory untouched): the EAGLE
     layout as pytorch_model.bin, which the official loader reads first; the others as model.safetensors.
-    `speculative_tokens`: the proposal length the speculators layout records (else the draft config's)."""
+    `speculative_tokens`: the proposal length the speculators layout records (else the draft config's).
+    `embedding`: the target's token embedding, shipped as embed_tokens.weight (speculators' save_pretrained
+    ships it, and its loader needs it: without one its Eagle3DraftModel keeps an uninitialised embedding)."""
     if layout not in LAYOUTS:
         raise EyasError(f"unknown draft layout '{layout}'; use one of {', '.join(LAYOUTS)}")
     config = draft_config_json(draft.config, layout, verifier, dtype, speculative_tokens)
@@ -201,6 +204,12 @@ def save_draft(draft: Eagle3Draft, out_dir: str | Path, layout: str = "sglang", 
     for k, v in draft.state_dict().items():
         v = v.detach().cpu()
         tensors[_from_ours(k, layout)] = v if k in ("d2t", "t2d") else v.to(dtype).contiguous()
+    if embedding is not None:
+        cfg = draft.config
+        if tuple(embedding.shape) != (cfg.vocab_size, cfg.hidden_size):
+            raise EyasError(f"the target's embedding is {tuple(embedding.shape)}, the draft needs "
+                            f"({cfg.vocab_size}, {cfg.hidden_size}): is it the draft's target?")
+        tensors["embed_tokens.weight"] = embedding.detach().cpu().to(dtype).contiguous()
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
     try:
         if layout == "eagle":

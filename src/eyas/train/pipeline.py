@@ -243,9 +243,17 @@ class Pipeline:
         if self.dist.main:
             draft = load_draft_checkpoint(path)
             for layout in self.recipe.export.layouts:
-                # The speculators layout records a proposal length: the steps eyas's evaluation drafts.
+                # The speculators layout records a proposal length (the steps eyas's evaluation drafts) and ships
+                # the target's embedding, as speculators' own save_pretrained does and its loader needs.
+                embedding = None
+                if layout == "speculators":
+                    import torch
+
+                    from eyas.train.target import TargetHeads
+
+                    embedding = TargetHeads.load(self.target_path, torch.float32, "cpu").embed_weight
                 out[layout] = str(save_draft(draft, self.export_dir(layout), layout, verifier=str(self.target_path),
-                                             speculative_tokens=self.recipe.eval.spec_steps))
+                                             speculative_tokens=self.recipe.eval.spec_steps, embedding=embedding))
         self.dist.barrier()
         return out
 
