@@ -76,8 +76,11 @@ def test_dry_run_prints_the_exact_command_and_starts_nothing(tmp_path, capsys, h
 
     assert main(["launch", str(path), "--dry-run", "--host", "root@10.1.230.174"]) == 0
     script = capsys.readouterr().out
-    assert "exec env -i \\" in script and "  NCCL_PROTO=LL \\" in script and "  'ODD=a b' \\" in script
+    # A hand launch over ssh starts from the host's login environment: so does this one, unless --clean-env.
+    assert "exec env \\" in script and "  NCCL_PROTO=LL \\" in script and "  'ODD=a b' \\" in script
     assert "setsid nohup" in script
+    assert main(["launch", str(path), "--dry-run", "--host", "root@10.1.230.174", "--clean-env"]) == 0
+    assert "exec env -i \\" in capsys.readouterr().out
 
 
 def test_eyas_launches_speculate_every_step_unless_asked_to_adapt():

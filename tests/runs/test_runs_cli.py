@@ -114,3 +114,58 @@ def test_runs_list_does_not_import_torch(filled):
             "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_list_shows_tok_s(filled, capsys):
+    code, out, _ = eyas(capsys, "runs", "list", "--where", "kind=bench")
+    header, _, *rows = out.splitlines()
+    col = header.index("tok/s")
+    assert code == 0 and [r[col:].split()[0] for r in rows] == ["70.0", "88.0", "61.7", "94.0"]
+
+
+def test_best_compares_like_with_like_and_says_so(home, capsys):
+    with Ledger() as ledger:
+        for dataset, prompts, tok_s in [("mt-bench", 80, 94.0), ("mt-bench", 80, 90.0), ("humaneval", 8, 140.0)]:
+            run_id = ledger.start_run("bench", ["eyas", "bench"], "/w", {},
+                                      {"dataset": dataset, "num_prompts": prompts, "max_tokens": 256})
+            ledger.finish_run(run_id, "ok", {"output_tok_s": tok_s})
+    code, out, _ = eyas(capsys, "runs", "best", "--metric", "output_tok_s")
+    blocks = out.split("\n\n")
+    assert code == 0 and blocks[0].startswith("1-") and "94.0" in blocks[0]  # not the humaneval 140
+    assert "the best of 2 run(s) on dataset mt-bench, 80 prompts, max tokens 256" in blocks[0]
+    assert blocks[1].startswith("3-") and "dataset humaneval, 8 prompts" in blocks[1]
+    assert "2 workloads" in blocks[2] and "not ranked against each other" in blocks[2]
+
+
+def test_an_env_value_with_a_newline_keeps_tables_aligned(home, capsys):
+    with Ledger() as ledger:
+        for value in ("a\nb\tc", "plain"):
+            run_id = ledger.start_run("bench", ["eyas", "bench"], "/w", {"NCCL_ODD": value}, {})
+            ledger.add_worker_env(run_id, "tp0", {"NCCL_ODD": value}, {})
+            ledger.finish_run(run_id, "ok", {"output_tok_s": 1.0})
+    code, out, _ = eyas(capsys, "runs", "diff", "1", "2")
+    table = out.split("\nenvironment")[1].split("\n\n")[0].splitlines()[1:]
+    assert code == 0 and len(table) == 3 and "a\\nb\\tc" in table[2]
+    assert table[2].index("plain") == table[0].index("B")  # the value did not push its row out of line
+    code, out, _ = eyas(capsys, "runs", "show", "1")
+    section = out.split("\nenvironment:\n")[1].split("\nworkers")[0]
+    assert section == "  NCCL_ODD = a\\nb\\tc"  # the command line above keeps the real newline, quoted
+
+
+def test_output_piped_into_head_ends_without_a_traceback(home, tmp_path):
+    with Ledger() as ledger:
+        ledger.start_run("bench", ["eyas", "bench"], "/w", {"NCCL_BIG": "x" * 300_000}, {})
+    script = "import sys; from eyas.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run(["bash", "-c", f"{sys.executable} -c '{script}' runs show 1 | head -1"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.startswith("run 1-") and done.stderr == ""
+
+
+def test_an_empty_file_given_as_a_ledger_is_refused(tmp_path, capsys):
+    empty = tmp_path / "runs.db"
+    empty.touch()
+    for argv in (["runs", "--db", str(empty), "list"], ["bench", "--url", "http://127.0.0.1:9", "--db", str(empty),
+                                                        "--num-prompts", "1"]):
+        code, _, err = eyas(capsys, *argv)
+        assert "is an empty file, not a run ledger" in err
+    assert empty.stat().st_size == 0  # left as it was, not initialised

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from eyas.errors import EyasError
-from eyas.runs import environment
+from eyas.runs import environment, hostprobe
 from eyas.runs.environment import REDACTED, filtered_env, git_commit, hardware, path_fingerprint, versions
 
 
@@ -88,8 +88,8 @@ def _checkpoint(root):
 def test_path_fingerprint_tracks_contents_and_caches(tmp_path, monkeypatch):
     root = _checkpoint(tmp_path / "ckpt")
     calls = []
-    real = environment._hash_file
-    monkeypatch.setattr(environment, "_hash_file", lambda p: calls.append(p.name) or real(p))
+    real = hostprobe.hash_file  # the one implementation, also run on serving hosts over ssh
+    monkeypatch.setattr(hostprobe, "hash_file", lambda p: calls.append(p.name) or real(p))
     first = path_fingerprint(root)
     assert len(first) == 64 and sorted(calls) == ["config.json", "model.safetensors"]
     assert (environment.eyas_home() / "fingerprints.db").exists()  # the cache sits next to the ledger

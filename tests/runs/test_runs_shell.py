@@ -357,3 +357,13 @@ def test_from_shell_leaves_unnamed_speculative_numbers_to_the_engine(capsys):
     spec = imported.spec()
     assert (spec.spec_steps, spec.spec_topk, spec.spec_draft_tokens) == (3, 1, 4)
     assert SGLANG_TOPK1_WARNING in imported.explain()
+
+
+def test_clip_command_cuts_between_arguments_only():
+    from eyas.runs.shell import clip_command
+
+    argv = ["python3", "-m", "sglang.launch_server", "--model-path", "/shared/kimi k2.5", "--tp-size", "8"]
+    assert clip_command(argv, 500) == " ".join(quote(a) for a in argv)
+    short = clip_command(argv, 50)
+    assert short == "python3 -m sglang.launch_server --model-path ... (+3 more arguments)"
+    assert clip_command(["x" * 300], 10) == "x" * 300  # one argument longer than the width is still whole

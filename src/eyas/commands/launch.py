@@ -43,6 +43,9 @@ def add_host_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssh-option", action="append", default=[], metavar="OPT",
                    help="passed to ssh as -o OPT, e.g. Port=2222 or IdentityFile=~/.ssh/id_ed25519 (repeatable)")
     p.add_argument("--remote-dir", help="where launch scripts and logs go on the host (default ~/.cache/eyas/launches)")
+    p.add_argument("--clean-env", action="store_true",
+                   help="with --host: start the server from the base variables only, not from the host's login "
+                        "environment (what a command typed after `ssh HOST` gets, the default)")
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,9 +78,10 @@ def make_host(args: argparse.Namespace):
     from eyas.runs.remote import SshHost
 
     if args.host:
-        return SshHost(args.host, args.ssh_option, args.remote_dir)
-    if args.ssh_option:
-        raise EyasError("--ssh-option needs --host")
+        return SshHost(args.host, args.ssh_option, args.remote_dir, clean_env=args.clean_env)
+    if args.ssh_option or args.clean_env:
+        raise EyasError("--ssh-option and --clean-env go with --host (a local launch always starts from the base "
+                        "variables)")
     return LocalHost(str(Path(args.remote_dir).expanduser().resolve()) if args.remote_dir else None)
 
 
@@ -88,8 +92,9 @@ def _dry_run(plan, host) -> int:
     base = ", ".join(hostprobe.BASE_ENV)
     if host.via == "ssh":
         print(f"# ssh {host.target}: the script below is copied to the host and started with setsid nohup")
-        print(f"# (the base variables {base} are filled in from the login when it runs)")
-        print(render_script(plan.argv, plan.env, "DRY-RUN"), end="")
+        print(f"# (the base variables {base} are filled in from the login when it runs)" if host.clean_env else
+              "# (it starts from the host's login environment, as a command typed after `ssh HOST` does)")
+        print(render_script(plan.argv, plan.env, "DRY-RUN", host.clean_env), end="")
     else:
         print(f"# plus the base variables from this login ({base}); nothing else is inherited")
         print(command_line(plan.argv, plan.env))

@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from eyas.runs.ledger import Ledger
-    from eyas.runs.tune import best, load_env_sets, plot, render, run_sweep, sweep_points
+    from eyas.runs.tune import best, load_env_sets, plot, render, run_sweep, sweep_points, verdict
 
     spec = load_spec(args.spec)
     if args.python:
@@ -80,11 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if top is None:
         print("no speculative point finished its bench")
         return 1
-    margin = (f"{top.output_tok_s / base.output_tok_s - 1:+.1%} over the baseline {base.output_tok_s:.1f} tok/s"
-              if base and base.output_tok_s else "no baseline finished")
-    steps, topk, tokens = top.point
-    print(f"best: steps {steps}, topk {topk}, draft tokens {tokens} (env set {top.env_set}): "
-          f"{top.output_tok_s:.1f} tok/s, accept length {top.accept_length or 0:.2f}, {margin}; run {top.run_id}")
+    print(verdict(top, base))
     out = plot_file or f"tune-{sweep}.png"
     try:
         plot(rows, out, f"{Path(args.spec).name}: output tok/s per setting (sweep {sweep})")

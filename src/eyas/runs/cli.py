@@ -16,6 +16,7 @@ import argparse
 import csv
 import io
 import json
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -25,7 +26,7 @@ from eyas.paths import image_file, output_file
 from eyas.runs.diff import diff_runs, flatten
 from eyas.runs.ledger import Ledger, field_sql
 from eyas.runs.record import COLUMNS, RunRecord, metric_field
-from eyas.runs.table import clip, format_table
+from eyas.runs.table import clip, format_table, one_line
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +86,11 @@ def _headline(run: RunRecord, n: int = 3) -> str:
     return " ".join(f"{k}={v:g}" for k, v in nums[:n])
 
 
+def _tok_s(run: RunRecord) -> str:
+    value = run.results.get("output_tok_s")
+    return f"{value:.1f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
 def _list(ledger: Ledger, args: argparse.Namespace) -> int:
     if args.limit < 1:
         raise EyasError(f"--limit must be >= 1, got {args.limit}")
@@ -95,10 +101,11 @@ def _list(ledger: Ledger, args: argparse.Namespace) -> int:
     sort_key = metric_field(args.sort) if args.sort else None
     if sort_key and sort_key not in COLUMNS and runs[0].get(sort_key) is None:  # runs without it sort last
         _unknown_sort(args.sort, sort_key, ledger.list(where), args.where)
-    headers = ["id", "kind", "status", "started", "model", "draft"] + ([sort_key] if sort_key else []) + ["results"]
+    headers = ["id", "kind", "status", "started", "model", "draft", "tok/s"] + ([sort_key] if sort_key else []) \
+        + ["results"]
     rows = [[r.run_id, r.kind, r.status, _when(r.started_at), clip(Path(r.model).name if r.model else "-", 28),
-             clip(Path(r.draft).name if r.draft else "-", 28)] + ([str(r.get(sort_key))] if sort_key else [])
-            + [_headline(r)] for r in runs]
+             clip(Path(r.draft).name if r.draft else "-", 28), _tok_s(r)]
+            + ([str(r.get(sort_key))] if sort_key else []) + [_headline(r)] for r in runs]
     print(format_table(headers, rows))
     return 0
 
@@ -117,7 +124,7 @@ def _unknown_sort(sort: str, key: str, runs: list[RunRecord], where: list[str]) 
 
 def _section(title: str, values: dict) -> list[str]:
     flat = flatten(values)
-    return [f"{title}:"] + [f"  {k} = {v}" for k, v in flat.items()] if flat else [f"{title}: (none)"]
+    return [f"{title}:"] + [f"  {k} = {one_line(v)}" for k, v in flat.items()] if flat else [f"{title}: (none)"]
 
 
 def show_text(run: RunRecord) -> str:
@@ -133,7 +140,7 @@ def show_text(run: RunRecord) -> str:
     for w in run.workers:
         lines.append(f"  {w.worker}: {w.info.get('cmdline', '')}".rstrip())
         missing = sorted(k for k, v in run.env.items() if w.env.get(k) != v)
-        lines += [f"    {k} = {v}" for k, v in sorted(w.env.items())]
+        lines += [f"    {k} = {one_line(v)}" for k, v in sorted(w.env.items())]
         if missing:
             lines.append(f"    MISSING from launcher environment: {', '.join(missing)}")
     topo = run.hardware.get("gpu_topology")
@@ -144,13 +151,41 @@ def show_text(run: RunRecord) -> str:
     return "\n".join(lines + _section("results", run.results))
 
 
+def workload(run: RunRecord) -> tuple:
+    """(dataset, prompts, max tokens) a run was benched with; runs are only ranked against the same workload."""
+    bench = run.config.get("bench") if run.kind in ("launch", "tune") else run.config if run.kind == "bench" else None
+    if not isinstance(bench, dict) or "dataset" not in bench:
+        return ()
+    return bench.get("dataset"), bench.get("num_prompts"), bench.get("max_tokens")
+
+
+def describe_workload(load: tuple) -> str:
+    if not load:
+        return "workload not recorded"
+    dataset, prompts, max_tokens = load
+    return f"dataset {dataset}, {'every' if prompts is None else prompts} prompts, max tokens {max_tokens}"
+
+
 def _best(ledger: Ledger, args: argparse.Namespace) -> int:
-    run = ledger.best(args.metric, parse_where(args.where), higher_is_better=not args.lower_is_better)
-    if run is None:
-        raise EyasError(f"no finished run has a numeric {metric_field(args.metric)}"
+    key = metric_field(args.metric)
+    where = parse_where(args.where)
+    where.setdefault("status", "ok")
+    runs = [r for r in ledger.list(where) if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+    if not runs:
+        raise EyasError(f"no finished run has a numeric {key}"
                         + (f" where {' '.join(args.where)}" if args.where else ""))
-    print(f"{run.run_id}  {metric_field(args.metric)} = {run.get(metric_field(args.metric))}")
-    print(f"command: {run.command()}")
+    groups: dict[tuple, list[RunRecord]] = {}
+    for r in runs:
+        groups.setdefault(workload(r), []).append(r)
+    pick = min if args.lower_is_better else max
+    for i, (load, members) in enumerate(sorted(groups.items(), key=lambda g: -len(g[1]))):
+        top = pick(members, key=lambda r: (r.get(key), -r.started_at if args.lower_is_better else r.started_at))
+        print(("\n" if i else "") + f"{top.run_id}  {key} = {top.get(key)}")
+        print(f"command: {top.command()}")
+        print(f"compared like with like: the best of {len(members)} run(s) on {describe_workload(load)}")
+    if len(groups) > 1:
+        print(f"\n{len(groups)} workloads: runs benched on a different dataset, prompt count or max tokens are not "
+              f"ranked against each other")
     return 0
 
 
@@ -236,6 +271,17 @@ def _plot(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        code = _run(args)
+        sys.stdout.flush()  # inside the try: a reader that left early (`| head`) is seen here, not at exit
+        return code
+    except BrokenPipeError:
+        # Whatever is still buffered has nowhere to go; point stdout at /dev/null so exit does not complain.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _run(args: argparse.Namespace) -> int:
     with Ledger.existing(args.db) as ledger:
         if args.action == "list":
             return _list(ledger, args)
@@ -246,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "best":
             return _best(ledger, args)
         if args.action == "diff":
-            print(diff_runs(ledger.get(args.a), ledger.get(args.b)).render())
+            print(diff_runs(ledger.get(args.a), ledger.get(args.b), history=ledger.list()).render())
             return 0
         if args.action == "replay":
             from eyas.runs.replay import replay_command  # starts servers; `runs list` must not import it

@@ -1,11 +1,14 @@
 """What differs between two runs, and which differences most plausibly explain a change in results.
 
-Usage: print(diff_runs(ledger.get("12"), ledger.get("31")).render())
+Usage: print(diff_runs(ledger.get("12"), ledger.get("31"), history=ledger.list()).render())
 
-explain() orders causes by how often they turned out to be the answer: first a variable the launcher asked for
-that the workers never received (94 -> 62 tok/s was exactly that: NCCL tuning set in the parent, absent in the
-spawned tensor-parallel workers), then any other worker-environment difference, then the launcher environment
-(NCCL first), then speculative settings and arguments, then library versions, then hardware.
+render() puts the ranked causes first, then the results (a change within the configuration's measured run-to-run
+spread is labelled noise), then each section's table. explain() orders causes by how often they turned out to be
+the answer: a server that never started (then nothing else about it matters: its missing variables are not
+causes); a variable that reached one run's workers and not the other's, or that the launcher asked for and the
+workers never received (94 -> 62 tok/s was exactly that: NCCL tuning absent in the spawned tensor-parallel
+workers); different weights behind a path; any other worker-environment difference; the launcher and host login
+environments (NCCL first); speculative settings and arguments; library versions; hardware.
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ from datetime import datetime
 from typing import Any
 
 from eyas.runs.record import RunRecord
+from eyas.runs.server_command import login_env, never_started, server_command
+from eyas.runs.spread import measured_spread
 from eyas.runs.table import clip, format_table
 
 _ENV_ORDER = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "EYAS_", "SGLANG_", "VLLM_", "OMP_", "MKL_")
 _SPECULATIVE_WORDS = ("spec", "draft", "eagle", "topk", "step", "token", "model")
-SECTIONS = ("arguments", "config", "environment", "workers", "versions", "hardware", "results")
+SECTIONS = ("run", "weights", "arguments", "config", "environment", "login environment", "workers", "versions",
+            "hardware", "results")
 
 
 @dataclass
@@ -30,7 +36,7 @@ class DiffRow:
     a: Any
     b: Any
     note: str = ""
-    rank: tuple = ()  # lower sorts first in explain(); empty for results, which are effects, not causes
+    rank: tuple = ()  # lower sorts first in explain(); empty: shown, but not a cause (results, same weights)
 
 
 @dataclass
@@ -42,12 +48,16 @@ class RunDiff:
 
     def explain(self) -> list[DiffRow]:
         """Differences that could cause the change in results, most plausible first."""
-        causes = [r for s in SECTIONS if s != "results" for r in self.sections.get(s, [])]
+        causes = [r for s in SECTIONS if s != "results" for r in self.sections.get(s, []) if r.rank]
         return sorted(causes, key=lambda r: r.rank)
 
     def render(self) -> str:
         out = [f"A = {_label(self.a)}", f"B = {_label(self.b)}"]
-        for name in SECTIONS:
+        causes = self.explain()
+        out.append("most plausible explanations, in order:" if causes else "no differences besides results")
+        out += [f"{i}. [{r.section}] {r.key}: {_show(r.a)} -> {_show(r.b)}" + (f"  ({r.note})" if r.note else "")
+                for i, r in enumerate(causes, 1)]
+        for name in ("results", *[s for s in SECTIONS if s != "results"]):
             rows = self.sections.get(name, [])
             hidden = self.identical.get(name, 0)
             if not rows and not hidden:
@@ -56,10 +66,6 @@ class RunDiff:
             if rows:
                 out.append(format_table(["key", "A", "B", "note"],
                                         [[r.key, _show(r.a), _show(r.b), r.note] for r in rows]))
-        causes = self.explain()
-        out.append("\nmost plausible explanations, in order:" if causes else "\nno differences besides results")
-        out += [f"{i}. [{r.section}] {r.key}: {_show(r.a)} -> {_show(r.b)}" + (f"  ({r.note})" if r.note else "")
-                for i, r in enumerate(causes, 1)]
         return "\n".join(out)
 
 
@@ -143,48 +149,124 @@ def _worker_value(run: RunRecord, key: str) -> tuple[str | None, int]:
     return text, (sum(v != requested for v in values) if requested is not None else 0)
 
 
+def _absent_everywhere(run: RunRecord, key: str) -> bool:
+    return bool(run.workers) and all(key not in w.env for w in run.workers)
+
+
 def _workers(diff: RunDiff) -> None:
     a, b = diff.a, diff.b
-    keys = {k for run in (a, b) for w in run.workers for k in w.env}
-    keys |= {k for run in (a, b) if run.workers for k in run.env}
+    if never_started(a) or never_started(b):  # no workers to compare: the run section names the cause
+        diff.sections["workers"], diff.identical["workers"] = [], 0
+        return
+    runs = [("A", a), ("B", b)]
+    keys = {k for _, run in runs for w in run.workers for k in w.env}
+    keys |= {k for _, run in runs if run.workers for k in run.env}
     rows, same = [], 0
     for key in sorted(keys):
         (va, miss_a), (vb, miss_b) = _worker_value(a, key), _worker_value(b, key)
         notes = [f"{run.env[key]!s} requested, missing in {miss}/{len(run.workers)} workers of {name}"
                  for name, run, miss in (("A", a, miss_a), ("B", b, miss_b)) if miss]
+        # A variable one run's workers had and the other's lacked entirely: `NCCL_ALGO=Ring; vllm serve` looks
+        # exactly like this next to a launch that exported it.
+        lost = [(name, other) for (name, run), (other, orun) in ((("A", a), ("B", b)), (("B", b), ("A", a)))
+                if _absent_everywhere(run, key) and any(key in w.env for w in orun.workers)]
+        notes += [f"in the workers of {other}, missing in every worker of {name}" for name, other in lost]
+        notes += [f"in {name}'s login environment, not in its workers" for name, run in runs
+                  if key in login_env(run) and any(key not in w.env for w in run.workers)]
         if not notes and va == vb:
             same += 1
             continue
-        # A requested variable that never reached the workers is the prime suspect; more so when the other run's
-        # workers did have it, because then it also differs between the runs.
-        missing = bool(miss_a or miss_b)
-        rank = (0 if missing else 1, 0 if va != vb else 1, _env_rank(key), key)
+        missing = bool(miss_a or miss_b or lost)
+        rank = (1 if missing else 3, 0 if va != vb else 1, _env_rank(key), key)
         rows.append(DiffRow("workers", key, va, vb, "; ".join(notes), rank))
     diff.sections["workers"] = rows
     diff.identical["workers"] = same
 
 
-def _identity(run: RunRecord) -> dict[str, str]:
-    """Which weights ran: the same path can hold different weights, hence the fingerprints."""
-    keys = ("model", "draft", "model_fingerprint", "draft_fingerprint")
-    return {k: getattr(run, k) for k in keys if getattr(run, k) is not None}
+def _weights(diff: RunDiff) -> None:
+    """Which weights ran: the same path can hold retrained weights, and a copy under a new path is the same."""
+    rows, same = [], 0
+    for name in ("model", "draft"):
+        (pa, fa), (pb, fb) = [(getattr(r, name), getattr(r, f"{name}_fingerprint")) for r in (diff.a, diff.b)]
+        if pa is None and pb is None:
+            continue
+        if fa and fb and fa == fb:
+            if pa == pb:
+                same += 1
+            else:
+                rows.append(DiffRow("weights", name, pa, pb, "same weights (equal fingerprints) under a new path"))
+        elif fa and fb:
+            why = "same path, different contents (retrained or replaced)" if pa == pb else "different weights"
+            rows.append(DiffRow("weights", f"{name} contents", fa[:12], fb[:12], f"{why}: {pa} / {pb}",
+                                (2, _spec_rank(name), name)))
+        elif pa != pb:
+            rows.append(DiffRow("weights", name, pa, pb, "not fingerprinted: same weights unknown",
+                                (5, _spec_rank(name), name)))
+        else:
+            same += 1
+    diff.sections["weights"], diff.identical["weights"] = rows, same
 
 
-def diff_runs(a: RunRecord, b: RunRecord) -> RunDiff:
-    diff = RunDiff(a, b)
-    _compare("arguments", {**_identity(a), **argv_options(a.argv)}, {**_identity(b), **argv_options(b.argv)},
-             lambda k: (3, _spec_rank(k), k), diff)
-    _compare("config", flatten(a.config), flatten(b.config), lambda k: (3, _spec_rank(k), k), diff)
-    _compare("environment", a.env, b.env, lambda k: (2, _env_rank(k), k), diff)
-    _workers(diff)
-    _compare("versions", flatten(a.versions), flatten(b.versions), lambda k: (4, 0, k), diff, whole=True)
-    _compare("hardware", flatten(a.hardware), flatten(b.hardware), lambda k: (5, 0, k), diff, whole=True)
-    results = []
+def _arguments(diff: RunDiff) -> None:
+    """The server's own command line, option by option; a `bash -c` line is read for the command it runs."""
+    (argv_a, how_a), (argv_b, how_b) = server_command(diff.a), server_command(diff.b)
+    if argv_a is None or argv_b is None:
+        if (argv_a is None) != (argv_b is None):
+            diff.sections["arguments"] = [DiffRow("arguments", "(server command)", how_a or "not recorded",
+                                                  how_b or "not recorded", rank=(6, 1, ""))]
+        return
+    _compare("arguments", argv_options(argv_a), argv_options(argv_b), lambda k: (6, _spec_rank(k), k), diff)
+    if how_a != how_b:
+        diff.sections["arguments"].append(DiffRow("arguments", "(started by)", how_a, how_b,
+                                                  "compared as the command each one runs", (6, 2, "")))
+
+
+def _run_state(diff: RunDiff) -> None:
+    rows = []
+    for name, run in (("A", diff.a), ("B", diff.b)):
+        if never_started(run):
+            error = run.results.get("error") or run.status
+            rows.append(DiffRow("run", "server", "never started" if name == "A" else "started",
+                                "never started" if name == "B" else "started", f"{name}: {clip(error, 120)}",
+                                (0, name)))
+    diff.sections["run"] = rows
+
+
+def _results(diff: RunDiff, history: list[RunRecord]) -> None:
+    a, b = diff.a, diff.b
+    rows = []
     for k in sorted(set(a.results) | set(b.results)):
         va, vb = a.results.get(k), b.results.get(k)
         note = ""
         if isinstance(va, (int, float)) and isinstance(vb, (int, float)) and not isinstance(va, bool) and va:
             note = f"{(vb - va) / abs(va):+.1%}"
-        results.append(DiffRow("results", k, va, vb, note))
-    diff.sections["results"] = results
+            spreads = [s for s in (measured_spread(a, history, k, {b.run_id}),
+                                   measured_spread(b, history, k, {a.run_id})) if s]
+            if spreads and va != vb:
+                lo, hi, n = max(spreads, key=lambda s: s[1] - s[0])
+                within = abs(vb - va) <= hi - lo
+                note += (f" noise: within the {(hi - lo) / abs(va):.1%} run-to-run spread of {n} runs" if within
+                         else f" (beyond the {(hi - lo) / abs(va):.1%} run-to-run spread of {n} runs)")
+        rows.append(DiffRow("results", k, va, vb, note))
+    diff.sections["results"] = rows
+
+
+def diff_runs(a: RunRecord, b: RunRecord, history: list[RunRecord] | None = None) -> RunDiff:
+    """`history`: other runs of the ledger, to measure each configuration's run-to-run spread."""
+    diff = RunDiff(a, b)
+    _run_state(diff)
+    _weights(diff)
+    _arguments(diff)
+    config_a, config_b = flatten(a.config), flatten(b.config)
+    for config in (config_a, config_b):
+        for key in [k for k in config if k.startswith("launch.login_env.")]:
+            del config[key]
+    _compare("config", config_a, config_b, lambda k: (6, _spec_rank(k), k), diff)
+    _compare("environment", a.env, b.env, lambda k: (4, _env_rank(k), k), diff)
+    if login_env(a) or login_env(b):
+        _compare("login environment", login_env(a), login_env(b), lambda k: (4, 10 + _env_rank(k), k), diff)
+    _workers(diff)
+    _compare("versions", flatten(a.versions), flatten(b.versions), lambda k: (7, 0, k), diff, whole=True)
+    _compare("hardware", flatten(a.hardware), flatten(b.hardware), lambda k: (8, 0, k), diff, whole=True)
+    _results(diff, history or [])
     return diff

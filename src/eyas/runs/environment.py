@@ -9,17 +9,16 @@ torch is imported only inside versions(), so importing this module (and `eyas ru
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import os
 import platform
 import shutil
-import sqlite3
 import subprocess
 from pathlib import Path
 
 from eyas.errors import EyasError
 from eyas.paths import eyas_home
+from eyas.runs import hostprobe
 
 REDACTED = "<redacted>"
 
@@ -27,11 +26,6 @@ _KEEP_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "EYAS_", "OMP_", "MKL_
                   "SGLANG_", "VLLM_", "NVIDIA_")
 _KEEP_NAMES = {"LD_LIBRARY_PATH", "PYTHONPATH", "TOKENIZERS_PARALLELISM"}
 _SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "CREDENTIALS", "PASSWD")
-
-# Files whose bytes decide what a model computes; logs and optimizer dumps next to them only get name + size,
-# so a growing log file does not change a checkpoint's identity.
-_CONTENT_SUFFIXES = {".json", ".safetensors", ".bin", ".pt", ".pth", ".gguf", ".model", ".txt", ".py", ".jinja",
-                     ".tiktoken"}
 
 
 def is_secret(key: str) -> bool:
@@ -140,52 +134,12 @@ def hardware() -> dict:
     return {k: v for k, v in out.items() if v not in (None, "", [])}
 
 
-def _hash_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-class _DigestCache:
-    """sha256 per file keyed by (resolved path, size, mtime_ns): re-fingerprinting a 600 GB checkpoint is free."""
-
-    def __init__(self, directory: Path):
-        directory.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(directory / "fingerprints.db", timeout=30, isolation_level=None)
-        self.conn.execute("PRAGMA busy_timeout=30000")
-        self.conn.execute("CREATE TABLE IF NOT EXISTS digests (path TEXT PRIMARY KEY, size INTEGER, "
-                          "mtime_ns INTEGER, sha256 TEXT)")
-
-    def digest(self, path: Path, st: os.stat_result) -> str:
-        key = str(path.resolve())
-        row = self.conn.execute("SELECT size, mtime_ns, sha256 FROM digests WHERE path = ?", (key,)).fetchone()
-        if row and row[0] == st.st_size and row[1] == st.st_mtime_ns:
-            return row[2]
-        digest = _hash_file(path)
-        self.conn.execute("INSERT OR REPLACE INTO digests VALUES (?, ?, ?, ?)", (key, st.st_size, st.st_mtime_ns,
-                                                                               digest))
-        return digest
-
-
 def path_fingerprint(path: str | Path, cache_dir: Path | None = None) -> str:
-    """A sha256 naming the contents of a model or draft directory (or one file); hidden files are ignored."""
-    root = Path(path)
-    if not root.exists():
+    """A sha256 naming the contents of a model or draft directory (or one file); hidden files are ignored.
+
+    One implementation, hostprobe.fingerprint, also runs on a serving host over ssh: the same weights give the
+    same fingerprint here and there.
+    """
+    if not Path(path).exists():
         raise EyasError(f"cannot fingerprint {path}: no such file or directory")
-    if root.is_file():
-        files = [(root.name, root)]
-    else:
-        files = sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*")
-                       if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
-    cache = _DigestCache(cache_dir or eyas_home())
-    h = hashlib.sha256()
-    try:
-        for rel, p in files:
-            st = p.stat()
-            content = cache.digest(p, st) if p.suffix in _CONTENT_SUFFIXES else ""
-            h.update(f"{rel}\0{st.st_size}\0{content}\n".encode())
-    finally:
-        cache.conn.close()
-    return h.hexdigest()
+    return hostprobe.fingerprint(path, cache_dir or eyas_home())

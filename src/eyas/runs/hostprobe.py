@@ -1,9 +1,14 @@
 """What a serving host really has, read by the host's own Python: the same file runs here and over ssh.
 
 Usage (the source is fed on stdin, so the host needs nothing but a Python):
-    python - probe PROGRAM MODULE  < hostprobe.py   -> versions, hardware, base environment, is PROGRAM/MODULE there
+    python - probe PROGRAM MODULE  < hostprobe.py   -> versions, hardware, base and login environment, is PROGRAM/
+                                                       MODULE there
     python - procs SID             < hostprobe.py   -> pid, command line and starting environment of every process
     python - stop SID TIMEOUT      < hostprobe.py   -> SIGTERM the session, SIGKILL what is left after TIMEOUT s
+    python - fingerprint PATH DIR  < hostprobe.py   -> sha256 of a model or draft's contents (digests cached in DIR)
+
+The probe runs the way a command typed after `ssh host` runs, so its environment is the host's login environment
+(sshd SetEnv, ~/.ssh/environment, what the login shell's startup files export): what a hand launch there gets.
 
 Servers are started in a session of their own (setsid), so "the server" is every live process whose session id is
 the leader's pid: SGLang schedulers, vLLM workers, eyas TP workers, and anything a shell line backgrounded with `&`
@@ -13,15 +18,18 @@ Stdlib only, and eyas only when the host has it (versions and hardware then come
 record and a local bench record describe one machine with the same keys): the host may have only SGLang or vLLM.
 """
 
+import hashlib
 import importlib.util
 import json
 import os
 import platform
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 # The variables a launched server inherits from the login that starts it; every other one comes from the spec.
 # Anything that steers results (NCCL_*, CUDA_VISIBLE_DEVICES, SGLANG_*, ...) is deliberately not here.
@@ -29,11 +37,73 @@ BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_
             "TZ", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "PYTHONPATH", "HF_HOME", "HF_HUB_CACHE",
             "HF_TOKEN", "XDG_CACHE_HOME", "EYAS_HOME")
 POLL_S = 0.1
+# Set per connection or per shell, not by the host: they differ between two logins that are otherwise the same.
+_PER_LOGIN = ("SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "PWD", "OLDPWD", "SHLVL", "_",
+              "XDG_SESSION_ID", "MAIL", "MOTD_SHOWN")
+# Files whose bytes decide what a model computes; logs and optimizer dumps next to them only get name + size,
+# so a growing log file does not change a checkpoint's identity.
+CONTENT_SUFFIXES = {".json", ".safetensors", ".bin", ".pt", ".pth", ".gguf", ".model", ".txt", ".py", ".jinja",
+                    ".tiktoken"}
 
 
 def base_env(environ=None):
     environ = os.environ if environ is None else environ
     return {k: environ[k] for k in BASE_ENV if k in environ}
+
+
+def login_env(environ=None):
+    """This process's environment without what each connection sets for itself: the host's login environment."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k not in _PER_LOGIN}
+
+
+def hash_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(8 << 20)
+            if not chunk:
+                return h.hexdigest()
+            h.update(chunk)
+
+
+def _cached_digest(conn, path, st):
+    """sha256 of one file, keyed by (resolved path, size, mtime_ns): re-fingerprinting 600 GB is free."""
+    key = str(path.resolve())
+    row = conn.execute("SELECT size, mtime_ns, sha256 FROM digests WHERE path = ?", (key,)).fetchone()
+    if row and row[0] == st.st_size and row[1] == st.st_mtime_ns:
+        return row[2]
+    digest = hash_file(path)
+    conn.execute("INSERT OR REPLACE INTO digests VALUES (?, ?, ?, ?)", (key, st.st_size, st.st_mtime_ns, digest))
+    return digest
+
+
+def fingerprint(path, cache_dir):
+    """A sha256 naming the contents of a model or draft directory (or one file); hidden files are ignored.
+
+    The same bytes give the same fingerprint on any machine and under any path, so a copy is recognised as the
+    same weights and a retrained draft written over the same path is not.
+    """
+    root = Path(path)
+    if root.is_file():
+        files = [(root.name, root)]
+    else:
+        files = sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*")
+                       if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(Path(cache_dir) / "fingerprints.db"), timeout=30, isolation_level=None)
+    try:
+        conn.execute("PRAGMA busy_timeout=30000")
+        conn.execute("CREATE TABLE IF NOT EXISTS digests (path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, "
+                     "sha256 TEXT)")
+        h = hashlib.sha256()
+        for rel, p in files:
+            st = p.stat()
+            content = _cached_digest(conn, p, st) if p.suffix in CONTENT_SUFFIXES else ""
+            h.update(f"{rel}\0{st.st_size}\0{content}\n".encode())
+    finally:
+        conn.close()
+    return h.hexdigest()
 
 
 def _stat(pid):
@@ -159,17 +229,17 @@ def _hardware_without_eyas():
 
 
 def probe(program, module):
-    has_eyas = importlib.util.find_spec("eyas") is not None
-    if has_eyas:
-        from eyas.runs.environment import hardware, versions
-
-        vers, hw = versions(), hardware()
+    if importlib.util.find_spec("eyas") is not None:
+        # Found at run time on the host, which may not have eyas: a plugin import, not a dependency of this file
+        # (eyas.runs.environment itself fingerprints weights with this file's code).
+        environment = importlib.import_module("eyas.runs.environment")
+        vers, hw = environment.versions(), environment.hardware()
     else:
         vers, hw = _versions_without_eyas(), _hardware_without_eyas()
     return {"home": os.path.expanduser("~"), "hostname": platform.node(), "python": sys.executable,
             "program": shutil.which(program) if program != "-" else None,
             "module": (importlib.util.find_spec(module) is not None) if module != "-" else None,
-            "base_env": base_env(), "versions": vers, "hardware": hw}
+            "base_env": base_env(), "login_env": login_env(), "versions": vers, "hardware": hw}
 
 
 def main(argv):
@@ -180,6 +250,13 @@ def main(argv):
         result = processes(int(args[0]))
     elif action == "stop":
         result = stop(int(args[0]), float(args[1]))
+    elif action == "fingerprint":
+        path = os.path.expanduser(args[0])
+        try:
+            result = {"sha256": fingerprint(path, os.path.expanduser(args[1]))} if os.path.exists(path) else {
+                "error": "no such file or directory"}
+        except (OSError, sqlite3.Error) as e:
+            result = {"error": str(e)}
     else:
         raise SystemExit(f"hostprobe: unknown action {action!r}")
     print(json.dumps(result))

@@ -56,6 +56,15 @@ class LocalHost:
     def default_python(self) -> str:
         return sys.executable
 
+    def server_base_env(self, facts: dict) -> dict[str, str]:
+        """What the server has before the spec's variables: the base variables of this login, nothing else."""
+        return dict(facts["base_env"])
+
+    def fingerprint(self, path: str, cache_dir: Path) -> str | None:
+        """The sha256 of a model or draft's contents; None for what is not a local path (a hub id)."""
+        local = os.path.expanduser(path)
+        return hostprobe.fingerprint(local, cache_dir) if os.path.exists(local) else None
+
     def probe(self, python: str, program: str, module: str | None) -> dict:
         python, program = os.path.expanduser(python), os.path.expanduser(program)
         if shutil.which(python) is None:

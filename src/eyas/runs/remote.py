@@ -3,11 +3,15 @@
 Usage: host = SshHost("root@10.1.230.174", ["Port=22"]); launch(plan_for(spec, host), host, ledger)
 
 What travels: one generated script, copied with `cat > path` over ssh's stdin (no scp, no quoting of its content
-on any command line), holding `exec env -i 'KEY=value' ... server args`, every word quoted by runs.shell.quote so
-a value with spaces, quotes, `$` or a newline arrives byte for byte. It is started with `setsid nohup`, logs to a
-file on the host and writes its pid (= its session id) next to it, so it outlives the ssh connection and
-`eyas remote stop` can still find every process it started. Everything read back (versions, hardware, each
-process's /proc/PID/environ) comes from hostprobe.py run by the host's Python, fed on stdin.
+on any command line), holding `exec env 'KEY=value' ... server args`, every word quoted by runs.shell.quote so
+a value with spaces, quotes, `$` or a newline arrives byte for byte. The server starts from what a hand launch
+over ssh gets, the host's login environment (sshd SetEnv, ~/.ssh/environment, the login shell's exports:
+NCCL_SOCKET_IFNAME, CUDA_HOME, LD_LIBRARY_PATH...), plus the spec's variables; `clean_env` (--clean-env) starts it
+from the base variables only (`env -i`). The login environment is recorded beside what the server got.
+The script is started with `setsid nohup`, logs to a file on the host and writes its pid (= its session id) next
+to it, so it outlives the ssh connection and `eyas remote stop` can still find every process it started.
+Everything read back (versions, hardware, each process's /proc/PID/environ, weight fingerprints) comes from
+hostprobe.py run by the host's Python, fed on stdin.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ import json
 import socket
 import subprocess
 from datetime import datetime, timezone
+from pathlib import PurePosixPath
 
 from eyas.errors import EyasError
+from eyas.runs.environment import filtered_env
 from eyas.runs.launch_host import PROBE_SOURCE, Handle, LocalHost, parse_probe, workdir_for
 from eyas.runs.shell import quote
 
@@ -35,16 +41,18 @@ def remote_word(word: str) -> str:
     return quote(word)
 
 
-def render_script(argv: list[str], env: dict[str, str], run_id: str) -> str:
+def render_script(argv: list[str], env: dict[str, str], run_id: str, clean_env: bool = False) -> str:
     origin = socket.gethostname()
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     assigns = [quote(f"{k}={v}") for k, v in env.items()]
     words = [remote_word(argv[0])] + [quote(a) for a in argv[1:]]
+    what = ("env -i: it gets exactly the variables below and nothing else." if clean_env else
+            "env: it gets the login environment of an ssh command here, plus the variables below.")
     lines = ["#!/bin/sh",
              f"# Written by `eyas launch` for run {run_id} on {origin}, {when}. Started with setsid nohup, so the",
-             "# server outlives the ssh connection. env -i: it gets exactly the variables below and nothing else.",
+             f"# server outlives the ssh connection. {what}",
              "echo $$ > server.pid",
-             "exec env -i \\"] + [f"  {a} \\" for a in assigns] + ["  " + " ".join(words)]
+             f"exec env {'-i ' if clean_env else ''}\\"] + [f"  {a} \\" for a in assigns] + ["  " + " ".join(words)]
     return "\n".join(lines) + "\n"
 
 
@@ -52,13 +60,15 @@ class SshHost:
     via = "ssh"
 
     def __init__(self, target: str, options: list[str] | None = None, workdir_base: str | None = None,
-                 python: str | None = None):
+                 python: str | None = None, clean_env: bool = False):
         if not target or target.startswith("-") or any(c.isspace() for c in target):
             raise EyasError(f"--host expects [USER@]HOST, got {target!r}")
         self.target, self.options = target, list(options or [])
         self.hostname = target.rsplit("@", 1)[-1]
         self.workdir_base = workdir_base or DEFAULT_WORKDIR
         self.python = python
+        self.clean_env = clean_env
+        self.login_env: dict[str, str] | None = None  # read by probe(): what an ssh command on the host gets
 
     @property
     def name(self) -> str:
@@ -74,7 +84,23 @@ class SshHost:
         return self.hostname if bind_host in ("0.0.0.0", "::", "") else bind_host
 
     def config(self) -> dict:
-        return {"via": self.via, "target": self.target, "ssh_options": self.options, "workdir_base": self.workdir_base}
+        out = {"via": self.via, "target": self.target, "ssh_options": self.options, "workdir_base": self.workdir_base,
+               "clean_env": self.clean_env}
+        if self.login_env is not None:  # beside what the server got: the diff shows both
+            out["login_env"] = filtered_env(self.login_env) | ({"PATH": self.login_env["PATH"]}
+                                                               if "PATH" in self.login_env else {})
+        return out
+
+    def server_base_env(self, facts: dict) -> dict[str, str]:
+        """What the server has before the spec's variables: the login environment, or the base ones if clean."""
+        return dict(facts["base_env"] if self.clean_env else facts.get("login_env", facts["base_env"]))
+
+    def fingerprint(self, path: str, cache_dir=None) -> str | None:
+        """The sha256 of a model or draft's contents, computed on the host; digests are cached there, next to the
+        launch directories, by path, size and mtime. None when the path is not there (a hub id)."""
+        cache = str(PurePosixPath(self.workdir_base).parent)
+        result = self._python("fingerprint", path, cache, timeout=3600)
+        return result.get("sha256")
 
     def ssh_argv(self, command: str) -> list[str]:
         # BatchMode: a refused key fails at once instead of waiting for a password nobody will type.
@@ -110,12 +136,13 @@ class SshHost:
         facts = self._python("probe", program, module or "-", timeout=120)
         if self.workdir_base.startswith("~/"):
             self.workdir_base = facts["home"].rstrip("/") + self.workdir_base[1:]
+        self.login_env = facts.get("login_env", {})
         return facts
 
     def start(self, argv: list[str], env: dict[str, str], run_id: str) -> Handle:
         d = workdir_for(self.workdir_base, run_id)
         done = self.ssh(f"mkdir -p {remote_word(d)} && cat > {remote_word(d)}/launch.sh",
-                        render_script(argv, env, run_id).encode())
+                        render_script(argv, env, run_id, self.clean_env).encode())
         if done.returncode != 0:
             raise EyasError(f"cannot write the launch script to {self.hostname}:{d}: {_last_line(done.stderr)}")
         # The subshell and the redirections let ssh return at once; the bounded loop waits for the pid file.
@@ -157,5 +184,6 @@ def _last_line(stderr: bytes) -> str:
 def host_from_config(launch: dict):
     """The host a recorded launch ran on, ready to be asked about (or to run the same thing again)."""
     if launch.get("via") == "ssh":
-        return SshHost(launch["target"], launch.get("ssh_options"), launch.get("workdir_base"), launch.get("python"))
+        return SshHost(launch["target"], launch.get("ssh_options"), launch.get("workdir_base"), launch.get("python"),
+                       bool(launch.get("clean_env")))
     return LocalHost(launch.get("workdir_base"))

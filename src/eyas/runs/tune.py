@@ -125,6 +125,20 @@ def best(rows: list[Row]) -> tuple[Row | None, Row | None]:
     return top, (_baseline(rows, top.env_set) if top else None)
 
 
+def verdict(top: Row, base: Row | None) -> str:
+    """The sweep's answer. A setting slower than the plain baseline is never called "best": the baseline is."""
+    steps, topk, tokens = top.point
+    setting = (f"steps {steps}, topk {topk}, draft tokens {tokens} (env set {top.env_set}): "
+               f"{top.output_tok_s:.1f} tok/s, accept length {top.accept_length or 0:.2f}")
+    if base is None or not base.output_tok_s:
+        return f"best: {setting}; run {top.run_id} (no baseline finished: whether it beats plain decoding is unknown)"
+    margin = f"{top.output_tok_s / base.output_tok_s - 1:+.1%}"
+    if top.output_tok_s <= base.output_tok_s:
+        return (f"best: the baseline without speculation, {base.output_tok_s:.1f} tok/s (run {base.run_id}); no "
+                f"setting beat it, the fastest was {setting}, {margin} (run {top.run_id})")
+    return f"best: {setting}, {margin} over the baseline {base.output_tok_s:.1f} tok/s; run {top.run_id}"
+
+
 def render(rows: list[Row]) -> str:
     table = []
     for r in rows:
