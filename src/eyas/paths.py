@@ -1,14 +1,14 @@
 """Where eyas keeps its own files, and the checks of the paths a command will write, made before its work."""
 
-import os
 from pathlib import Path
 
 from eyas.errors import EyasError
+from eyas.options import get as option
 
 
 def eyas_home() -> Path:
     """$EYAS_HOME, default ~/.cache/eyas; created on first use."""
-    home = Path(os.environ.get("EYAS_HOME") or Path.home() / ".cache" / "eyas")
+    home = Path(option("EYAS_HOME") or Path.home() / ".cache" / "eyas")
     home.mkdir(parents=True, exist_ok=True)
     return home
 

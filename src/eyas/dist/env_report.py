@@ -16,6 +16,7 @@ import platform
 import socket
 from dataclasses import asdict, dataclass, field
 
+from eyas.options import get as option
 from eyas.runs.table import clip, format_table
 
 PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "EYAS_")
@@ -44,7 +45,7 @@ class EnvReport:
 
 
 def apply_test_hook(rank: int) -> None:
-    spec = os.environ.get(TEST_HOOK)
+    spec = option(TEST_HOOK)
     if not spec:
         return
     key, _, target = spec.rpartition(":")

@@ -6,14 +6,14 @@ the draft runs over the whole batch's lags at once (or once LAG_FLUSH pairs have
 can resume on any later step and plain steps cost what plain decoding costs.
 
 With CUDA graphs the catch-up runs through extend graphs captured at warm-up, never a new shape in traffic:
-one eager pass over the whole lag paid a first-time price for every new (rows, lag) shape, 70-79 ms on an
-H200 with a tiny draft, ~1 s inside one adaptive window with SmolLM2's (benchmarks/diagnose_catch_up.py,
-docs/BENCHMARKS.md, 2026-12-01), and rows and lags vary with the traffic. Passes are WIDE columns wide (the
+one eager pass over the whole lag paid a first-time price for every new (rows, lag) shape, tens of ms and up
+to a second inside one adaptive window (benchmarks/diagnose_catch_up.py), and rows and lags vary with the
+traffic. Passes are WIDE columns wide (the
 graphed prefill chunk's width; warm_wide_passes captures them for every batch bucket) while more than S+1
 pairs remain and every row's pass fits in its cache row, else S+1 wide (the sampled cycle's extend graph).
 A draft pass costs about the same at 4 columns as at 64, so a long lag takes 16x fewer passes: with passes
 of S+1 alone, the LAG_FLUSH catch-ups of a long run of plain steps cost ~7% of plain decoding's speed at
-batch 1 (benchmarks/bench_adaptive_plain.py, docs/BENCHMARKS.md, 2026-12-01).
+batch 1 (benchmarks/bench_adaptive_plain.py).
 Without graphs (the CPU) one eager pass does it.
 """
 

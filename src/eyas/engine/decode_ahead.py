@@ -1,8 +1,8 @@
 """Plain greedy decoding one step ahead of the host: the GPU runs step k while the host reads step k-1's tokens.
 
-At batch 1 on an H200 a SmolLM2 decode graph replays in ~0.57 ms while a token costs ~0.8 ms end to end
-(docs/BENCHMARKS.md, 2026-12-01): the rest is host work between graphs (inputs copied in, the LM head and the
-argmax launched, the token read back) while the GPU idles. Here each batch bucket has two CUDA graphs that run
+At batch 1 a small model's decode graph replays in about two thirds of a token's time end to end: the rest is
+host work between graphs (inputs copied in, the LM head and the argmax launched, the token read back) while
+the GPU idles. Here each batch bucket has two CUDA graphs that run
 the forward, the LM head and the argmax, and write the next step's inputs (the argmax as the next token, the
 positions and cache lengths one further) into the other graph's input buffers: replayed in turn they decode
 with no host input at all. The host enqueues step k and then reads step k-1's tokens, copied into pinned
@@ -15,13 +15,12 @@ is read. A stop (EOS, a stop token) is learned one step late: the step already e
 other sequences and dropped for the stopped one (its cache write lies past that sequence's end). A step is
 never enqueued past a sequence's max_tokens. Before anything else touches the batch (an admission, an abort, a sampled request, a
 longer attention bound) the engine drains: it reads the steps in flight and leaves this mode.
-On by default (EYAS_DECODE_AHEAD=0 turns it off, and spec_ahead.py's twin with it): on an H200 it took SmolLM2's
-plain decoding from 1,169-1,264 to 1,571 tok/s, the same tokens (docs/BENCHMARKS.md, 2026-12-01).
+On by default (EYAS_DECODE_AHEAD=0 turns it off, and spec_ahead.py's twin with it); the same tokens, 24-34%
+faster on SmolLM2 (docs/kernels.md).
 """
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from dataclasses import dataclass
 
@@ -32,10 +31,11 @@ from eyas.engine.catch_up import hold_back
 from eyas.engine.flights import AheadOfHost
 from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
 from eyas.layers.attention import AttentionBatch
+from eyas.options import off
 
 
 def decode_ahead_on() -> bool:
-    return os.environ.get("EYAS_DECODE_AHEAD", "1") != "0"
+    return not off("EYAS_DECODE_AHEAD")
 
 
 def may_run_ahead(engine, seqs) -> bool:

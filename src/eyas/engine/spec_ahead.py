@@ -22,13 +22,12 @@ Runs for batches of greedy sequences on one GPU, with CUDA graphs, without a pro
 Under the adaptive policy (spec_policy.py) the speculative windows run ahead too: a window's end drains its
 cycles into its books and waits for the GPU, one wait per window; its plain windows run ahead through
 decode_ahead.py, which keeps each step's features for the draft's lag. On by default; EYAS_DECODE_AHEAD=0 turns
-it off, with plain decoding ahead (decode_ahead.py). On an H200 it took SmolLM2's chain 4/1/5 from 1,427 to
-1,680 tok/s and the tree 5/4/8 from 1,229 to 1,402, the same tokens (docs/BENCHMARKS.md, 2026-12-01).
+it off, with plain decoding ahead (decode_ahead.py). The same tokens, 11-18% faster for SmolLM2's chains and
+trees (docs/kernels.md).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
 
 import torch
@@ -38,11 +37,12 @@ from eyas.engine.decode_ahead import may_run_ahead
 from eyas.engine.draft_state import gather_states, set_states
 from eyas.engine.flights import AheadOfHost
 from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
+from eyas.options import off
 
 
 def cycle_graph_on() -> bool:
     """One CUDA graph per cycle (the default), or the draft, verify and commit graphs in turn (EYAS_CYCLE_GRAPH=0)."""
-    return os.environ.get("EYAS_CYCLE_GRAPH", "1") != "0"
+    return not off("EYAS_CYCLE_GRAPH")
 
 
 @dataclass

@@ -3,57 +3,30 @@
 Speculation pays at small batches (decode is memory-bound, verifying N tokens costs little more than one)
 and stops paying as the batch grows, by an amount no model predicts well inside a server: prefills of
 joining requests, the front end's per-step work and the host's share of a cycle all move with the load.
-So the adaptive policy measures the one thing that decides: tokens produced per second of wall time per
-running sequence, over windows of `window` consecutive steps in one mode at one batch-size bucket, every
-gap between the steps included (adaptive_steps.py feeds it). Per bucket and mode it keeps exponentially
-forgotten sums of tokens per sequence and of seconds, and their ratio is the mode's rate: a time-weighted
-throughput, in which a window with a long stall weighs by its length (a mean of each window's own rate
-would give a 1-second stall the weight of a 20-ms window, and read far above what the mode delivers).
-A mode counts as measured at a bucket once its windows there held a window's worth of steps (`measured`):
-a first window cut short after one step by a change of bucket, a switch's wait in it, once decided a bucket
-on its own (batch 8's tail on an H200, 2026-12-01: one speculative step at bucket 2 read 971 tok/s per
-sequence against plain's 1,177, and the policy preferred plain there). A bucket where speculation is
-measured and plain not yet borrows the verdict of the nearest larger bucket with both measured when
-speculation leads by far there (`_lead_above`), and measures plain only on the probe schedule: a batch's tail
-passes through such buckets for a few windows each. On an H200 (2026-12-02) batch 64's tail spent 31 ms of
-a 394-ms run in plain windows at buckets 16 and 4, where speculation then read 1.8-1.9x plain's rate per
-sequence (buckets 8 and 32 showed leads of 1.4-1.6x); on 2026-12-03, batch 8's tail ran an 11-ms plain window
-at bucket 2 of a 182-ms run, with plain unmeasured at bucket 4 and a 1.8x lead at 8, by a version that
-looked at bucket 2b only. Only a larger batch's lead is borrowed: speculation's lead shrinks as the batch
-grows, so a smaller one's overstates it (2026-12-03: bucket 32's 1.66x lead, borrowed at 64 by a version
-that also looked down, kept a batch of 64 speculating to its end, plain never measured there, in a run where
-plain decoding beat the fixed chain by 6%). It runs the faster mode; the slower
-one gets one window now and then (`probe_every` windows, 4x less often when it is far behind) so that a
-change of traffic is noticed. A margin keeps the choice from flapping on noise. A close call on a first
-window or two is not settled: a window's acceptance depends on its text, and on an H200 (2026-12-02) a
-first speculative window at batch 1 read 0.84x plain's rate while speculation over the whole response was
-1.10x; the policy decoded the rest plain, at 0.86x of always speculating. So while plain decoding is
-preferred and speculation has less than SETTLE windows' worth of steps at a bucket, speculation gets every
-second window there, unless it is very far behind (under FAR ** 2 of plain's rate: a bad draft is not run for
-long). Plain decoding's rate does not depend on the text, so one window of it settles it. Both modes are
-lossless and the draft catches up before it drafts again, so no choice ever changes the output.
+So the policy measures the one thing that decides: tokens per second of wall time per running sequence,
+over windows of `window` consecutive steps in one mode at one batch-size bucket, every gap between the
+steps included (adaptive_steps.py feeds it). Per bucket and mode it keeps exponentially forgotten sums of
+tokens per sequence and of seconds; their ratio is the mode's rate, a time-weighted throughput in which a
+window with a long stall weighs by its length.
 
-Every second of the engine's busy time is booked exactly once, or the rates lie. On an H200 under load,
-a version that dropped windows cut short by a change of batch bucket and charged the draft's catch-up at
-a switch to nobody believed speculation 3-4x faster per sequence than its server delivered; with complete
-books but a mean of window rates, still 3-4x (and still 0.92x of plain at concurrency 64). So a window
-cut short counts for its share of steps, the catch-up is speculation's cost (it exists only to
-speculate; charging it biases the choice toward plain decoding, the safe side), and the rates are ratios
-of sums. Prefills are booked apart (`set_aside`): a server admits joining requests in bursts whose
-prefills stall the engine for longer than a window, the same work per request in either mode, and
-charged to whichever window they fell in they made the choice a coin toss (a simulation with such
-bursts ran the worse mode half the time). A window with a CUDA-graph capture (a one-time cost that says
-nothing about its mode) is booked as "void". `seconds` and `tokens` total what each book holds, so a
-benchmark can check them against the wall time and the policy's rates against what each mode produced.
-When the engine runs out of requests the decoder closes the window (`close`), so idle time is nobody's.
-Where the next window runs the same mode at the same bucket (`continues`: the choice that closing the open
-window will lead to, worked out beforehand), the decoder does not wait for the GPU at the boundary: the
-steps in flight then are read in the next window, which books as many steps' tokens as it had steps' time
-(with a wait at every window's end, an adaptive engine that ran plain windows but for its probes decoded
-at 0.90x the plain engine's speed at batch 1, the same engine forced to plain steps at 0.98x:
-benchmarks/bench_adaptive_plain.py, docs/BENCHMARKS.md, 2026-12-01; the probes took part of the gap).
-The engine's warm-up runs both modes on dummy prompts (`forced`); those runs teach nothing, since a rate
-depends on the real acceptance.
+The choice: run the faster mode, switch only past a margin, and give the slower one a window now and then
+(`probe_every` windows, 4x less often when it is far behind) so that a change of traffic is noticed. A mode
+counts as measured at a bucket once its windows there held a window's worth of steps (`measured`), so that a
+window cut short decides nothing alone. A bucket with only speculation measured borrows the verdict of the
+nearest *larger* bucket with both measured, when speculation leads far there (`_lead_above`); a smaller
+bucket's lead would overstate it. One window's acceptance depends on its text, so while plain decoding leads a
+close call and speculation has fewer than SETTLE windows at a bucket, speculation gets every second window;
+plain decoding's rate does not depend on the text, and one window settles it.
+
+The books: every second of busy time is booked exactly once, or the rates lie. A window cut short by a change
+of bucket counts for its share of steps; the draft's catch-up is speculation's cost (it exists only to
+speculate, which errs toward plain decoding, the safe side); prefills are booked apart (`set_aside`: the same
+work in either mode, and in bursts longer than a window); a window with a CUDA-graph capture is void. When the
+engine runs out of requests the decoder closes the window (`close`), so idle time is nobody's. Where the next
+window runs the same mode at the same bucket (`continues`), the decoder does not wait for the GPU at the
+boundary: the steps in flight are read in the next window. `seconds` and `tokens` total each book, so a
+benchmark can check them against the wall time. The engine's warm-up runs both modes (`forced`) and books
+nothing. Both modes are lossless, so no choice changes the output. docs/speculative.md says more.
 """
 
 from __future__ import annotations
@@ -161,8 +134,7 @@ class SpecPolicy:
         # can accept far less than the rest), so while plain is preferred speculation gets every second
         # window until it has SETTLE windows' worth of steps there; running the slower of two close modes
         # costs little. Plain decoding's rate does not depend on the text: while speculation is preferred,
-        # plain keeps the probe schedule (on an H200, 2026-12-03, a version that settled both modes ran an
-        # 11-ms plain window again in batch 32's tail at bucket 2, where speculation led 1.42x).
+        # plain keeps the probe schedule.
         far = g < FAR or g > 1 / FAR
         near = FAR ** 2 < g < 1 / FAR ** 2
         unsettled = near and not current and measured.get((b, True), 0) < SETTLE * self.window

@@ -6,13 +6,13 @@ parent precedes its children). A chain is the tree with topk = 1.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from eyas.kernels import enabled
 from eyas.layers.topk import topk
+from eyas.options import off
 
 
 @dataclass
@@ -111,7 +111,7 @@ def accept_greedy_chain(tokens: torch.Tensor, target_argmax: torch.Tensor):
     """accept_greedy_batched for chains (node j is the child of node j-1): the same outputs from a running
     product of the matches instead of walks up the tree. With the kernels enabled, one launch
     (eyas.kernels.chain_accept); EYAS_ACCEPT_KERNEL=0 keeps the torch ops, the switch benchmarks flip."""
-    if os.environ.get("EYAS_ACCEPT_KERNEL") != "0" and enabled(tokens):
+    if not off("EYAS_ACCEPT_KERNEL") and enabled(tokens):
         from eyas.kernels.chain_accept import chain_accept
 
         return chain_accept(tokens, target_argmax)

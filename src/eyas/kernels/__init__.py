@@ -13,9 +13,9 @@ functions themselves launch on any tensor, so the tests run them on the CPU thro
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from eyas.options import get as option
 
 try:
     import triton  # noqa: F401
@@ -28,7 +28,7 @@ except ImportError:  # CPU-only installs without Triton: the torch reference pat
 def switched_on(x: torch.Tensor) -> bool:
     """Whether kernels may run on x's device. EYAS_KERNELS: "1" (default) on CUDA, "0" never, "force" on any
     device (CPU tests via the interpreter)."""
-    mode = os.environ.get("EYAS_KERNELS", "1")
+    mode = option("EYAS_KERNELS") or "1"
     return HAVE_TRITON and mode != "0" and (x.is_cuda or mode == "force")
 
 

@@ -4,15 +4,15 @@ choices from shapes alone, so a captured graph keeps them; slot_attention.py run
 
 from __future__ import annotations
 
-import os
-
 import triton
+
+from eyas.options import get as option
 
 
 def attention_block_n(head_dim: int) -> int:
     """Cache columns per loop step: 64 (32 past a head dim of 128); EYAS_ATTN_BLOCK_N sets it (a power of two
     from 16), for timing."""
-    forced = os.environ.get("EYAS_ATTN_BLOCK_N")
+    forced = option("EYAS_ATTN_BLOCK_N")
     if forced:
         if not forced.isdigit() or int(forced) < 16 or int(forced) & (int(forced) - 1):
             raise ValueError(f"EYAS_ATTN_BLOCK_N={forced!r} is not a power of two from 16")
@@ -21,15 +21,14 @@ def attention_block_n(head_dim: int) -> int:
 
 
 SPLIT_COLUMNS = 64  # columns per split at least, of a row that the kernel splits itself (with MERGE)
-# 64 since the merge loads every split's partials at once (twenty-fourth session, H200, bench_step_ab.py, graph
-# replays side by side): SmolLM2 decode 3.1-5.9% faster than with 128 at 150 / 300 / 450 cached tokens, a
-# 5-row verify 3.4-3.7%; the 8B-shaped step at 512 unchanged (-0.2% / +0.2%).
+# 64 since the merge loads every split's partials at once: in SmolLM2's decode and verify steps 64 was faster
+# than 128 (bench_step_ab.py, graph replays side by side), and the 8B-shaped step did not change.
 
 
 def split_columns() -> int:
     """Columns per split at least: SPLIT_COLUMNS, or EYAS_SPLIT_COLUMNS (a power of two from 16), for timing
     more, shorter splits (more programs in flight for a short row) in whole steps."""
-    forced = os.environ.get("EYAS_SPLIT_COLUMNS")
+    forced = option("EYAS_SPLIT_COLUMNS")
     if forced:
         if not forced.isdigit() or int(forced) < 16 or int(forced) & (int(forced) - 1):
             raise ValueError(f"EYAS_SPLIT_COLUMNS={forced!r} is not a power of two from 16")
@@ -39,13 +38,11 @@ def split_columns() -> int:
 
 def one_pass_columns(head_dim: int) -> int:
     """Rows up to this many columns run in one pass even in a split launch (with MERGE): below it a split's
-    partial stores and merge cost more than the blocks they save. Timed alone (benchmarks/bench_slot_attention.py,
-    H200, batch 1) one pass won up to ~384 columns at head dim 64, ~192 at 128; but in whole SmolLM2 steps
-    (bench_step_ab.py, graph replays, side by side) splitting every row past 128 columns was faster: decode
-    -2.7% / -6.6% / -10.9% at 200 / 300 / 380 cached tokens, verify of 5 -2.0% / -4.7% / 0.0% (2026-12-01),
-    and with the cheaper merge past SPLIT_COLUMNS = 64 (timed together with it, above). Head dim 128 keeps 192,
-    not timed so. EYAS_ONE_PASS_COLUMNS sets it, for timing whole steps."""
-    forced = os.environ.get("EYAS_ONE_PASS_COLUMNS")
+    partial stores and merge cost more than the blocks they save. The kernel timed alone
+    (benchmarks/bench_slot_attention.py) favours one pass up to a few hundred columns, but whole SmolLM2 steps
+    (bench_step_ab.py, graph replays side by side) were faster splitting every row past SPLIT_COLUMNS at head
+    dim 64; head dim 128 keeps 192, not timed in whole steps. EYAS_ONE_PASS_COLUMNS sets it, for timing."""
+    forced = option("EYAS_ONE_PASS_COLUMNS")
     if forced:
         if not forced.isdigit():
             raise ValueError(f"EYAS_ONE_PASS_COLUMNS={forced!r} is not a number of columns")
@@ -60,7 +57,7 @@ def choose_splits(programs: int, columns: int) -> int:
     each row takes its own count from its length (one_pass_columns, split_columns). EYAS_SHORT_ROW_SPLITS=0 launches rows
     of up to 512 columns in one pass."""
     if columns <= 512:
-        if os.environ.get("EYAS_SHORT_ROW_SPLITS") == "0":
+        if option("EYAS_SHORT_ROW_SPLITS") == "0":
             return 1
         return max(1, min(triton.cdiv(128, programs), columns // split_columns(), 16))
     return max(1, min(triton.cdiv(128, programs), columns // (2 * split_columns()), 16))
@@ -71,11 +68,10 @@ MERGE_UNROLL_VALUES = 32768  # partial-accumulator values (splits x rows x head 
 
 def merge_unrolled(splits: int, block_m: int, head_dim: int) -> bool:
     """Whether the split merge loads every split's partials at once (its loops unrolled) rather than one
-    split after the other. At once is faster while they fit in registers. On an H200 (2026-12-02,
-    bench_step_ab.py, 8B shape at 512 cached tokens, graph replays side by side) unrolled won 2.8% / 2.5% of
-    a decode / 4-token verify step (16 splits x 16 rows x 128 = 32,768 values) and lost 8.0% of an 8-token
-    verify (16 x 32 x 128). EYAS_MERGE_UNROLL=0 / 1 forces it, for timing."""
-    forced = os.environ.get("EYAS_MERGE_UNROLL")
+    split after the other. At once is faster while they fit in registers: for the 8B shape it shortened a
+    decode and a 4-token verify step (16 splits x 16 rows x 128 = 32,768 values) and lengthened an 8-token
+    verify (16 x 32 x 128) by 8% (bench_step_ab.py). EYAS_MERGE_UNROLL=0 / 1 forces it, for timing."""
+    forced = option("EYAS_MERGE_UNROLL")
     if forced:
         if forced not in ("0", "1"):
             raise ValueError(f"EYAS_MERGE_UNROLL={forced!r} is not 0 or 1")

@@ -17,10 +17,9 @@ another order than cuBLAS's, so outputs agree with `F.linear` to accumulation ro
 
 These are GEMVs for a few rows of small models, where each launch costs more than its arithmetic: one
 program computes BLOCK_N outputs of every row, holding the rows whole ([M, K], K <= MAX_K) and a
-[BLOCK_N, K] weight tile in registers: one load of each, one product, one reduction. Measured on an H200
-(benchmarks/bench_fused_linear.py, docs/BENCHMARKS.md): a first version fed 16-row tiles to tensor-core
-dots and was 1.6x-19x slower than the unfused pair; a second looped over rows and lost from 4 rows on;
-this one wins 1.3-2.1x at 1 row, 1.2-1.8x at 2, and at 4 (a chain's verify) loses 16% on gate/up and down.
+[BLOCK_N, K] weight tile in registers: one load of each, one product, one reduction. Tensor-core tiles of
+16 rows and a loop over rows both measured slower (benchmarks/bench_fused_linear.py); this layout wins at 1-2
+rows and loses to cuBLAS from 4 rows on gate/up and down.
 
 For a verify's 4-8 rows, whole rows leave room for small output tiles only, so hundreds of programs each
 redo the rows' norm or activation. The kernels therefore also loop over K in chunks of 64 or 128 with
@@ -30,18 +29,15 @@ the warm-up's timing picks per shape among both kinds.
 Wide projections (K > MAX_K: an 8B model's 4,096 and 14,336) take only chunked tiles, of 256-1,024 columns
 (WIDE_CONFIGS), so that each program keeps tens of KB of weights in flight: there cuBLAS reads at 73-98% of
 the copy bandwidth, and the fusion would save the norm's and the activation's launches and cuBLAS's split-K
-reduces. On an H200 (2026-12-01) they lost all the same (0.53-0.95x of the unfused pair at 1-2 rows; the
-8B-shaped decode step 16-18% slower), so the layers fuse them only with EYAS_FUSED_WIDE=1 (max_k()).
+reduces. They lost all the same (the 8B-shaped decode step 16-18% slower: docs/kernels.md), so the layers
+fuse them only with EYAS_FUSED_WIDE=1 (max_k()).
 
 The kernels take up to KERNEL_ROWS rows; the layers fuse up to max_rows() (MAX_ROWS unless
-EYAS_FUSED_MAX_ROWS says more): on an H200 (2026-12-01) the timing still chose whole-row tiles at 4 and 8
-rows of SmolLM2's shapes, which lost to cuBLAS at 4 rows on gate/up and down (0.82-0.83x) and at 8 rows on
-all three (0.25-0.81x); a tree's speed fell 18% with 8 rows fused.
+EYAS_FUSED_MAX_ROWS says more): at 4 and 8 rows of SmolLM2's shapes the timing still chose whole-row
+tiles, which lost to cuBLAS on gate/up and down, and a tree fell 18% with 8 rows fused.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -50,6 +46,7 @@ import triton.language as tl
 from eyas.kernels import tile_choice
 from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
+from eyas.options import get as option
 
 KERNEL_ROWS = 8  # rows (tokens) the kernels take: up to a tree verify's 8
 MAX_ROWS = 2     # rows up to which the layers fuse unless EYAS_FUSED_MAX_ROWS says otherwise (max_rows())
@@ -62,24 +59,22 @@ WIDE_MAX_K = 32768  # input features up to which the kernels run, in wide chunks
 def max_rows() -> int:
     """Rows up to which the layers use these kernels: EYAS_FUSED_MAX_ROWS (at most KERNEL_ROWS), else
     MAX_ROWS. Read per call, so a benchmark can time a verify's rows both ways in one process."""
-    value = os.environ.get("EYAS_FUSED_MAX_ROWS")
+    value = option("EYAS_FUSED_MAX_ROWS")
     return min(int(value), KERNEL_ROWS) if value and value.isdigit() else MAX_ROWS
 
 
 def narrow_rows() -> int:
     """Rows up to which narrow projections (at most NARROW_N outputs: a small model's q/k/v and attention
     output) use these kernels: EYAS_FUSED_NARROW_ROWS (at most KERNEL_ROWS), else the larger of max_rows() and
-    NARROW_ROWS. On an H200 (docs/BENCHMARKS.md, bench_step_ab.py, SmolLM2 at 300 cached tokens, graph replays
-    side by side) 4 rows this way made a chain 3/1/4's verify 8.5% faster (0.923 against 1.008 ms, twenty-fourth
-    session); with the PDL signal after each kernel's wait (twenty-ninth session) fusing up to 8 rows replayed a
-    5-row verify in 0.873 against 0.937 ms and an 8-row one in 0.916 against 0.969 (gate/up and down stay unfused)."""
-    value = os.environ.get("EYAS_FUSED_NARROW_ROWS")
+    NARROW_ROWS: fused so, a verify of 4, 5 and 8 rows replayed 5.5-8.5% faster (docs/kernels.md), while
+    gate/up and down stay unfused."""
+    value = option("EYAS_FUSED_NARROW_ROWS")
     return min(int(value), KERNEL_ROWS) if value and value.isdigit() else max(max_rows(), NARROW_ROWS)
 
 
 def max_k() -> int:
     """Input features up to which the layers use these kernels: WIDE_MAX_K with EYAS_FUSED_WIDE=1, else MAX_K."""
-    return WIDE_MAX_K if os.environ.get("EYAS_FUSED_WIDE") == "1" else MAX_K
+    return WIDE_MAX_K if option("EYAS_FUSED_WIDE") == "1" else MAX_K
 
 
 @triton.jit
@@ -214,7 +209,7 @@ _PRODUCT_LIMIT = 65536  # rows x output columns x input columns of one product: 
 def product_limit() -> int:
     """The largest [rows, BLOCK_N, K or CHUNK_K] product a timed tile may hold: EYAS_FUSED_PRODUCT_LIMIT (a
     bench switch), else _PRODUCT_LIMIT."""
-    value = os.environ.get("EYAS_FUSED_PRODUCT_LIMIT")
+    value = option("EYAS_FUSED_PRODUCT_LIMIT")
     return int(value) if value and value.isdigit() else _PRODUCT_LIMIT
 
 

@@ -16,23 +16,21 @@ kernel (which never signal) starts when that kernel ends, as before.
 Our kernels signal once their own wait has returned (LATE), so that one kernel at most waits ahead of the
 one running. Signalling as they start (EARLY, EYAS_PDL_SIGNAL=early, a bench switch) lets a row of waiting
 kernels launch ahead of the running one, each holding its SM room and, for the projections, its weight
-tile. Measured on an H200 (docs/BENCHMARKS.md, twenty-eighth session, bench_step_ab.py side by side):
-LATE replays SmolLM2's decode step in 0.489 ms against EARLY's 0.552, its 4-row verify in 0.742 against
-0.786, and the 8B-shaped step as fast (4.304 against 4.308).
+tile: LATE replays SmolLM2's decode step 11% faster than EARLY and the 8B-shaped step as fast
+(bench_step_ab.py side by side; docs/kernels.md).
 
-It is on for CUDA devices of compute capability 9.0 and up; EYAS_PDL=0 switches it off. Measured on an H200
-(docs/BENCHMARKS.md, 2026-12-01, signalling EARLY): the 8B-shaped decode step 1.2-3.0% faster, SmolLM2's
-plain decode 3.6-5.6%, its chain −1% to +2%, its tree ~1% slower.
+It is on for CUDA devices of compute capability 9.0 and up; EYAS_PDL=0 switches it off.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from eyas.options import get as option
 
 
 @functools.lru_cache(maxsize=None)
@@ -44,7 +42,7 @@ def _capable(device_index: int) -> bool:
 
 def pdl_on(x: torch.Tensor) -> bool:
     """Whether kernels on x's device launch with PDL: a CUDA device of sm_90 or later, unless EYAS_PDL=0."""
-    if os.environ.get("EYAS_PDL") == "0" or not x.is_cuda:
+    if option("EYAS_PDL") == "0" or not x.is_cuda:
         return False
     return _capable(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
@@ -58,7 +56,7 @@ def pdl_args(x: torch.Tensor) -> dict:
     no such option)."""
     if not pdl_on(x):
         return {"USE_PDL": OFF}
-    return {"USE_PDL": EARLY if os.environ.get("EYAS_PDL_SIGNAL") == "early" else LATE, "launch_pdl": True}
+    return {"USE_PDL": EARLY if option("EYAS_PDL_SIGNAL") == "early" else LATE, "launch_pdl": True}
 
 
 @triton.jit

@@ -17,7 +17,6 @@ layer (eyas.layers.qkv_rotary) takes it at one row by default, where it measured
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -27,6 +26,7 @@ from eyas.kernels import tile_choice
 from eyas.kernels.fused_linear import KERNEL_ROWS, MAX_K, _residual_chunk, product_limit
 from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
+from eyas.options import get as option
 
 
 @triton.jit
@@ -99,10 +99,8 @@ _INTERPRETER_BLOCK_H = 64  # Triton's CPU interpreter steps through every progra
 
 def _candidates(m: int, k: int) -> list:
     """The tiles whose two [rows, BLOCK_H, K] products fit (product_limit, as the fused projections' tiles);
-    with EYAS_QKV_ROTARY_BLOCK_H=N (a bench switch) only those of N pairs, whether they fit or not. Timed
-    alone, the kernel picked 2 pairs per program at 4 rows, and a 4-row verify with it was 3% slower than
-    with the two kernels it replaces, though the profile showed the kernel itself shorter than their sum
-    (docs/BENCHMARKS.md, thirty-third session): this lets a step time the other tiles."""
+    with EYAS_QKV_ROTARY_BLOCK_H=N (a bench switch) only those of N pairs, whether they fit or not, so that a
+    whole step can time tiles that timing the kernel alone would not pick."""
     pinned = _pinned_block_h()
     if pinned:
         return [c for c in CONFIGS if c.kwargs["BLOCK_H"] == pinned]
@@ -111,7 +109,7 @@ def _candidates(m: int, k: int) -> list:
 
 
 def _pinned_block_h() -> int | None:
-    value = os.environ.get("EYAS_QKV_ROTARY_BLOCK_H")
+    value = option("EYAS_QKV_ROTARY_BLOCK_H")
     if not value:
         return None
     sizes = sorted({c.kwargs["BLOCK_H"] for c in CONFIGS})

@@ -14,8 +14,7 @@ which it then zeroes): at batch 1 with a few kv heads a single pass would occupy
 that in-kernel merge, `splits` is an upper bound: each row takes its own count from its length as the kernel
 runs (one pass up to one_pass_columns(), else pieces of split_columns() or more: attention_splits.py), so one captured graph serves
 rows of every length, and programs past a row's count end at once. With
-EYAS_MERGE_IN_KERNEL=0 a second small kernel merges instead (one more launch per layer; on an H200 the
-8B-shaped decode step was slower so in 7 of 8 pairings, by up to 1.5%: docs/BENCHMARKS.md).
+EYAS_MERGE_IN_KERNEL=0 a second small kernel merges instead (one more launch per layer, and a slower step).
 With `rotary`, the kernel also does what eyas.kernels.rotary.rotate_and_store does before it, saving that
 launch: each program rotates its query rows as it loads them, and rotates and stores the new keys and values
 of the columns it will read itself, so no program waits for another (a new column may fall in any split).
@@ -25,7 +24,6 @@ the kernel), so no host sync happens and both functions can be captured in a CUD
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -35,6 +33,7 @@ from eyas.kernels.attention_splits import attention_block_n, choose_splits, merg
     split_columns
 from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
+from eyas.options import get as option
 
 LOG2E = 1.4426950408889634
 MAX_BLOCK_M = 64  # query rows (token x head of one kv head) per program; more rows take more programs
@@ -297,7 +296,7 @@ def merge_in_kernel(q: torch.Tensor, blocks: int) -> torch.Tensor | None:
     counters live per device and are zero between launches (the merging program resets its own); they are
     only allocated outside CUDA-graph capture, whose first, eager warm-up run allocates them. Kernels on one
     device share them, which is safe for launches in one stream."""
-    if os.environ.get("EYAS_MERGE_IN_KERNEL") == "0":
+    if option("EYAS_MERGE_IN_KERNEL") == "0":
         return None
     have = _counters.get(q.device)
     if have is None or have.numel() < blocks:

@@ -1,8 +1,7 @@
 """The k largest entries of short rows (a draft vocabulary, a tree's candidate pool), in one launch.
 
-torch.topk on a few rows of a few thousand entries runs a radix select in one block per row: on an H200 a
-tree 5/4/8's cycle spent 150 µs in four of them over the draft's 8,192 log-probs, 37 µs each, and 50 µs more
-in six over its candidate pools (docs/BENCHMARKS.md, 2026-12-02, thirtieth session). Here one program holds
+torch.topk on a few rows of a few thousand entries runs a radix select in one block per row, tens of µs each:
+a tree's cycle calls it ten times, over the draft's log-probs and its candidate pools. Here one program holds
 a whole row in registers and takes its maximum k times, each time setting the one it took aside: k block
 reductions, a few µs in all for k up to MAX_K.
 

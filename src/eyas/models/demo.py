@@ -18,6 +18,7 @@ from pathlib import Path
 from eyas.errors import EyasError
 from eyas.models.gguf import convert_gguf
 from eyas.paths import eyas_home
+from eyas.options import get as option
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -68,7 +69,7 @@ def demo_model_path() -> Path:
 
 def demo_gguf_path() -> Path:
     """The demo GGUF: $EYAS_DEMO_GGUF if set, else the file inside the installed package (found without importing)."""
-    override = os.environ.get(ENV_SOURCE)
+    override = option(ENV_SOURCE)
     if override:
         path = Path(override)
         if not path.is_file():

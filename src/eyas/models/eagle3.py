@@ -29,6 +29,7 @@ from eyas.layers.linear import dense
 from eyas.layers.norm import RMSNorm, rms_norm_pair
 from eyas.layers.rotary import RotaryEmbedding
 from eyas.models.mla import MLAttention
+from eyas.options import off
 
 
 def step_fusions() -> bool:
@@ -37,7 +38,7 @@ def step_fusions() -> bool:
     where the kernels do not apply), and whether the draft's state keeps its head's logits rather than fp32
     log-probs (engine.drafter.Drafter.scores). EYAS_DRAFT_FUSIONS=0 keeps the separate ops: the switch
     benchmarks flip. Read as the step is traced, so a captured graph keeps it."""
-    return os.environ.get("EYAS_DRAFT_FUSIONS") != "0"
+    return not off("EYAS_DRAFT_FUSIONS")
 
 
 def fuse_linears(owner: nn.Module, linears: list[nn.Linear], name: str):
