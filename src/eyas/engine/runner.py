@@ -5,9 +5,8 @@ forwards on CUDA can be replayed from CUDA graphs (see graphs.py), which attend 
 
 Prefills of a few short prompts, the joins of a loaded server, run as CUDA-graph replays too, in chunks of
 PREFILL_CHUNK tokens each appended like a verify pass. An eager forward of SmolLM2-135M over ~130 prompt
-tokens took ~22 ms on an H200, by its size mostly host-side launches (`benchmarks/bench_join.py`, sixth
-session), against 1.4 ms for a whole batch-64 decode step from a graph: in a closed loop at concurrency 64,
-prefills took ~80% of the time. Long prompts and large groups (batch jobs) stay eager, where the GPU's
+tokens costs over ten times a whole batch-64 decode step from a graph, mostly host-side launches
+(`benchmarks/bench_join.py`): in a closed loop at concurrency 64, eager prefills took most of the time. Long prompts and large groups (batch jobs) stay eager, where the GPU's
 own work hides the launches.
 """
 

@@ -108,9 +108,8 @@ def attend_cached(q: torch.Tensor, layer: int, batch: AttentionBatch, scale: flo
 
 
 # Query width (heads x head dim, per rank) from which the attention kernel rotates q and k itself by default.
-# On an H200 (docs/BENCHMARKS.md, fifteenth and sixteenth sessions) that made an 8B shape's decode step (width
-# 4,096) 3.5-5% faster in both sessions, and SmolLM2's (width 576) 2-6% slower: there the kernel's extra
-# work outweighs the launch it saves. Widths in between were not measured.
+# That made an 8B shape's decode step (width 4,096) faster and SmolLM2's (width 576) slower (docs/kernels.md):
+# there the kernel's extra work outweighs the launch it saves. Widths in between were not measured.
 ROTARY_IN_ATTENTION_MIN_WIDTH = 2048
 
 

@@ -2,12 +2,9 @@
 rotary embedding and the KV-cache write in one kernel (eyas.kernels.qkv_rotary) where it applies, instead of
 norm_linear then rotate_and_store: one launch fewer per layer.
 
-By default it runs up to two rows (a decode step of one or two sequences, a verify of two tokens): on an H200
-(bench_step_ab.py, SmolLM2's shape at 300 cached tokens, graph replays side by side, 2026-12-03) it made a
-one-row step 4.7% shorter (0.4572 against 0.4798 ms, 154 kernels against 184) and a two-row one 3.5% shorter
-(0.5609 against 0.5813 ms; 0.5570 against 0.5798 in another session), but a verify of 4, 5 and 8 rows 3.4%,
-1.0% and 2.3% longer: each program recomputes the rows' norm and rotates its pairs, work that grows with the
-rows. EYAS_QKV_ROTARY=1 takes it at every row count where it applies, =0 never; without either,
+By default it runs up to two rows (a decode step of one or two sequences, a verify of two tokens): there it
+makes SmolLM2's step shorter (docs/kernels.md), but a verify of 4-8 rows longer: each program recomputes the
+rows' norm and rotates its pairs, work that grows with the rows. EYAS_QKV_ROTARY=1 takes it at every row count where it applies, =0 never; without either,
 EYAS_QKV_ROTARY_ROWS=N up to N rows. It applies where both kernels it replaces would run: the fused
 projection's conditions (eyas.layers.fused_linear: kernels enabled, a narrow projection of few rows and at
 most MAX_K input features) and the slot-attention kernel's, with no q/k norm between projection and rotary

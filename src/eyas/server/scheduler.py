@@ -31,9 +31,9 @@ from eyas.layers.sampling import SamplingParams
 
 def steps_in_flight() -> int:
     """Steps queued at the workers at once (EYAS_STEPS_IN_FLIGHT, default 2). With 2 the workers go on with
-    the next step while this thread waits for a result, for the GIL, or hands tokens out: on an H200 the
-    adaptive server was never slower than plain with 2 in two rounds, and once slower with 1
-    (docs/BENCHMARKS.md, eighth session). Requests join, and aborts land, one step later per extra step."""
+    the next step while this thread waits for a result, for the GIL, or hands tokens out; with 1, the adaptive
+    server was once slower than plain under load. Requests join, and aborts land, one step later per extra
+    step."""
     raw = os.environ.get("EYAS_STEPS_IN_FLIGHT", "2")
     if not raw.isdigit() or int(raw) < 1:
         raise EyasError(f"EYAS_STEPS_IN_FLIGHT must be a positive integer, not {raw!r}")

@@ -58,7 +58,7 @@ def init_head_from_target(draft: Eagle3Draft, lm_head: torch.Tensor, final_norm:
     """Start the draft's output where the target's is: the target's LM-head rows of the draft vocabulary
     and its final norm, so that training starts from a head that already reads the target's hidden
     states. Not the default: on the demo target it ended lower than a random head (held-out acceptance
-    1.95 vs 2.03 after 3,000 steps, docs/BENCHMARKS.md)."""
+    1.95 vs 2.03 after 3,000 steps, docs/training.md)."""
     rows = torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device) + draft.d2t.long()
     if int(rows.max()) >= lm_head.shape[0] or lm_head.shape[1] != draft.config.hidden_size:
         raise EyasError(f"the target's LM head {tuple(lm_head.shape)} does not fit the draft "

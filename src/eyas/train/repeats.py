@@ -3,7 +3,7 @@
 A token repeats when the n tokens ending with it (itself included) already occurred, in that order,
 earlier in the same sequence. A small target's greedy replies loop, and a draft predicts loops well after
 little training (on MT-bench the demo draft's first guess is right 81% of the time there, against 47% on
-fresh text: docs/BENCHMARKS.md); weighting their loss below 1 gives the draft's capacity to the text it
+fresh text); weighting their loss below 1 gives the draft's capacity to the text it
 gets wrong. The default weight, 1, leaves training exactly as EAGLE-3's recipe has it.
 """
 
