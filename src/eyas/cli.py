@@ -24,6 +24,7 @@ VERBS = {
     "tune": ("eyas.commands.tune", "sweep speculative settings (and env sets) against a baseline, record each"),
     "remote": ("eyas.commands.remote", "status, logs or stop of a launched server (local or over ssh)"),
     "train": ("eyas.train.cli", "train an EAGLE-3 draft"),
+    "draft": ("eyas.commands.draft", "convert an EAGLE-3 draft between layouts, or check how each engine runs it"),
     "demo": ("eyas.commands.demo", "run the demo on the embedded default model"),
 }
 

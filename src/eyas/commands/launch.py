@@ -15,6 +15,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from eyas.commands.draft import check_before_launch
 from eyas.errors import EyasError
 from eyas.paths import output_file
 from eyas.runs import hostprobe
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         if args.write or args.as_intended or args.run:
             raise EyasError("--write, --as-intended and --run go with --from-shell")
         spec = apply_overrides(load_spec(args.spec), args)
+    check_before_launch(spec.draft, spec.model, spec.backend)  # a draft the engine would run wrongly stops here
     host = make_host(args)
     plan = plan_for(spec, host)
     if args.dry_run:
