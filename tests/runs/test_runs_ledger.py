@@ -196,3 +196,49 @@ def test_sigkill_mid_write_keeps_every_completed_run(tmp_path):
         assert sum(r.status == "abandoned" for r in runs.values()) <= 3
         assert not any(r.status == "running" for r in runs.values())
         assert ledger.start_run("bench", [], "/", {}, {})  # and the ledger still takes writes
+
+
+_LAUNCH_THEN_DIE = """
+import os, signal, subprocess, sys
+from eyas.runs.ledger import Ledger
+ledger = Ledger(sys.argv[1])
+server = subprocess.Popen(["sleep", "60"], start_new_session=True, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+run_id = ledger.start_run("launch", ["vllm", "serve"], "/", {}, {"launch": {"via": "local"}})
+ledger.note_running(run_id, {"server_pid": server.pid})
+bench = ledger.start_run("bench", ["eyas", "bench"], "/", {}, {})
+print(run_id, bench, server.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_runs_whose_launcher_died_become_abandoned(tmp_path):
+    path = tmp_path / "runs.db"
+    done = subprocess.run([sys.executable, "-c", _LAUNCH_THEN_DIE, str(path)], capture_output=True, text=True)
+    launched, bench, server = done.stdout.split()
+    try:
+        with Ledger(path) as ledger:
+            mine = ledger.start_run("bench", [], "/", {}, {})  # this process is alive: its run stays running
+        with Ledger(path) as ledger:
+            run, b = ledger.get(launched), ledger.get(bench)
+            assert ledger.get(mine).status == "running"
+        assert run.status == b.status == "abandoned" and run.finished_at
+        assert "launcher" in run.results["abandoned"] and run.results["server_pid"] == int(server)
+        assert run.results["server_still_running"] is True and "server_still_running" not in b.results
+        assert run.launcher["pid"] != os.getpid()
+    finally:
+        os.kill(int(server), signal.SIGKILL)
+    with Ledger(path) as ledger:  # closed once: a later open changes nothing
+        assert ledger.get(launched).results == run.results
+
+
+def test_remote_stop_closes_an_open_run_and_notes_a_finished_one(ledger):
+    open_run = ledger.start_run("launch", [], "/", {}, {})
+    kept = ledger.start_run("launch", [], "/", {}, {})
+    ledger.finish_run(kept, "ok", {"output_tok_s": 9.0, "stopped": "kept running"})
+    assert ledger.record_stop(open_run, {"stopped": "eyas remote stop: stopped with SIGTERM"}) == "stopped"
+    assert ledger.record_stop(kept, {"stopped": "eyas remote stop: stopped with SIGTERM"}) == "ok"
+    assert ledger.get(open_run).status == "stopped" and ledger.get(open_run).finished_at
+    assert ledger.get(kept).results == {"output_tok_s": 9.0, "stopped": "eyas remote stop: stopped with SIGTERM"}
+    with pytest.raises(EyasError, match="already finished"):
+        ledger.finish_run(open_run, "ok", {})

@@ -3,7 +3,9 @@
 Usage: eyas bench --url http://127.0.0.1:8000 --dataset mt-bench --num-prompts 80 --concurrency 1 --max-tokens 256
 
 Every run is recorded in the run ledger (kind "bench", $EYAS_HOME/runs.db) unless --no-record, so every number can
-be traced back to its settings. Recording is best effort and never fails the benchmark. The verb lives here, not
+be traced back to its settings, and with it what the server is (eyas.runs.server_identity): what it says about
+itself, and, when its port is on this machine or on --host USER@HOST, the process tree listening there with each
+process's command line and environment. Recording is best effort and never fails the benchmark. The verb lives here, not
 in eyas.bench, so that the load generator stays below the ledger (eyas.runs records it and launches it).
 """
 
@@ -34,6 +36,10 @@ def add_arguments(parser):
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--no-record", action="store_true", help="do not record this run in the ledger")
     parser.add_argument("--db", help="ledger file (default: $EYAS_HOME/runs.db)")
+    parser.add_argument("--host", metavar="[USER@]HOST",
+                        help="the server runs there: read the processes behind its port over ssh")
+    parser.add_argument("--ssh-option", action="append", default=[], metavar="OPT",
+                        help="with --host: passed to ssh as -o OPT (repeatable)")
 
 
 def _warn(msg: str) -> None:
@@ -51,9 +57,14 @@ class _Recorder:
             from eyas.runs.capture import begin_run
             from eyas.runs.ledger import Ledger
 
+            server = _identify(args)
             self.ledger = Ledger(args.db)
-            self.run_id = begin_run(self.ledger, "bench", getattr(args, "argv", sys.argv), config.to_dict(),
-                                    model=args.model)
+            self.run_id = begin_run(self.ledger, "bench", getattr(args, "argv", sys.argv),
+                                    {**config.to_dict(), "server": server.config} if server else config.to_dict(),
+                                    model=args.model or (server.model if server else None))
+            for p in server.processes if server else []:
+                info = {"pid": p["pid"], "cmdline": p["cmdline"], "host": server.host, "env_source": p["env_source"]}
+                self.ledger.add_worker_env(self.run_id, f"pid{p['pid']}", p["env"], info)
         except Exception as e:  # a locked or unwritable ledger must not cost the measurement
             _warn(f"not recorded in the run ledger: {e}")
             self.close()
@@ -78,7 +89,28 @@ class _Recorder:
         self.ledger = self.run_id = None
 
 
+def _identify(args):
+    """The server's facts for the record, or None (with a warning) when they cannot be had."""
+    from eyas.errors import EyasError
+    from eyas.runs.server_identity import identify
+
+    host = None
+    try:
+        if args.host:
+            from eyas.runs.remote import SshHost
+
+            host = SshHost(args.host, args.ssh_option)
+        return identify(args.url, args.api_key, host)
+    except EyasError as e:
+        _warn(f"what the server is was not recorded: {e}")
+        return None
+
+
 def run(args) -> int:
+    if args.ssh_option and not args.host:
+        from eyas.errors import EyasError
+
+        raise EyasError("--ssh-option needs --host")
     config = BenchConfig(
         url=args.url,
         model=args.model,

@@ -2,7 +2,8 @@
 
 Usage: eyas remote status 12      (processes alive, /health)
        eyas remote logs 12 -n 100
-       eyas remote stop 12        (SIGTERM to every process of its session, SIGKILL after the spec's stop timeout)
+       eyas remote stop 12        (SIGTERM to every process of its session, SIGKILL after the spec's stop timeout;
+                                   the run records it, and a run still open becomes "stopped")
 
 Everything needed is in the run record: the host and ssh options, the Python that reads /proc there, and the work
 directory whose server.pid names the session, so this works after the launching ssh connection (or the launching
@@ -12,6 +13,7 @@ directory whose server.pid names the session, so this works after the launching 
 from __future__ import annotations
 
 import argparse
+import time
 
 import httpx
 
@@ -65,13 +67,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.action == "stop":
         result = host.stop(handle, args.timeout or spec.stop_timeout_s)
-        if not result["was_running"]:
-            print(f"run {record.run_id}: nothing was running on {where} (session {handle.sid})")
-        elif result.get("left"):
+        if result.get("left"):
             raise EyasError(f"processes {result['left']} of session {handle.sid} on {where} survived SIGKILL")
-        else:
-            how = "killed after the SIGTERM timeout" if result["killed"] else "stopped with SIGTERM"
-            print(f"run {record.run_id}: {how} on {where} (session {handle.sid})")
+        how = ("nothing was running" if not result["was_running"] else
+               "killed after the SIGTERM timeout" if result["killed"] else "stopped with SIGTERM")
+        with Ledger.existing(args.db) as ledger:
+            status = ledger.record_stop(record.run_id, {"stopped": f"eyas remote stop: {how}",
+                                                        "stopped_at": time.time()})
+        print(f"run {record.run_id}: {how} on {where} (session {handle.sid}); recorded as {status}")
         return 0
     procs = host.processes(handle)
     url = f"http://{host.http_host(spec.host)}:{spec.port}/health"

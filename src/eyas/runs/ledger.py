@@ -197,12 +197,10 @@ def server_still_running(kind: str, config: dict, results: dict) -> bool | None:
     if kind == "serve":
         return False  # the launcher was the server
     launch = config.get("launch") or {}
-    sid = results.get("server_pid")
-    if kind == "bench" or not sid:
-        return None if kind != "bench" and launch.get("via") == "ssh" else False
     if launch.get("via") == "ssh":
         return None  # over ssh: `eyas remote status ID` asks the host
-    return bool(procprobe.session(int(sid)))
+    sid = results.get("server_pid")
+    return bool(sid) and bool(procprobe.session(int(sid)))
 
 
 def ledger_path(path: str | Path | None = None) -> Path:
@@ -298,7 +296,8 @@ class Ledger:
                 continue
             facts = json.loads(results)
             facts["abandoned"] = f"its launcher (pid {launcher['pid']} on {launcher['hostname']}) is gone"
-            facts["server_still_running"] = server_still_running(kind, json.loads(config), facts)
+            if kind in ("serve", "launch", "tune"):  # the kinds that start a server
+                facts["server_still_running"] = server_still_running(kind, json.loads(config), facts)
             try:
                 with self._write() as c:
                     c.execute("UPDATE runs SET status = 'abandoned', finished_at = ?, results = ? WHERE id = ? AND "

@@ -86,14 +86,14 @@ class EnvReport:
         rows = []
         for p in self.processes:
             if p.error:
-                rows.append([str(p.pid), "-", "-", f"unreadable: {p.error}", p.cmdline[:60]])
+                rows.append([str(p.pid), "-", "-", f"unreadable: {p.error}", "-", p.cmdline[:60]])
             for c in p.checks:
                 seen = "(unset)" if c.observed is None else c.observed
-                rows.append([str(p.pid), c.key, c.expected, seen if c.ok else f"{seen}  <-- MISMATCH",
+                rows.append([str(p.pid), c.key, c.expected, seen if c.ok else f"{seen}  <-- MISMATCH", p.source,
                              p.cmdline[:60]])
         verdict = "all processes have the required environment" if self.ok else (
             f"{len(self.mismatches())} mismatch(es) in {len({p.pid for p, _ in self.mismatches()})} process(es)")
-        return format_table(["pid", "variable", "expected", "observed", "command"], rows) + "\n" + verdict
+        return format_table(["pid", "variable", "expected", "observed", "read from", "command"], rows) + "\n" + verdict
 
 
 def verify_env(root_pid: int, required: dict[str, str]) -> EnvReport:

@@ -6,6 +6,8 @@ Usage: eyas serve --model demo --port 8000
 This process never loads the model. It spawns --tp worker processes (one even at --tp 1) with an explicit
 environment, prints what environment each one reports, refuses to start if an --env value did not arrive,
 then serves HTTP until SIGTERM/SIGINT (drain running requests, exit 0) or until a worker dies (exit 1).
+Each serve is a run in the ledger (kind "serve": its configuration, each worker's environment, versions, and a
+summary of what it served when it stops) unless --no-record.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def add_arguments(p) -> None:
                    help="where the workers run (default auto: cuda when available)")
     p.add_argument("--profile", action="store_true", help="time each speculative phase (exported in /metrics)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run every forward eagerly on CUDA")
+    p.add_argument("--db", help="run ledger file (default: $EYAS_HOME/runs.db)")
+    p.add_argument("--no-record", action="store_true", help="do not record this serve in the run ledger")
 
 
 def config_from_args(args) -> ServeConfig:
@@ -102,33 +106,68 @@ def run(args) -> int:
     listener = listen(config.host, config.port)
     config.port = listener.getsockname()[1]  # --port 0: the port the system chose
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as load_tokenizer sets it, and before the workers inherit
+    recorder = _recorder(args, config)
     group = WorkerGroup(config.worker_spec(), tp=config.tp, env=config.env, env_check=config.env_check, log=log)
     try:
         group.spawn()
         tokenizer = load_tokenizer(path)
-    except BaseException:
+    except BaseException as e:
         group.stop(grace=0)
         listener.close()
+        recorder.finish(_status_of(e), {"error": str(e)[:500]})
         raise
     log(f"eyas: starting {config.tp} worker(s) for {config.model}")
     fatal: list[str] = []
-    scheduler = None
+    scheduler = server = None
+    status, results = "failed", {}
     try:
         info = group.wait_ready()
+        recorder.workers([r.to_dict() for r in group.reports])
         server, scheduler = _prepare(config, group, info, tokenizer, fatal)
         scheduler.start()
         server.run(sockets=[listener])
+        status = "failed" if fatal or not server.started else "ok"
+        results = {"stopped": fatal[0] if fatal else "signal" if server.started else "did not start"}
+    except BaseException as e:
+        status, results = _status_of(e), {"error": str(e)[:500]}
+        raise
     finally:
         if scheduler is not None:
             scheduler.stop()
         group.stop(grace=0 if fatal else STOP_GRACE_S)
         listener.close()
+        recorder.finish(status, {**results, **(_served(scheduler.metrics) if scheduler is not None else {})})
     if fatal:
         return 1
     if not server.started:  # uvicorn logged why
         return 1
     log("eyas: stopped")
     return 0
+
+
+def _recorder(args, config):
+    from eyas.runs.serve_record import ServeRecorder
+
+    if args.no_record:
+        return ServeRecorder(None, None, log)
+    return ServeRecorder.open(args.db, getattr(args, "argv", sys.argv), config.public(), config.model, config.draft,
+                              dict(os.environ), config.env, lambda m: log(f"eyas: warning: {m}"))
+
+
+def _status_of(e: BaseException) -> str:
+    return "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+
+
+def _served(metrics) -> dict:
+    """What the server did, from its Prometheus counters: requests by outcome, prompt and generated tokens."""
+    out = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == "eyas_requests_total":
+                out[f"requests_{sample.labels.get('outcome', '')}"] = int(sample.value)
+            elif sample.name in ("eyas_prompt_tokens_total", "eyas_generation_tokens_total"):
+                out[sample.name.removeprefix("eyas_").removesuffix("_total")] = int(sample.value)
+    return out
 
 
 def listen(host: str, port: int) -> socket.socket:
