@@ -23,8 +23,9 @@ from tests.peers.envs import peer_python
 H, V, DRAFT_V, T, LAYERS = 64, 96, 40, 9, 7
 TOL = 1e-5
 
-# Run by speculators' python: `steps DIR IO OUT` loads DIR and writes its two steps' logits; `write JOBS IO`
-# builds, randomises and save_pretrained()s each job's draft and writes its logits beside it.
+# Run by speculators' python: `steps DIRS IO` loads each draft directory listed in the JSON file DIRS and writes
+# its two steps' logits beside it; `write JOBS IO` builds, randomises and save_pretrained()s each job's draft and
+# writes its logits beside it. One process per direction: each start imports speculators (about 25 s).
 PEER = r'''
 import json, sys, torch
 from speculators.config import SpeculatorsConfig, VerifierConfig
@@ -49,9 +50,9 @@ def steps(model, io):
 
 io = torch.load(sys.argv[3])
 if sys.argv[1] == "steps":
-    path = sys.argv[2]
-    model = Eagle3DraftModel.from_pretrained(path, config=eager(Eagle3SpeculatorConfig.from_pretrained(path)))
-    torch.save(steps(model.float().eval(), io), sys.argv[4])
+    for path in json.loads(open(sys.argv[2]).read()):
+        model = Eagle3DraftModel.from_pretrained(path, config=eager(Eagle3SpeculatorConfig.from_pretrained(path)))
+        torch.save(steps(model.float().eval(), io), path + "/speculators_logits.pt")
 else:
     for job in json.loads(open(sys.argv[2]).read()):
         layer = LlamaConfig(**job["layer"])
@@ -136,17 +137,32 @@ def compare(ours_ttt, ours_served, theirs, p):
     return diffs
 
 
-def test_speculators_runs_our_export_as_eyas_does(peer, target, tmp_path):
+@pytest.fixture(scope="module")
+def our_exports(peer, target, tmp_path_factory):
+    """eyas's speculators export, as written and without norm_before_residual, each with speculators' logits."""
     run, root = peer
     tdir, io = target
+    out = tmp_path_factory.mktemp("exports")
     draft = random_draft(H, V, draft_vocab=DRAFT_V)
     draft.d2t.copy_(io["d2t"])
     draft.t2d.copy_(io["t2d"])
-    save_draft(draft, tmp_path / "draft", layout="speculators", verifier=str(tdir), dtype=torch.float32,
-               speculative_tokens=3, embedding=io["embed"])
-    run("steps", tmp_path / "draft", tdir / "io.pt", tmp_path / "theirs.pt")
-    theirs = torch.load(tmp_path / "theirs.pt")
-    back = load_draft(tmp_path / "draft")
+    dirs = {}
+    for name in ("as_written", "no_norm_before_residual"):
+        save_draft(draft, out / name, layout="speculators", verifier=str(tdir), dtype=torch.float32,
+                   speculative_tokens=3, embedding=io["embed"])
+        dirs[name] = str(out / name)
+    cfg = json.loads((out / "no_norm_before_residual" / "config.json").read_text())
+    del cfg["norm_before_residual"]
+    (out / "no_norm_before_residual" / "config.json").write_text(json.dumps(cfg))
+    (out / "dirs.json").write_text(json.dumps(list(dirs.values())))
+    run("steps", out / "dirs.json", tdir / "io.pt")
+    return {name: (d, torch.load(d + "/speculators_logits.pt")) for name, d in dirs.items()}
+
+
+def test_speculators_runs_our_export_as_eyas_does(our_exports, target):
+    path, theirs = our_exports["as_written"]
+    back = load_draft(path)
+    io = target[1]
     diffs = compare(eyas_ttt_steps(back, io), eyas_served_steps(back, io, T - 3), theirs, T - 3)
     print(f"speculators 0.9.0 loads eyas export: max|diff| step1/step2 (ttt) {diffs[:2]}, (served) {diffs[2:]}")
     assert max(diffs) < TOL, diffs
@@ -180,20 +196,10 @@ def test_eyas_runs_drafts_speculators_saved(peer, target, tmp_path):
         assert max(diffs) < TOL, (job["flags"], diffs)
 
 
-def test_missing_norm_before_residual_means_speculators_default(peer, target, tmp_path):
+def test_missing_norm_before_residual_means_speculators_default(our_exports, target):
     """speculators' config class defaults the key to False (vLLM's update_eagle3 would assume True)."""
-    run, root = peer
-    tdir, io = target
-    draft = random_draft(H, V, draft_vocab=DRAFT_V)
-    draft.d2t.copy_(io["d2t"])
-    draft.t2d.copy_(io["t2d"])
-    save_draft(draft, tmp_path / "draft", layout="speculators", verifier=str(tdir), dtype=torch.float32,
-               speculative_tokens=3, embedding=io["embed"])
-    cfg = json.loads((tmp_path / "draft" / "config.json").read_text())
-    del cfg["norm_before_residual"]
-    (tmp_path / "draft" / "config.json").write_text(json.dumps(cfg))
-    run("steps", tmp_path / "draft", tdir / "io.pt", tmp_path / "theirs.pt")
-    theirs = torch.load(tmp_path / "theirs.pt")
-    back = load_draft(tmp_path / "draft")
+    path, theirs = our_exports["no_norm_before_residual"]
+    back = load_draft(path)
+    io = target[1]
     assert back.config.norm_before_residual is False
     assert max(compare(eyas_ttt_steps(back, io), eyas_served_steps(back, io, T - 3), theirs, T - 3)) < TOL
