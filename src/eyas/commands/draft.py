@@ -108,9 +108,10 @@ def check_before_launch(draft: str | None, model: str, backend: str) -> None:
     if model == "demo" or (Path(model) / "config.json").is_file():
         from eyas.models.demo import resolve_model_path
 
-        path = resolve_model_path(model)
-        if (path / "config.json").is_file():
-            target = ModelConfig.from_dir(path)
+        try:
+            target = ModelConfig.from_dir(resolve_model_path(model))
+        except EyasError:  # a target this machine cannot read is the server's to refuse; check the draft alone
+            target = None
     errors = check_draft(draft, target).errors(backend)
     if errors:
         raise EyasError(f"draft {draft}: {errors[0]} (eyas draft check {draft} says more)")
