@@ -13,6 +13,8 @@ from pathlib import Path
 
 from eyas.dist.launch import free_port
 
+# sshd's SetEnv for every login to this test server.
+LOGIN_ENV = {"NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1"}
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
 
 
@@ -47,7 +49,9 @@ class Sshd:
             f"Port {self.port}", "ListenAddress 127.0.0.1", f"HostKey {self.host_key}",
             f"AuthorizedKeysFile {root / 'authorized_keys'}", f"PidFile {root / 'sshd.pid'}",
             "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-            "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no", "LogLevel ERROR", ""]))
+            "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no", "LogLevel ERROR",
+            # What a GPU host sets for every login, as the variables a hand launch over ssh inherits.
+            f"SetEnv {' '.join(f'{k}={v}' for k, v in LOGIN_ENV.items())}", ""]))
         self.proc = None
 
     def start(self) -> "Sshd":

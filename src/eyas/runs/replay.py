@@ -95,10 +95,23 @@ def replay(ledger: Ledger, run_id: str, threshold: float, keep_running: bool = F
     return outcome, changes, passed
 
 
+def weight_changes(original: RunRecord, again: RunRecord) -> list[str]:
+    """The model or draft whose contents changed since the original run: the replay then measured other weights."""
+    out = []
+    for name in ("model", "draft"):
+        before, after = getattr(original, f"{name}_fingerprint"), getattr(again, f"{name}_fingerprint")
+        if before and after and before != after:
+            out.append(f"the {name} at {getattr(again, name)} changed since run {original.run_id} (fingerprint "
+                       f"{before[:12]} -> {after[:12]}): the replay ran other weights")
+    return out
+
+
 def replay_command(ledger: Ledger, args) -> int:
     original = ledger.get(args.id)
     outcome, changes, passed = replay(ledger, original.run_id, args.threshold, args.keep_running, args.argv)
     print(f"replay of {original.run_id} ({original.status}) recorded as {outcome.run_id}")
+    for line in weight_changes(original, ledger.get(outcome.run_id)):
+        print(f"note: {line}")
     if changes:
         print(render(changes))
     else:
