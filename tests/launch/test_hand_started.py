@@ -110,6 +110,8 @@ def _serve_bodies(bodies: dict) -> tuple[ThreadingHTTPServer, str]:
 
 
 def test_sglang_server_info_keeps_its_server_arguments():
+    """A /server_info body in SGLang's layout (every resolved server argument at the top level, version,
+    launch_command, per-rank internal_states), with the values of the user's launch line."""
     info = json.loads((DATA / "sglang_server_info.json").read_text())
     kept = sglang_facts(info)
     assert kept["speculative_algorithm"] == "EAGLE3" and kept["speculative_num_steps"] == info["speculative_num_steps"]
@@ -125,12 +127,15 @@ def test_sglang_server_info_keeps_its_server_arguments():
 
 
 def test_vllm_version_and_info_metrics():
+    """Against /version and /metrics as a vLLM 0.32 CPU build (TP 3) served them."""
     metrics = (DATA / "vllm_metrics.txt").read_text()
     gauges = info_gauges(metrics)
     assert gauges["vllm:cache_config_info"]["block_size"].isdigit()
-    server, url = _serve_bodies({"/version": b'{"version": "0.32.0+cpu"}', "/metrics": metrics.encode()})
+    version = (DATA / "vllm_version.json").read_bytes()
+    server, url = _serve_bodies({"/version": version, "/metrics": metrics.encode()})
     try:
         said, _ = ask_server(url)
     finally:
         server.shutdown()
-    assert said["backend"] == "vllm" and said["version"] == "0.32.0+cpu" and said["metrics_info"] == gauges
+    assert said["backend"] == "vllm" and said["version"] == json.loads(version)["version"]
+    assert said["metrics_info"] == gauges and gauges["vllm:cache_config_info"]["cache_dtype"] == "auto"

@@ -49,7 +49,7 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def test_a_retitled_process_reads_as_unreadable_never_as_unset():
+def test_a_retitled_process_reads_from_memory_or_as_unreadable_never_as_unset(monkeypatch):
     port = free_port()
     proc = _start_by_hand(port, NCCL)
     try:
@@ -57,7 +57,14 @@ def test_a_retitled_process_reads_as_unreadable_never_as_unset():
         procs = procprobe.describe(procprobe.session(proc.pid))
         retitled = [p for p in procs if "sglang::" in p["cmdline"]]
         assert len(retitled) == 3  # two schedulers and the detokenizer
-        assert all("overwritten" in p["error"] and "env" not in p for p in retitled)
+        # /proc shows the title and zeros; the environment the library moved is read from the process's memory
+        assert all("overwritten" in p["proc_environ"] and p["env_source"] == "memory" for p in retitled)
+        assert all(p["env"]["NCCL_ALGO"] == "Ring" and "SPT_NOENV" not in p["env"] for p in retitled)
+        # where the memory cannot be read either, the process is unreadable, with both reasons
+        monkeypatch.setattr(procprobe, "memory_environ", lambda pid: (None, "Permission denied"))
+        blind = [p for p in procprobe.describe(procprobe.session(proc.pid)) if "sglang::" in p["cmdline"]]
+        assert all("overwritten" in p["error"] and "Permission denied" in p["error"] and "env" not in p
+                   for p in blind)
         launcher = next(p for p in procs if p["pid"] == proc.pid)
         assert launcher["env_source"] == "proc" and launcher["env"]["NCCL_ALGO"] == "Ring"
         report = verify_env(proc.pid, NCCL)

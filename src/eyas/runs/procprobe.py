@@ -9,12 +9,16 @@ Each process comes with its command line and its starting environment, from one 
   launched server's PYTHONPATH). It survives anything the process does to its memory later.
 - "proc": /proc/PID/environ. vLLM's EngineCore and workers and SGLang's scheduler and detokenizer retitle
   themselves with the setproctitle library, which (unless SPT_NOENV is set) moves the environment and reuses its
-  memory for the title: the file then holds the title and zeros. Such an area is reported as unreadable, with
-  the reason; it is never read as "every variable unset".
+  memory for the title: the file then holds the title and zeros.
+- "memory": for such a process, the environment the library moved, as the process holds it now: libc's
+  `__environ` array, found through libc's symbol table and read from /proc/PID/mem (which needs the right to
+  trace the process: the same user, or root). It includes what the program itself set after it started.
+A process none of these can read is reported as unreadable, with the reason; never as "every variable unset".
 """
 
 import json
 import os
+import struct
 import sys
 
 HOOK_VAR = "EYAS_ENV_SNAPSHOT_DIR"  # where the interpreter-start hook writes its snapshots
@@ -73,6 +77,69 @@ def environ(pid):
     except OSError as e:  # gone meanwhile, or another user's process
         return None, e.strerror or type(e).__name__
     return parse_environ(raw)
+
+
+_SYMBOLS = {}  # libc path -> address of __environ relative to where libc is mapped
+
+
+def _environ_symbol(path):
+    """st_value of `__environ` in a 64-bit little-endian ELF's dynamic symbol table, or None."""
+    if path not in _SYMBOLS:
+        with open(path, "rb") as f:
+            data = f.read()
+        value = None
+        if data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1:
+            shoff, = struct.unpack_from("<Q", data, 0x28)
+            shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+            sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+            for sh in sections:
+                if sh[1] != 11:  # SHT_DYNSYM
+                    continue
+                strings = sections[sh[6]][4]
+                for off in range(sh[4], sh[4] + sh[5], 24):
+                    name, _, _, _, sym_value, _ = struct.unpack_from("<IBBHQQ", data, off)
+                    if data[strings + name:data.index(b"\0", strings + name)] == b"__environ":
+                        value = sym_value
+                        break
+        _SYMBOLS[path] = value
+    return _SYMBOLS[path]
+
+
+def memory_environ(pid, most=20000):
+    """(the environment `pid` holds now, None) read from its libc's `__environ`, or (None, why not)."""
+    try:
+        libc = None
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                cols = line.split()
+                if (len(cols) >= 6 and os.path.basename(cols[5]).startswith(("libc.so", "libc-"))
+                        and int(cols[2], 16) == 0):
+                    libc = int(cols[0].split("-")[0], 16), cols[5]
+                    break
+        if libc is None:
+            return None, "no libc mapped"
+        value = _environ_symbol(f"/proc/{pid}/root{libc[1]}")
+        if value is None:
+            return None, "no __environ in its libc"
+        env = {}
+        with open(f"/proc/{pid}/mem", "rb") as mem:
+            def read(address, n):
+                mem.seek(address)
+                return mem.read(n)
+
+            array, = struct.unpack("<Q", read(libc[0] + value, 8))
+            for i in range(most):
+                pointer, = struct.unpack("<Q", read(array + 8 * i, 8))
+                if not pointer:
+                    return env, None
+                text = b""
+                while b"\0" not in text and len(text) < 1 << 20:
+                    text += read(pointer + len(text), 4096 - (pointer + len(text)) % 4096)
+                key, _, val = text.split(b"\0", 1)[0].partition(b"=")
+                env[key.decode(errors="replace")] = val.decode(errors="replace")
+        return None, f"more than {most} entries"
+    except (OSError, ValueError, struct.error, IndexError) as e:
+        return None, getattr(e, "strerror", None) or type(e).__name__
 
 
 def session(sid):
@@ -170,6 +237,12 @@ def describe(pids, folder=None):
                 proc["proc_environ"] = problem
         elif env is not None:
             proc.update(env=env, env_source="proc")
+        elif problem == OVERWRITTEN:
+            live, why = memory_environ(pid)
+            if live is not None:
+                proc.update(env=live, env_source="memory", proc_environ=problem)
+            else:
+                proc["error"] = f"{problem}; its memory could not be read either ({why})"
         else:
             proc["error"] = problem
         out.append(proc)
