@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from eyas.runs.record import RunRecord
-from eyas.runs.server_command import login_env, never_started, server_command
+from eyas.runs.server_command import login_env, never_started, server_command, stable_config
 from eyas.runs.spread import measured_spread
 from eyas.runs.table import clip, format_table
 
@@ -257,11 +257,8 @@ def diff_runs(a: RunRecord, b: RunRecord, history: list[RunRecord] | None = None
     _run_state(diff)
     _weights(diff)
     _arguments(diff)
-    config_a, config_b = flatten(a.config), flatten(b.config)
-    for config in (config_a, config_b):
-        for key in [k for k in config if k.startswith("launch.login_env.")]:
-            del config[key]
-    _compare("config", config_a, config_b, lambda k: (6, _spec_rank(k), k), diff)
+    _compare("config", flatten(stable_config(a.config)), flatten(stable_config(b.config)),
+             lambda k: (6, _spec_rank(k), k), diff)
     _compare("environment", a.env, b.env, lambda k: (4, _env_rank(k), k), diff)
     if login_env(a) or login_env(b):
         _compare("login environment", login_env(a), login_env(b), lambda k: (4, 10 + _env_rank(k), k), diff)

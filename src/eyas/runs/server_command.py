@@ -36,11 +36,9 @@ def server_command(run: RunRecord) -> tuple[list[str] | None, str | None]:
             return _from_shell_line(argv[2]), f"{PurePosixPath(argv[0]).name} -c line"
         return list(argv), "command"
     server = run.config.get("server")
-    if isinstance(server, dict):
-        if isinstance(server.get("argv"), list):
-            return [str(a) for a in server["argv"]], "server process"
-        if isinstance(server.get("cmdline"), str) and server["cmdline"].strip():
-            return server["cmdline"].split(), "server process"
+    listener = server.get("listener") if isinstance(server, dict) else None
+    if isinstance(listener, dict) and isinstance(listener.get("cmdline"), str) and listener["cmdline"].strip():
+        return listener["cmdline"].split(), "server process"  # the process `eyas bench` found on the port
     if run.kind == "bench":  # /proc's command line, joined with spaces: split back, as exactly as it allows
         first = run.workers[0].info.get("cmdline") if run.workers else None
         return (first.split(), "server process") if first else (None, None)
@@ -58,3 +56,22 @@ def login_env(run: RunRecord) -> dict[str, str]:
     launch = run.config.get("launch")
     env = launch.get("login_env") if isinstance(launch, dict) else None
     return dict(env) if isinstance(env, dict) else {}
+
+
+# Process ids and the chain of parents of the server a bench found: they change with every start of one server.
+_PER_START = ("pids", "root", "parents")
+
+
+def stable_config(config: dict) -> dict:
+    """A run's config without what differs between two starts of one configuration (pids, the login env, which
+    the diff shows in a section of its own)."""
+    out = dict(config)
+    server = out.get("server")
+    if isinstance(server, dict) and isinstance(server.get("listener"), dict):
+        listener = {k: v for k, v in server["listener"].items() if k not in _PER_START}
+        out["server"] = {**server, "listener": listener}
+    launch = out.get("launch")
+    if isinstance(launch, dict) and "login_env" in launch:
+        out["launch"] = {k: v for k, v in launch.items() if k != "login_env"}
+    return out
+

@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from eyas.runs.record import RunRecord
+from eyas.runs.server_command import stable_config
 
 # Bookkeeping that differs between repeats of one configuration without changing it.
 _VOLATILE_LAUNCH = ("replay_of", "tune", "workdir_base")
@@ -25,7 +26,7 @@ def _number(value: Any) -> bool:
 
 def signature(run: RunRecord) -> str:
     """A key equal for runs that measured the same configuration."""
-    config = dict(run.config)
+    config = stable_config(run.config)
     if isinstance(config.get("launch"), dict):
         config["launch"] = {k: v for k, v in config["launch"].items() if k not in _VOLATILE_LAUNCH}
     workers = sorted({(k, v) for w in run.workers for k, v in w.env.items()})
