@@ -2,6 +2,7 @@
 
 Usage: eyas train --config recipes/smollm2-135m-eagle3.toml --device cuda --out out/smollm2
        eyas train regen --config recipes/smollm2-135m-eagle3.toml --num-samples 500
+       eyas train capture --config RECIPE.toml --mode offline --source vllm --engine-url http://HOST:8000
        torchrun --nproc-per-node 8 -m eyas.cli train --config RECIPE.toml      (several GPUs)
 
 Stages: synth (Magpie prompts) -> regen (target writes the replies) -> vocab (draft vocabulary) ->
@@ -31,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "[regen] sampled_copies), and synthesize no more prompts than that needs")
     parser.add_argument("--steps", type=int, metavar="N", help="optimizer steps")
     parser.add_argument("--mode", choices=("online", "offline"), help="online: target per batch; offline: features on disk")
+    parser.add_argument("--source", choices=("eyas", "vllm", "sglang"),
+                        help="capture: the engine computing the target's hidden states (default: the recipe's "
+                             "[capture] source; vllm and sglang need --engine-url and --mode offline)")
+    parser.add_argument("--engine-url", metavar="URL", help="capture: the vLLM or SGLang server's base URL")
+    parser.add_argument("--engine-hidden-url", metavar="URL",
+                        help="capture from sglang: a second server, of the target alone, for the final hidden states")
     parser.add_argument("--sharegpt", action="append", default=[], metavar="FILE",
                         help="add a ShareGPT/OpenAI-messages conversation file to the prompts (repeatable)")
     parser.add_argument("--layouts", nargs="+", choices=("sglang", "eagle", "speculators"),
@@ -55,7 +62,9 @@ def overrides_from(args) -> dict:
             raise EyasError(f"--set expects SECTION.KEY=VALUE, got '{item}'")
         out[key.strip()] = _toml_value(value.strip())
     for key, value in (("device", args.device), ("out_dir", args.out), ("train.steps", args.steps),
-                       ("train.mode", args.mode), ("export.layouts", args.layouts)):
+                       ("train.mode", args.mode), ("export.layouts", args.layouts),
+                       ("capture.source", args.source), ("capture.url", args.engine_url),
+                       ("capture.hidden_url", args.engine_hidden_url)):
         if value is not None:
             out[key] = value
     return out

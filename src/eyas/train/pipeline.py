@@ -143,6 +143,14 @@ class Pipeline:
         from eyas.train.regen import regenerate
 
         pool = build_pool(self.recipe, write=self.dist.main)
+        cfg = self.recipe.regen
+        if cfg.url:  # a server elsewhere holds the target: it writes the replies, eyas only tokenizes
+            from eyas.train.regen_endpoint import regenerate_via_endpoint
+
+            out = regenerate_via_endpoint(self.recipe, self.tokenizer, self.target_config.eos_token_ids, pool.train,
+                                          cfg.url, self.dist.rank, self.dist.world, self.progress, cfg.batch)
+            self.dist.barrier()
+            return {**pool.stats, **out}
         engine = self.engine(self.recipe.regen.batch, self.recipe.data.max_len)
         out = regenerate(self.recipe, engine, self.tokenizer, pool.train, self.dist.rank, self.dist.world,
                          self.progress)
@@ -172,14 +180,35 @@ class Pipeline:
                 "coverage": round(mapping.coverage, 5), "coverage_by_size": by_size}
 
     def capture(self) -> dict:
-        from eyas.models.loader import load_model
         from eyas.train.capture import capture_features
 
         samples, data_hash, _ = self.samples()
-        target = load_model(self.recipe.target, self.dtype, self.device, max_positions=self.recipe.data.max_len + 8)
-        target.capture_layers = self.draft_config().capture_layers(self.target_config.num_layers)
-        return capture_features(self.out / "features", target, samples, data_hash, self.recipe.train, self.dist,
-                                self.progress)
+        layers = self.draft_config().capture_layers(self.target_config.num_layers)
+        target = self.capture_target(layers)
+        try:
+            return capture_features(self.out / "features", target, samples, data_hash, self.recipe.train, self.dist,
+                                    self.progress, dtype=self.dtype, concurrency=self.recipe.capture.concurrency)
+        finally:
+            if hasattr(target, "close"):
+                target.close()
+
+    def capture_target(self, layers):
+        """eyas's model with its capture layers set, or a client of the serving engine that holds the target."""
+        cfg = self.recipe.capture
+        if cfg.source == "eyas":
+            from eyas.models.loader import load_model
+
+            target = load_model(self.recipe.target, self.dtype, self.device, max_positions=self.recipe.data.max_len + 8)
+            target.capture_layers = layers
+            return target
+        from eyas.models.loader import parse_dtype
+        from eyas.train.capture_engines import SglangCapture, VllmCapture
+        from eyas.train.target import TargetHeads
+
+        heads = TargetHeads.load(self.target_path, parse_dtype(self.dtype), "cpu")  # final norm + the greedy check
+        if cfg.source == "vllm":
+            return VllmCapture(cfg.url, layers, heads, model=cfg.model or None)
+        return SglangCapture(cfg.url, cfg.hidden_url, layers, heads)
 
     def fit(self) -> dict:
         from eyas.train.draft_init import init_head_from_target, new_draft

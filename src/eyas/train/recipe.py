@@ -18,6 +18,7 @@ from eyas.errors import EyasError
 
 MODES = ("online", "offline")
 LAYOUTS = ("sglang", "eagle", "speculators")
+CAPTURE_SOURCES = ("eyas", "vllm", "sglang")
 
 
 def _positive(section: str, **values):
@@ -87,6 +88,7 @@ class RegenConfig:
     max_samples: int = 0          # cap on training prompts regenerated (before copies); 0 = the whole prompt pool
     sampled_copies: int = 0       # extra conversations per prompt, every turn sampled: more varied contexts
     sampled_temperature: float = 0.8  # the copies' temperature
+    url: str = ""                 # an OpenAI-compatible server of the target to write the replies (default: eyas's engine)
 
     def __post_init__(self):
         _positive("regen", max_tokens=self.max_tokens, batch=self.batch,
@@ -155,6 +157,25 @@ class TrainConfig:
 
 
 @dataclass
+class CaptureConfig:
+    """Where offline capture gets the target's hidden states: eyas's own engine, or a server that holds a target
+    too large for it (train/capture_engines.py; docs/training-large-targets.md)."""
+
+    source: str = "eyas"          # eyas | vllm | sglang
+    url: str = ""                 # the engine's base URL (vllm, sglang: the EAGLE-3 server giving the features)
+    hidden_url: str = ""          # sglang only: a server of the target alone, giving the final hidden states
+    model: str = ""               # the served model name (vllm; default: the first of /v1/models)
+    concurrency: int = 8          # prefill requests in flight
+
+    def __post_init__(self):
+        if self.source not in CAPTURE_SOURCES:
+            raise EyasError(f"[capture] source must be one of {', '.join(CAPTURE_SOURCES)}, got '{self.source}'")
+        if self.source != "eyas" and not self.url:
+            raise EyasError(f"[capture] source = \"{self.source}\" needs url (the server's base URL)")
+        _positive("capture", concurrency=self.concurrency)
+
+
+@dataclass
 class EvalConfig:
     every: int = 500              # measure acceptance every N steps (0 = only at the end)
     num_prompts: int = 32
@@ -193,6 +214,7 @@ class Recipe:
     regen: RegenConfig = field(default_factory=RegenConfig)
     draft: DraftSection = field(default_factory=DraftSection)
     train: TrainConfig = field(default_factory=TrainConfig)
+    capture: CaptureConfig = field(default_factory=CaptureConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
 
@@ -259,7 +281,7 @@ def _coerce(value, default, what: str):
 
 
 _SECTIONS = {"data": DataConfig, "synth": SynthConfig, "regen": RegenConfig, "draft": DraftSection,
-             "train": TrainConfig, "eval": EvalConfig, "export": ExportConfig}
+             "train": TrainConfig, "capture": CaptureConfig, "eval": EvalConfig, "export": ExportConfig}
 
 
 def parse_recipe(data: dict, overrides: dict | None = None, where: str = "recipe") -> Recipe:
@@ -273,7 +295,11 @@ def parse_recipe(data: dict, overrides: dict | None = None, where: str = "recipe
         node[leaf] = value
     if "target" not in data:
         raise EyasError(f"{where} lacks 'target' (a checkpoint directory or \"demo\")")
-    return _build(Recipe, data, where)
+    recipe = _build(Recipe, data, where)
+    if recipe.capture.source != "eyas" and recipe.train.mode != "offline":
+        raise EyasError(f"[capture] source = \"{recipe.capture.source}\" captures features to disk: set [train] "
+                        "mode = \"offline\" (online training runs the target in eyas)")
+    return recipe
 
 
 def load_recipe(path: str | Path, overrides: dict | None = None) -> Recipe:
