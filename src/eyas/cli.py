@@ -57,13 +57,27 @@ def main(argv=None) -> int:
     args = verb_parser.parse_args(argv[1:])
     args.argv = ["eyas"] + argv
     try:
-        return int(module.run(args) or 0)
+        code = int(module.run(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader that left early (`| head`) is seen here, not at exit
+        return code
     except EyasError as e:
         print(f"eyas: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("eyas: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`eyas ... | head`): nothing more to say, and nowhere to say it.
+        _silence_stdout()
+        return 0
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not raise again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """`eyas draft convert` and `eyas draft check`, and the check `eyas launch` runs before it starts a server."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ from eyas.models.draft_io import load_draft, read_draft_tensors, save_draft
 from tests.helpers import random_draft
 
 H, V, LAYERS = 64, 96, 7
+ASSET_DRAFT = Path(__file__).resolve().parents[2] / "assets" / "smollm2-135m-eagle3"
 
 
 def target_dir(tmp_path, hidden=H, vocab=V, layers=LAYERS):
@@ -155,3 +159,10 @@ def test_launch_check_stops_a_draft_the_backend_would_run_wrongly(tmp_path):
     with pytest.raises(EyasError, match="vllm feeds layers"):
         check_before_launch(str(ids), str(tgt), "vllm")
     check_before_launch(str(tmp_path / "remote-only"), str(tgt), "vllm")  # not on this machine: left to the server
+
+
+def test_any_verb_piped_into_head_ends_without_a_traceback():
+    script = "import sys; from eyas.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run(["bash", "-c", f"{sys.executable} -c '{script}' draft check {ASSET_DRAFT} | head -1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.count("\n") == 1 and done.stderr == ""
