@@ -3,6 +3,7 @@ workers do) overwrite the memory /proc/PID/environ reads. Their environment must
 launches them (SPT_NOENV, and the interpreter-start snapshot), reported as unreadable (never as unset) when it
 cannot be, and a launch must fail when the process answering on its port is not one it started."""
 
+import json
 import os
 import signal
 import subprocess
@@ -124,3 +125,23 @@ def test_a_launch_fails_when_another_server_answers_on_its_port(tmp_path, capsys
     with Ledger() as ledger:
         run = ledger.list()[0]
     assert run.status == "failed" and "not by the launched server" in run.results["error"]
+
+
+def test_the_hook_snapshots_and_still_runs_the_sitecustomize_it_shadows(tmp_path):
+    from eyas.runs import envhook
+
+    class Here:
+        via = "local"
+
+    envhook.install(Here(), str(tmp_path))
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = '1'\n")
+    env, added = envhook.with_hook({**os.environ, "PYTHONPATH": str(theirs), "NCCL_ALGO": "Ring"}, str(tmp_path))
+    code = "import os, json; print(json.dumps([os.getpid(), os.environ.get('THEIRS_RAN')]))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    pid, theirs_ran = json.loads(done.stdout)
+    snap = json.loads((Path(envhook.folders(str(tmp_path))[1]) / f"{pid}.json").read_text())
+    assert theirs_ran == "1" and snap["env"]["NCCL_ALGO"] == "Ring" and snap["argv"] == ["-c"]
+    assert envhook.strip(snap["env"], added)["PYTHONPATH"] == str(theirs)  # the user's entry stays
+    assert "SPT_NOENV" not in envhook.strip(snap["env"], added) and snap["env"]["SPT_NOENV"] == "1"

@@ -141,15 +141,24 @@ def env_report(processes: list[dict], required: dict[str, str], root: int) -> En
     return EnvReport(root, dict(required), out)
 
 
-def check_listener(listening: list[int], report: EnvReport, port: int, where: str, sid: int) -> None:
+def port_holder(host, port: int) -> str:
+    """`pid 123 (vllm serve ...)` of what listens on `port` on the host, for an error message."""
+    owner = envhook.probe(host, "port", str(port))
+    if not owner.get("listeners"):
+        return "a process eyas cannot see"
+    line = next((p["cmdline"] for p in owner["processes"] if p["pid"] == owner["root"]), "")
+    return f"pid {owner['root']}" + (f" ({line[:80]})" if line else "")
+
+
+def check_listener(listening: list[int], report: EnvReport, port: int, where: str, sid: int, holder) -> None:
     """The process answering on the port must be one the launch started, or its numbers are another server's."""
     mine = {p.pid for p in report.processes}
     if not listening:
         raise EyasError(f"no process on {where} is seen listening on port {port} although /health answers there: "
                         f"cannot tell which server would be measured")
     if not mine & set(listening):
-        raise EyasError(f"port {port} on {where} is held by pid {listening[0]}, not by the launched server (session "
-                        f"{sid}): another server answers there; stop it or pick another port")
+        raise EyasError(f"port {port} on {where} is held by {holder()}, not by the launched server (session {sid}): "
+                        f"another server answers there; stop it or pick another port")
 
 
 def record_processes(ledger: Ledger, run_id: str, report: EnvReport, procs: list[dict], host_name: str | None) -> None:
@@ -202,7 +211,8 @@ def launch(plan: Plan, host, ledger: Ledger, *, keep_running: bool = False,
     facts = host.probe(plan.python, plan.argv[0], module)
     check_probe(facts, plan.argv[0], module, plan.python, where)
     if _port_in_use(host.http_host(spec.host), spec.port):
-        raise EyasError(f"port {spec.port} on {where} already answers: stop that server or pick another port")
+        raise EyasError(f"port {spec.port} on {where} already answers ({port_holder(host, spec.port)}): stop that "
+                        f"server or pick another port")
 
     env = {**facts["base_env"], **plan.env}
     # What each process should get: the base variables, or the host's login environment where it inherits that.
@@ -227,7 +237,8 @@ def launch(plan: Plan, host, ledger: Ledger, *, keep_running: bool = False,
         results["startup_s"] = round(wait_healthy(host, handle, url, spec.startup_timeout_s), 2)
         procs = envhook.read_session(host, handle.sid, workdir, hook_vars)
         report = env_report(procs, plan.verify, handle.sid)
-        check_listener(envhook.probe(host, "listeners", str(spec.port)), report, spec.port, where, handle.sid)
+        check_listener(envhook.probe(host, "listeners", str(spec.port)), report, spec.port, where, handle.sid,
+                       lambda: port_holder(host, spec.port))
         record_processes(ledger, run_id, report, procs, host.name)
         problems = env_problems(report)
         results.update(env_verified=not problems, processes=len(report.processes),

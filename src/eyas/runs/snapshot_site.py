@@ -26,7 +26,8 @@ def _write_snapshot():
               "executable": _sys.executable, "env": dict(_os.environ)}
     path = _os.path.join(folder, f"{pid}.json")
     try:
-        with open(path + ".tmp", "w") as f:
+        # 0600: the environment may hold tokens, readable by its owner only, as /proc/PID/environ is
+        with open(_os.open(path + ".tmp", _os.O_WRONLY | _os.O_CREAT | _os.O_TRUNC, 0o600), "w") as f:
             json.dump(record, f)
         _os.replace(path + ".tmp", path)  # a reader never sees half a file
     except OSError:
