@@ -8,11 +8,14 @@ It skips, saying why, only where the package registry cannot be reached; any oth
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,3 +103,49 @@ def peer_python(name: str) -> str:
                 pytest.fail(f"{name}'s venv does not import: {textwrap.shorten(probe.stderr, 400)}")
         ready.write_text("ok\n")
     return str(python)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def vllm_server(model: str, *args: str, log: Path, kv_space_gib: int = 1, timeout: float = 600.0):
+    """`vllm serve MODEL ARGS` from the cached venv, small and fp32 (CPU KV cache of kv_space_gib GiB, eager), with
+    tests/peers on its path (for the CPU hidden-states connector); yields its base URL, stops it on exit."""
+    import httpx
+
+    python = peer_python("vllm")
+    port = free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib), "PYTHONPATH": str(Path(__file__).parent),
+           "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    cmd = [python, "-m", "vllm.entrypoints.cli.main", "serve", model, "--dtype", "float32", "--max-model-len", "2048",
+           "--enforce-eager", "--host", "127.0.0.1", "--port", str(port), *args]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vllm serve exited with {proc.returncode}: {textwrap.shorten(log.read_text()[-3000:], 1500)}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve not ready after {timeout:.0f} s: see {log}")
+            time.sleep(1)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # its EngineCore and worker are in the session it leads
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
