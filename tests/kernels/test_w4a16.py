@@ -2,12 +2,17 @@
 shapes: symmetric and zero-point int4 in groups and per row, FP8 blocks with ragged edges, dense rows across
 the 16-row tile, and routed-expert rows that each name their expert."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from eyas.kernels.w4a16 import quant_linear_rows
 from eyas.layers.quant_linear import QuantFormat, reference_matmul
 from eyas.models.quant import pack_int4_groups, quantize_fp8_blocks
+from tests.helpers import run_script
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_w4a16.py"
 
 SCHEMES = {"int4-g32": QuantFormat("int4", 32), "int4-g16-zero-points": QuantFormat("int4", 16, symmetric=False),
            "int4-channel": QuantFormat("int4", 0), "fp8-16x16": QuantFormat("fp8", block=(16, 16))}
@@ -74,3 +79,10 @@ def test_bad_shapes_are_refused():
         quant_linear_rows(torch.randn(1, 32), fmt, values, scale)
     with pytest.raises(ValueError, match="with expert ids"):
         quant_linear_rows(torch.randn(1, 64), fmt, values, scale, expert_ids=torch.zeros(1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("rows", ["0", "1,17", "x"])
+def test_the_benchmark_refuses_bad_rows_in_one_line(rows):
+    run = run_script(BENCH, "--rows", rows)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: --rows")
