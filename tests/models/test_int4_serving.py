@@ -1,6 +1,6 @@
 """The tiny INT4 Kimi-K2 target (tests/models/test_int4_model.py), given a tokenizer, behind the real front ends:
 `eyas serve` with an EAGLE-3 draft returns the plain greedy text and reports the packed weights' bytes in
-/server_info, and `eyas train` trains a draft for it end to end on the CPU."""
+/server_info and its serving log line, and `eyas train` trains a draft for it end to end on the CPU."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def test_serves_plain_greedy_with_a_draft_and_reports_packed_bytes(target, tmp_p
         got = [client.completions.create(model=server.model, prompt=p, max_tokens=16, temperature=0).choices[0].text
                for p in prompts]
         info = httpx.get(server.url + "/server_info").json()["model"]
+        assert f"weights {info['weight_bytes'] / 2 ** 20:.1f} MiB + KV cache" in server.log()  # the serving line
     assert got == want
     assert info["speculative"]
     assert info["weight_bytes"] == weight_bytes(load_model(target, "fp32", max_positions=256))

@@ -225,6 +225,7 @@ def _prepare(config, group, info, tokenizer, fatal: list[str]):
     if config.host not in ("127.0.0.1", "localhost", "::1") and not config.api_key:
         log(f"eyas: warning: listening on {config.host} without --api-key: anyone who can reach it can use it")
     log(f"eyas: serving {config.model} on http://{config.host}:{config.port} (tp={config.tp}, {info.device}, "
-        f"{info.dtype}, max_model_len={info.max_len}, max_running={config.max_running}"
+        f"{info.dtype}, max_model_len={info.max_len}, max_running={config.max_running}, "
+        f"weights {info.weight_bytes / 2 ** 20:.1f} MiB + KV cache {info.kv_cache_bytes / 2 ** 20:.1f} MiB per rank"
         + (f", draft={config.draft} {config.spec}" if config.draft else "") + ")")
     return server, scheduler
