@@ -29,8 +29,8 @@ INT4, INT4_ZERO, FP8 = 0, 1, 2
 @triton.jit
 def _quant_rows_kernel(x_ptr, w_ptr, s_ptr, z_ptr, ids_ptr, out_ptr, M, N, K, x_stride, w_stride_e, w_stride_n,
                        s_stride_e, s_stride_n, z_stride_e, z_stride_n, group, block_r, block_c,
-                       FMT: tl.constexpr, HAS_IDS: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr):
+                       FMT: tl.constexpr, HAS_IDS: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -109,5 +109,6 @@ def quant_linear_rows(x: torch.Tensor, fmt, values: torch.Tensor, scale: torch.T
     _quant_rows_kernel[grid](
         x, values, scale, zero, ids, out, M, N, K, x.stride(0), e_strides[0], values.stride(-2),
         e_strides[1], scale.stride(-2), e_strides[2], zero.stride(-2), fmt.group_of(K), fmt.block[0], fmt.block[1],
-        FMT=code, HAS_IDS=stacked, FP32_DOT=not x.is_cuda, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4)
+        FMT=code, HAS_IDS=stacked, FP32_DOT=not x.is_cuda, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=4)
     return out
