@@ -98,7 +98,7 @@ class Experts(nn.Module):
         return (self.forward_grouped if grouped else self.forward_reference)(x, weights, ids)
 
     def forward_reference(self, x, weights, ids):
-        return experts_reference(x, weights, ids, self.gate_up_proj.shape[0],
+        return experts_reference(x, weights, ids, range(self.gate_up_proj.shape[0]),
                                  lambda e: (self.gate_up_proj[e], self.down_proj[e]))
 
     def forward_grouped(self, x, weights, ids):
@@ -116,11 +116,12 @@ class Experts(nn.Module):
         return (per_copy.view(N, k, -1).float() * weights[..., None]).sum(1).to(x.dtype)
 
 
-def experts_reference(x, weights, ids, num_experts: int, expert) -> torch.Tensor:
+def experts_reference(x, weights, ids, experts, expert) -> torch.Tensor:
     """x: [N, H]; weights, ids: [N, k]; expert(e) -> (gate_up [2I, H], down [H, I]) in x's dtype. The definition:
-    sum over experts e of weight(token, e) * e(token), every expert run on every token."""
+    sum over experts e of weight(token, e) * e(token), each expert in `experts` run on every token. Leaving out
+    experts no token chose changes no bit (their terms are zeros), but needs the ids on the host."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for e in range(num_experts):
+    for e in experts:
         gate_up, down = expert(e)
         gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
         y = F.linear(F.silu(gate) * up, down)

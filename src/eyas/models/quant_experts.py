@@ -6,9 +6,9 @@ the formats): `gate_up_proj` [E, 2I, *] and `down_proj` [E, H, *] hold the store
 `*_zero_point` for asymmetric int4) their scales. Under tensor parallelism each rank keeps a slice of every
 expert's intermediate dimension, as the dense experts do.
 
-Three paths give the same sums. The reference (CPU, and the definition): every expert dequantized in turn to
-the activations' dtype and run on every token, exactly the dense experts' reference on the dequantized
-weights. On CUDA at decode (at most MAX_COPIES token copies), one Triton launch per projection computes every
+Three paths give the same sums. The reference (CPU, and the definition): each expert that some token chose
+dequantized in turn to the activations' dtype and run on every token, bit for bit the dense experts'
+reference on the dequantized weights (whose other experts add only zeros). On CUDA at decode (at most MAX_COPIES token copies), one Triton launch per projection computes every
 (token, chosen expert) row straight from the packed weights, with no data-dependent shapes (CUDA graphs
 capture it). Larger CUDA batches (prefill) dequantize one expert at a time for the rows routed to it.
 """
@@ -63,7 +63,7 @@ class QuantExperts(nn.Module):
             return self.forward_kernel(x, weights, ids)
         if x.is_cuda:
             return self.forward_sorted(x, weights, ids)
-        return experts_reference(x, weights, ids, self.num_experts, lambda e: self.expert(e, x.dtype))
+        return experts_reference(x, weights, ids, ids.unique().tolist(), lambda e: self.expert(e, x.dtype))
 
     def forward_kernel(self, x, weights, ids):
         """Every (token, chosen expert) copy as one row of one launch per projection."""
