@@ -3,8 +3,8 @@
 Usage: OMP_NUM_THREADS=1 python benchmarks/bench_quant_load.py --out quant_load.json
        python benchmarks/bench_quant_load.py --device cuda --out quant_load.json
 
-eyas dequantizes into a bf16 copy at load (models/quant.py, on the host as tensors stream in, whatever the
-device); there is no quantized matmul kernel, so after loading every format runs the same bf16 model.
+eyas keeps the shipped formats packed (models/quant.py): the model holds the int4 words or fp8 values and their
+scales, and its linears and experts unpack on the fly (layers/quant_linear.py; a Triton kernel on CUDA at decode).
 
 One random-weight model with DeepSeek-V3's architecture at Moonlight-16B-A3B's widths (hidden 2048, MLA with
 kv_lora 512, 64 experts top-6 of width 1408, 2 shared), cut to 2 layers (1 dense + 1 MoE) and a 32k vocabulary
@@ -275,11 +275,11 @@ def main():
     Path(args.out).write_text(json.dumps(results, indent=2))
     print(f"\n{results['device']}, torch {torch.__version__}: DeepSeek-V3 architecture at Moonlight-16B-A3B widths, "
           f"2 layers (1 dense + 1 MoE, 64 experts top-6), vocab 32k, {info['params'] / 1e9:.2f} B params, random "
-          f"weights. Every checkpoint loads as bf16 (dequantized at load; no quantized matmul kernel), so the decode "
-          f"step is the same model each time. Logits over a {PROMPT}-token prompt: bf16 max |x| "
+          f"weights. Quantized checkpoints load kept packed (weights GB), their linears and experts unpacking on "
+          f"the fly; the '-ref' rows load dense bf16. Logits over a {PROMPT}-token prompt: bf16 max |x| "
           f"{results['bf16_logits']['max_abs']:.3g}, std {results['bf16_logits']['std']:.3g}. '-ref' rows: the "
           f"quantized checkpoint dequantized here from the format's definition and saved dense. Load s: median of "
-          f"{args.repeats} loads from a warm page cache, dequantization included; RSS growth counts the checkpoint's "
+          f"{args.repeats} loads from a warm page cache; RSS growth counts the checkpoint's "
           f"mapped pages (about its file size) besides the weights.\n")
     print(table(rows, cuda))
     print(f"\ntotal {results['seconds']:.0f} s; results in {args.out}")
