@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from eyas.config import SpecConfig
+from eyas.dist.launch import free_port
 from eyas.engine.engine import Engine
 from eyas.engine.profile import Profiler
 from eyas.layers.quant_linear import QuantLinear
@@ -22,6 +24,7 @@ from eyas.models.quant_experts import QuantExperts
 from eyas.train.target import run_target
 from tests.helpers import random_draft
 from tests.models.tiny_moe import save_tiny
+from tests.models.tp_ranks import logits, tp_worker
 
 VOCAB = 32  # small, so a random draft still gets tokens accepted
 
@@ -126,3 +129,14 @@ def test_speculative_equals_plain_greedy_and_the_twin(pair, spec):
                          draft=random_draft(64, VOCAB, draft_vocab=24), spec=spec)
     assert [s.output_ids for s in spec_engine.generate(prompts, params)] == want
     assert max(prof.summary()["accept_histogram"]) > 1  # accepted drafts, so commit/compaction ran
+
+
+def test_tp2_ranks_keep_their_packed_slices(tmp_path):
+    """Two gloo ranks over the packed model: heads, kv_b_proj's rows, o_proj's and down_proj's columns and every
+    expert's intermediate dim split in two, each piece cut on its 16-wide groups; logits equal the twin's."""
+    packed_dir, twin = ship_int4(tmp_path, vocab=96, group=16)
+    mp.spawn(tp_worker, args=(free_port(), str(packed_dir), str(tmp_path)), nprocs=2, join=True)
+    want = logits(load_model(twin, "fp32", "cpu"))
+    for r in (0, 1):
+        got = torch.load(tmp_path / f"rank{r}.pt")
+        assert torch.allclose(got, want, atol=1e-4, rtol=0), (got - want).abs().max()
