@@ -159,3 +159,14 @@ def test_login_environment_and_what_the_server_got_both_show():
     assert (row.a, row.b) == ("lo x2", "unset x2") and "in B's login environment, not in its workers" in row.note
     assert diff.identical["login environment"] == 2 and "\nlogin environment (2 identical" in diff.render()
     assert not [k for k in (r.key for r in diff.sections["config"]) if "login_env" in k]
+
+
+def test_fewer_processes_read_and_per_start_names_are_no_cause():
+    vllm = {"NCCL_BUFFSIZE": "16777216"}
+    a = run("1", env=vllm, workers=[{**vllm, "VLLM_DIST_IDENT": "a1"}] * 6)
+    b = run("2", env=vllm, workers=[{**vllm, "VLLM_DIST_IDENT": "b2"}] * 2)
+    rows = {r.key: r for r in diff_runs(a, b).sections["workers"]}
+    assert rows["NCCL_BUFFSIZE"].a == "16777216 x6" and rows["NCCL_BUFFSIZE"].b == "16777216 x2"
+    assert "only the number of processes read differs" in rows["NCCL_BUFFSIZE"].note
+    assert "set anew by the engine at every start" in rows["VLLM_DIST_IDENT"].note
+    assert not [c for c in diff_runs(a, b).explain() if c.section == "workers"]

@@ -24,6 +24,8 @@ from eyas.runs.spread import measured_spread
 from eyas.runs.table import clip, format_table
 
 _ENV_ORDER = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "EYAS_", "SGLANG_", "VLLM_", "OMP_", "MKL_")
+# Set anew by the engine at every start (vLLM's process-group and shared-memory names): a difference is no cause.
+_PER_START = ("VLLM_DIST_IDENT", "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME")
 _SPECULATIVE_WORDS = ("spec", "draft", "eagle", "topk", "step", "token", "model")
 SECTIONS = ("run", "weights", "arguments", "config", "environment", "login environment", "workers", "versions",
             "hardware", "results")
@@ -149,6 +151,10 @@ def _worker_value(run: RunRecord, key: str) -> tuple[str | None, int]:
     return text, (sum(v != requested for v in values) if requested is not None else 0)
 
 
+def _distinct(run: RunRecord, key: str) -> set:
+    return {w.env.get(key) for w in run.workers}
+
+
 def _absent_everywhere(run: RunRecord, key: str) -> bool:
     return bool(run.workers) and all(key not in w.env for w in run.workers)
 
@@ -178,6 +184,11 @@ def _workers(diff: RunDiff) -> None:
             continue
         missing = bool(miss_a or miss_b or lost)
         rank = (1 if missing else 3, 0 if va != vb else 1, _env_rank(key), key)
+        if not missing and key in _PER_START:
+            rank, notes = (), notes + ["set anew by the engine at every start"]
+        elif not missing and not notes and _distinct(a, key) == _distinct(b, key):
+            # "16777216 x6 -> 16777216 x2": the same value, read from fewer processes; not a cause.
+            rank, notes = (), ["the same value; only the number of processes read differs"]
         rows.append(DiffRow("workers", key, va, vb, "; ".join(notes), rank))
     diff.sections["workers"] = rows
     diff.identical["workers"] = same
