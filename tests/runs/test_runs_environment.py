@@ -28,6 +28,14 @@ def test_filtered_env_keeps_what_matters_and_redacts_secrets():
     assert list(out) == sorted(out)
 
 
+def test_command_lines_lose_secret_values_only():
+    from eyas.runs.environment import redact_command
+
+    line = 'bash -c HF_TOKEN=hf_x NCCL_ALGO=Ring python h.py {"EYAS_API_KEY": "k1", "TOKENIZERS_PARALLELISM": "false"}'
+    assert redact_command(line) == ('bash -c HF_TOKEN=<redacted> NCCL_ALGO=Ring python h.py '
+                                    '{"EYAS_API_KEY": "<redacted>", "TOKENIZERS_PARALLELISM": "false"}')
+
+
 def test_filtered_env_defaults_to_os_environ(monkeypatch):
     monkeypatch.setenv("NCCL_ALGO", "Ring")
     assert filtered_env()["NCCL_ALGO"] == "Ring"

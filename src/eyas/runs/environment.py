@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -35,6 +36,15 @@ def is_secret(key: str) -> bool:
     redact TOKENIZERS_PARALLELISM, one of the variables we most want to see.
     """
     return any(part.endswith(_SECRET_WORDS) for part in key.upper().split("_"))
+
+
+_ASSIGNMENT = re.compile(r"""(?P<key>[A-Za-z_][A-Za-z0-9_]*)(?P<sep>=|["']?\s*:\s*["']?)(?P<value>[^\s"',}]+)""")
+
+
+def redact_command(text: str) -> str:
+    """A command line with the values of secret-named assignments (`HF_TOKEN=...`, or `"HF_TOKEN": "..."` in
+    JSON a harness passed) replaced, so recording how a server was started leaks no credential."""
+    return _ASSIGNMENT.sub(lambda m: f"{m['key']}{m['sep']}{REDACTED}" if is_secret(m["key"]) else m[0], text)
 
 
 def filtered_env(environ: dict[str, str] | os._Environ | None = None) -> dict[str, str]:

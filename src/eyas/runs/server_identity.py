@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 import httpx
 
 from eyas.runs import envhook, procprobe
-from eyas.runs.environment import filtered_env
+from eyas.runs.environment import filtered_env, redact_command
 
 TIMEOUT_S = 5.0
 # SGLang's server arguments that decide speed or output; /server_info has them all at the top level.
@@ -148,6 +148,8 @@ def identify(url: str, api_key: str | None = None, host=None) -> ServerFacts:
         facts.config = said
         return facts
     procs = owner["processes"]
+    for p in [*procs, *owner.get("parents", [])]:
+        p["cmdline"] = redact_command(p["cmdline"])
     said["listener"] = {"host": where, "port": port, "pids": owner["listeners"], "root": owner["root"],
                         "cmdline": next((p["cmdline"] for p in procs if p["pid"] == owner["root"]), ""),
                         "parents": owner.get("parents", []), "processes": len(procs),
