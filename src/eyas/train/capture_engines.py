@@ -26,6 +26,7 @@ the target's LM head over the final hidden state eyas derived.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import time
 from pathlib import Path
@@ -37,7 +38,6 @@ from safetensors.torch import load_file
 from eyas.errors import EyasError
 from eyas.layers.norm import RMSNorm
 
-SOURCES = ("eyas", "vllm", "sglang")
 LOCK_TIMEOUT_S = 120.0  # how long a written file may stay locked by the engine's writer
 
 
@@ -49,8 +49,6 @@ def vllm_layer_ids(capture_layers, num_layers: int) -> list[int]:
 
 def vllm_launch_flags(capture_layers, num_layers: int, storage: str) -> list[str]:
     """The two `vllm serve` flags that make it write the hidden states eyas reads (see docs/training-large-targets.md)."""
-    import json
-
     spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids":
                                                  vllm_layer_ids(capture_layers, num_layers)}}}
@@ -66,15 +64,11 @@ class _EngineCapture:
 
     def __init__(self, url: str, capture_layers, heads, timeout: float = 600.0, transport=None):
         cfg = heads.config
-        if heads.norm_weight is None:
-            raise EyasError("the target checkpoint has no model.norm.weight: its final hidden state cannot be derived")
         self.capture_layers = tuple(capture_layers)
         self.num_layers, self.hidden_size = cfg.num_layers, cfg.hidden_size
         self.heads = heads
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.norm.weight.data = heads.norm_weight.detach().float().cpu()
         self.url = url.rstrip("/").removesuffix("/v1")
-        self.transport = transport  # an httpx transport in place of the network (tests)
+        # `transport`: an httpx transport in place of the network (tests)
         self.client = httpx.Client(base_url=self.url, timeout=timeout, trust_env=False, transport=transport)
 
     def _post(self, route: str, body: dict, client: httpx.Client | None = None) -> dict:
@@ -109,6 +103,11 @@ class VllmCapture(_EngineCapture):
     def __init__(self, url: str, capture_layers, heads, model: str | None = None, timeout: float = 600.0,
                  transport=None):
         super().__init__(url, capture_layers, heads, timeout, transport)
+        if heads.norm_weight is None:
+            raise EyasError("the target checkpoint has no model.norm.weight: its final hidden state cannot be derived "
+                            "from vLLM's layer outputs")
+        self.norm = RMSNorm(self.hidden_size, heads.config.rms_norm_eps)
+        self.norm.weight.data = heads.norm_weight.detach().float().cpu()
         self.layer_ids = vllm_layer_ids(self.capture_layers, self.num_layers)
         self.model = model or self._served_model()
 
