@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.functional as F
 
 from eyas.kernels import enabled
 from eyas.layers.activation import silu_mul
+from eyas.layers.linear import dense
 from eyas.layers.norm import RMSNorm
 
 
@@ -48,7 +48,7 @@ def norm_linear(norm: RMSNorm, linear, h: torch.Tensor,
 
         return fused(h, delta, norm.weight, norm.eps, linear.weight, linear.bias)
     h, x = norm.residual(h, delta)
-    return h, linear(x)
+    return h, _project(linear, x)
 
 
 def project_rows(linear, x: torch.Tensor) -> torch.Tensor:
@@ -85,7 +85,7 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         from eyas.kernels.fused_linear import linear_rows as fused
 
         return fused(x, weight)
-    return F.linear(x, weight)
+    return dense(x, weight)
 
 
 def add_silu_mul_linear(residual: torch.Tensor, weight: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
@@ -95,4 +95,11 @@ def add_silu_mul_linear(residual: torch.Tensor, weight: torch.Tensor, gate_up: t
         from eyas.kernels.fused_linear import silu_mul_linear as fused
 
         return fused(gate_up, weight, residual)
-    return residual + F.linear(silu_mul(gate_up), weight)
+    return residual + dense(silu_mul(gate_up), weight)
+
+
+def _project(linear, x: torch.Tensor) -> torch.Tensor:
+    """linear(x); torch's own nn.Linear (the EAGLE-3 draft's head) through layers.linear.dense, as ours are."""
+    if isinstance(linear, torch.nn.Linear):
+        return dense(x, linear.weight, linear.bias)
+    return linear(x)

@@ -15,6 +15,26 @@ from eyas.dist.parallel import SINGLE, TPContext
 from eyas.errors import EyasError
 
 
+def _onednn_linear_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+ONEDNN = _onednn_linear_available()
+
+
+def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias). On the CPU, in fp32 or bf16 with no gradient wanted, through oneDNN's matmul on
+    the weight as it is (no packed copy): there MKL's GEMV and small-row GEMM are the slower kernels on AVX-512
+    machines, and a verify pass's few rows cost oneDNN little more than one row (benchmarks/bench_cpu_peers.py).
+    Elsewhere torch's F.linear."""
+    if (ONEDNN and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == x.dtype
+            and (bias is None or bias.dtype == x.dtype)
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                                  or (bias is not None and bias.requires_grad)))):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
 def _copy(dst: torch.Tensor, src: torch.Tensor, what: str):
     if dst.shape != src.shape:
         raise EyasError(f"weight {what} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
@@ -37,7 +57,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(off)) if bias else None
 
     def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
+        return dense(x, self.weight, self.bias)
 
     def load(self, param: str, tensor: torch.Tensor, shard=None):
         key = 0 if shard is None else shard
@@ -56,7 +76,7 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x):
-        return self.finish(F.linear(x, self.weight))
+        return self.finish(dense(x, self.weight))
 
     def finish(self, partial: torch.Tensor) -> torch.Tensor:
         """This rank's x_local W_local^T, summed over ranks, plus the bias."""
@@ -96,4 +116,4 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Output projection with vocabulary rows split across ranks; logits are gathered on every rank."""
 
     def forward(self, hidden):
-        return self.tp.all_gather_last_dim(F.linear(hidden, self.weight))
+        return self.tp.all_gather_last_dim(dense(hidden, self.weight))
