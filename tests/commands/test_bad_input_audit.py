@@ -494,3 +494,26 @@ def test_serve_on_the_cpu_never_needs_triton(chat_pair, no_triton_env):
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 8
     assert "triton" not in server.log(), server.log()
+
+
+def test_train_num_samples_holds_out_in_proportion_and_says_so(capsys, tmp_path, monkeypatch):
+    import eyas.train.pipeline
+
+    seen = {}
+
+    class Fake:
+        def __init__(self, recipe, progress=True):
+            seen["recipe"], seen["progress"] = recipe, progress
+
+        def run(self, stages, argv=()):
+            return {}
+
+    monkeypatch.setattr(eyas.train.pipeline, "Pipeline", Fake)
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text('target = "demo"\n[data]\nheldout = 64\n[synth]\nnum = 1000\n')
+    code, _, err = run_cli(capsys, "train", "--config", recipe, "--device", "cpu", "--out", tmp_path / "out",
+                           "--num-samples", 8, "--no-progress")
+    assert code == 0, err
+    r = seen["recipe"]
+    assert (r.data.heldout, r.synth.num, seen["progress"]) == (2, 10, False)  # not 64 held out and 72 synthesized
+    assert "holding out 2 prompts, not [data] heldout = 64" in err

@@ -12,6 +12,7 @@ capture (offline features; only with [train] mode = "offline") -> fit -> export 
 from __future__ import annotations
 
 import argparse
+import sys
 import tomllib
 from pathlib import Path
 
@@ -98,6 +99,12 @@ def run(args) -> int:
         if args.num_samples < 1:
             raise EyasError(f"--num-samples must be >= 1, got {args.num_samples}")
         recipe.regen.max_samples = args.num_samples
+        # Held-out prompts in proportion: a quick run of 8 samples should not synthesize 64 held-out ones.
+        heldout = min(recipe.data.heldout, max(2, args.num_samples // 4))
+        if heldout != recipe.data.heldout:
+            print(f"eyas train: --num-samples {args.num_samples}: holding out {heldout} prompts, not [data] heldout = "
+                  f"{recipe.data.heldout}", file=sys.stderr)
+            recipe.data.heldout = heldout
         if recipe.synth.num:
             recipe.synth.num = min(recipe.synth.num, args.num_samples + recipe.data.heldout)
     _check_paths(recipe, args.stage)

@@ -22,6 +22,11 @@ from eyas.train.distributed import init_distributed, log
 from eyas.train.prompts import as_prompt, build_pool, data_dir, read_conversations
 
 STAGES = ("synth", "regen", "vocab", "capture", "fit", "export", "eval")
+# What each stage does, said as it starts (with --no-progress there is no bar to say it).
+STAGE_WORK = {"synth": "the target writes the training questions", "regen": "the target writes the replies",
+              "vocab": "counting tokens for the draft's vocabulary", "capture": "storing the target's features",
+              "fit": "training the draft", "export": "writing the draft checkpoint",
+              "eval": "measuring the draft's acceptance length"}
 SAMPLES_FILE = "samples.safetensors"  # the tokenized conversations (sample_cache.py)
 
 
@@ -316,7 +321,10 @@ class Pipeline:
         recorder = RunRecorder(self.out, self.recipe, argv or [], enabled=self.dist.main)
         results = {}
         try:
+            log(self.dist, f"eyas train: stages {', '.join(stages)} on {self.device} (target in {self.dtype}) into "
+                           f"{self.out}")
             for name in stages:
+                log(self.dist, f"eyas train: [{name}] {STAGE_WORK[name]} ...")
                 t0 = time.perf_counter()
                 res = getattr(self, name)()
                 res["seconds"] = round(time.perf_counter() - t0, 1)

@@ -63,6 +63,11 @@ def synthesize(recipe, engine, tokenizer, rank: int = 0, world: int = 1, progres
     starts = question_starts(tokenizer, cfg)
     stops = end_of_turn_ids(tokenizer, engine.config.eos_token_ids)
     stats = {"generated": 0, "generated_tokens": 0, "kept": 0, "dropped_filter": 0, "dropped_duplicate": 0}
+    if rank == 0:
+        print(f"eyas train: [synth] the target writes {want - min(have, want)} more questions ({have} already in "
+              f"{path.name}; {want} wanted: [synth] num, with --num-samples the training prompts plus "
+              f"[data] heldout = {recipe.data.heldout} held out), up to {cfg.max_tokens} tokens each, "
+              f"{cfg.batch} at a time", file=sys.stderr, flush=True)
     bar = tqdm(total=want, initial=min(have, want), desc="synth", unit="prompt", disable=not progress)
     for round_ in range(cfg.max_rounds):
         if have >= want:
@@ -77,6 +82,9 @@ def synthesize(recipe, engine, tokenizer, rank: int = 0, world: int = 1, progres
         params = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens,
                                 stop_token_ids=stops)
         chosen = [starts[i % len(starts)] for i in range(n)]
+        if not progress and rank == 0:  # no bar: each round says what it does
+            print(f"eyas train: [synth] round {round_ + 1}: {n} questions asked, {have} of {want} kept so far",
+                  file=sys.stderr, flush=True)
         seqs = engine.generate([ids for ids, _ in chosen], params)
         rows = []
         for (_, opening), s in zip(chosen, seqs):

@@ -214,6 +214,9 @@ class Trainer:
                "tokens_per_s": round(tokens * self.dist.world / max(1e-9, time.perf_counter() - t0))}
         self._record(row)
         bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{acc_k[0]:.3f}")
+        if not self.progress:  # no bar: the log line says how the fit goes
+            log(self.dist, f"eyas train: [fit] step {self.step}: loss {row['loss']:.3f}, accuracy of step 0 "
+                           f"{acc_k[0]:.3f}, {row['tokens_per_s']} tokens/s")
 
     def summary(self) -> dict:
         train = [r for r in self.history if "loss" in r]
