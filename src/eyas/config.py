@@ -379,6 +379,15 @@ class DraftConfig:
         return dataclasses.asdict(self)
 
 
+# What the engine captures per speculative cycle, so the bounds of every speculative setting: a verify pass (and
+# the draft's extend pass over steps + 1 accepted pairs) takes at most MAX_VERIFY_TOKENS new tokens per sequence,
+# the slot-attention kernel's row limit (layers.attention.KERNEL_TOKENS) under which its CUDA graphs are captured;
+# the draft's top-k takes at most MAX_SPEC_TOPK per row (kernels.topk.MAX_K, an unrolled loop).
+MAX_VERIFY_TOKENS = 64
+MAX_SPEC_STEPS = MAX_VERIFY_TOKENS - 1
+MAX_SPEC_TOPK = 16
+
+
 @dataclass
 class SpecConfig:
     """SGLang's knobs with SGLang's meaning: draft depth, branching, tokens sent to verify (root included)."""
@@ -411,15 +420,6 @@ class SpecConfig:
         if not 2 <= self.draft_tokens <= most:
             raise EyasError(f"--spec-draft-tokens {self.draft_tokens} is impossible with {self.steps} steps and topk "
                             f"{self.topk}: it must be between 2 and {most} (1 + topk + (steps-1)*topk^2)")
-# What the engine captures per speculative cycle, so the bounds of every speculative setting: a verify pass (and
-# the draft's extend pass over steps + 1 accepted pairs) takes at most MAX_VERIFY_TOKENS new tokens per sequence,
-# the slot-attention kernel's row limit (layers.attention.KERNEL_TOKENS) under which its CUDA graphs are captured;
-# the draft's top-k takes at most MAX_SPEC_TOPK per row (kernels.topk.MAX_K, an unrolled loop).
-MAX_VERIFY_TOKENS = 64
-MAX_SPEC_STEPS = MAX_VERIFY_TOKENS - 1
-MAX_SPEC_TOPK = 16
-
-
         if self.draft_tokens > MAX_VERIFY_TOKENS:
             raise EyasError(f"--spec-draft-tokens must be at most {MAX_VERIFY_TOKENS}, got {self.draft_tokens}: a "
                             f"cycle verifies at most {MAX_VERIFY_TOKENS} tokens per sequence, the most the engine "
