@@ -74,8 +74,9 @@ def engine_margin(engine) -> int:
     return engine.spec.lookahead if engine.spec else 1
 
 
-def regenerate(recipe, engine, tokenizer, prompts: list[Conversation], rank: int = 0, world: int = 1,
-               progress: bool = True) -> dict:
+def plan_jobs(recipe, prompts: list[Conversation], rank: int, world: int):
+    """(this rank's output file, the prompts, its (prompt index, copy) jobs not yet done, fresh stats): the
+    same split whichever engine writes the replies, so a run resumes across engines."""
     cfg = recipe.regen
     path = data_dir(recipe) / f"regen-r{rank}.jsonl"
     todo = prompts[: cfg.max_samples] if cfg.max_samples else prompts
@@ -84,6 +85,12 @@ def regenerate(recipe, engine, tokenizer, prompts: list[Conversation], rank: int
     mine = [(i, copy) for i, copy in jobs if copy_id(todo[i].id, copy) not in already]
     stats = {"conversations": 0, "replies": 0, "sampled_replies": 0, "dropped": 0, "generated_tokens": 0,
              "skipped_done": len(jobs) - len(mine)}
+    return path, todo, mine, stats
+
+
+def regenerate(recipe, engine, tokenizer, prompts: list[Conversation], rank: int = 0, world: int = 1,
+               progress: bool = True) -> dict:
+    path, todo, mine, stats = plan_jobs(recipe, prompts, rank, world)
     job = _Regen(recipe, engine, tokenizer, path, stats)
     bar = tqdm(total=len(mine), desc="regen", unit="conv", disable=not progress)
     queue = iter(mine)

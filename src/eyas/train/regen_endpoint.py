@@ -19,20 +19,14 @@ from tqdm import tqdm
 from eyas.errors import EyasError
 from eyas.models.tokenizer import encode_messages
 from eyas.train.conversation import end_of_turn_ids
-from eyas.train.prompts import Conversation, data_dir, write_jsonl
-from eyas.train.regen import FLUSH_ROWS, copy_id, done_ids
+from eyas.train.prompts import Conversation, write_jsonl
+from eyas.train.regen import FLUSH_ROWS, copy_id, plan_jobs
 
 
 def regenerate_via_endpoint(recipe, tokenizer, eos_ids, prompts: list[Conversation], url: str, rank: int = 0,
                             world: int = 1, progress: bool = True, concurrency: int = 16, transport=None) -> dict:
     cfg = recipe.regen
-    path = data_dir(recipe) / f"regen-r{rank}.jsonl"
-    todo = prompts[: cfg.max_samples] if cfg.max_samples else prompts
-    already = done_ids(recipe)
-    jobs = [(i, copy) for i in range(len(todo)) for copy in range(1 + cfg.sampled_copies)][rank::world]
-    mine = [(i, copy) for i, copy in jobs if copy_id(todo[i].id, copy) not in already]
-    stats = {"conversations": 0, "replies": 0, "sampled_replies": 0, "dropped": 0, "generated_tokens": 0,
-             "skipped_done": len(jobs) - len(mine)}
+    path, todo, mine, stats = plan_jobs(recipe, prompts, rank, world)
     stops = list(end_of_turn_ids(tokenizer, eos_ids))
     with httpx.Client(base_url=url.rstrip("/").removesuffix("/v1"), timeout=3600, trust_env=False,
                       transport=transport) as client:
