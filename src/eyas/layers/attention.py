@@ -74,11 +74,27 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch:
 
         store_kv(batch.kv.k[layer], batch.kv.v[layer], batch.slots, batch.write_pos, k, v)
         return attend_cached(q, layer, batch, scale)
-    batch.kv.write(layer, batch.slots, batch.write_pos, k, v)
-    keys, values = batch.kv.read(layer, batch.slots, batch.kv_len)
+    keys, values = _write_and_read(batch, layer, k, v)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=batch.mask,
                                          scale=scale, enable_gqa=keys.shape[1] != q.shape[2])
     return out.transpose(1, 2).flatten(2)
+
+
+def _write_and_read(batch: AttentionBatch, layer: int, k: torch.Tensor, v: torch.Tensor):
+    """Store this forward's k, v and return the cache's [B, kv_heads, kv_len, D] keys and values. A single
+    row on the CPU is written and read by slicing (views, no index kernels): a batch-1 cycle's cache traffic
+    there was a large share of the verify pass through advanced indexing. Other batches use the cache's
+    indexed write and an index_select read, which copies only the kv_len columns it needs."""
+    kv = batch.kv
+    if batch.slots.device.type == "cpu" and batch.slots.shape[0] == 1:
+        row, start, num_new = int(batch.slots[0]), int(batch.starts[0]), k.shape[1]
+        kv.k[layer, row, :, start:start + num_new] = k[0].transpose(0, 1)
+        if not kv.shared:
+            kv.v[layer, row, :, start:start + num_new] = v[0].transpose(0, 1)
+        return kv.k[layer, row:row + 1, :, :batch.kv_len], kv.v[layer, row:row + 1, :, :batch.kv_len]
+    kv.write(layer, batch.slots, batch.write_pos, k, v)
+    return (kv.k[layer, :, :, :batch.kv_len].index_select(0, batch.slots),
+            kv.v[layer, :, :, :batch.kv_len].index_select(0, batch.slots))
 
 
 def rotate_and_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, rotary,
