@@ -82,9 +82,12 @@ def run(args) -> int:
     path = demo_model_path()
     threads = ""
     if device == "cpu":
-        # As `eyas serve`'s worker does (eyas.dist.worker): a core left to the rest of the machine. On a 2-core
-        # machine shared with other processes, 2 threads ran plain decoding at 2.4 tok/s and 1 thread at 17.0.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
+        # The rule `eyas serve`'s worker follows (every core; OMP_NUM_THREADS overrides it on a busy machine).
+        from eyas.dist.worker import cpu_thread_count
+
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(cpu_thread_count(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                                   else (os.cpu_count() or 1), 1))
         threads = f", {torch.get_num_threads()} torch thread(s) as the server's worker uses"
     print(f"eyas demo: SmolLM2-135M-Instruct ({path}) on {device}, {dtype}{threads}; {load_line()}")
     print(f"It will answer {len(QUESTIONS)} questions (greedy, up to {params.max_tokens} tokens each) with the "

@@ -89,15 +89,22 @@ def build_engine(spec: WorkerSpec, rank: int, size: int, device: str):
     return engine, dtype
 
 
+def cpu_thread_count(cores: int, ranks: int) -> int:
+    """Torch threads per rank on a CPU: the ranks split every core. At concurrency 1 the front end (HTTP,
+    tokenizer, scheduler) waits while a step runs, so leaving it a core idles that core: served on an idle
+    2-core machine (SmolLM2-135M, fp32), 2 threads gave 20.1 tok/s plain and 29.5 with EAGLE-3, 1 thread 15.0
+    and 19.3 (OMP_WAIT_POLICY=PASSIVE with 2 threads: 16.8 plain). On a machine other processes keep busy,
+    OpenMP threads that spin against them collapse (2.6 tok/s vs 15.0 with 1 thread): OMP_NUM_THREADS, which
+    this rule leaves alone, sets the count there."""
+    return max(1, cores // max(1, ranks))
+
+
 def _share_cpu_threads(size: int) -> None:
-    """One core stays with the front end (HTTP, tokenizer, scheduler); the ranks split the rest. Without this
-    every rank takes every core, OpenMP threads spin against each other and the front end, and steps on a
-    small machine slow down tenfold (measured on 2 cores: 3 ms vs 14-75 ms per decode step)."""
     import torch
 
     if "OMP_NUM_THREADS" not in os.environ:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(max(1, (cores - 1) // size))
+        torch.set_num_threads(cpu_thread_count(cores, size))
 
 
 def run_worker(rank: int, size: int, spec: WorkerSpec, commands, results) -> None:
