@@ -20,7 +20,8 @@ def test_tiny_sweep_records_each_point_and_plots(tmp_path, capsys, pair, prompts
     assert len(rows) == 2 and rows[0].split()[1:4] == ["-", "-", "-"]  # baseline first
     assert [r.split()[1:4] for r in rows[1:]] == [["2", "1", "3"]]
     best = next(ln for ln in out.splitlines() if ln.startswith("best: "))
-    assert "over the baseline" in best and "accept length" in best
+    # A timed race on a shared CPU: either the setting wins, or the baseline stays best and says by how much.
+    assert "accept length" in best and ("over the baseline" in best or "no setting beat it" in best)
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
     with Ledger() as ledger:
         runs = ledger.list({"kind": "tune"}, descending=False)

@@ -244,7 +244,7 @@ def test_demo_second_call_does_not_reconvert(demo_dir, monkeypatch, capsys):
     monkeypatch.setattr(demo, "convert_gguf", fail)
     assert demo.demo_model_path() == demo_dir
     assert demo.resolve_model_path("demo") == demo_dir
-    assert demo.resolve_model_path("some/dir") == Path("some/dir")
+    assert demo.resolve_model_path(str(demo_dir)) == demo_dir  # a directory is taken as it is
     assert main(["models", "demo"]) == 0
     assert capsys.readouterr().out.strip() == str(demo_dir)
 
