@@ -65,3 +65,17 @@ def run_script(script, *args) -> "subprocess.CompletedProcess":
     finally:
         sys.argv, sys.path[:] = argv, path
     return subprocess.CompletedProcess(cmd, code, out.getvalue(), err.getvalue())
+
+
+def stop_process_group(proc, timeout: float = 60) -> None:
+    """SIGTERM the session a server leads (its engine core and workers are in it), SIGKILL it after timeout."""
+    import os
+    import signal
+    import subprocess
+
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -3,8 +3,6 @@
 benches against hand-started servers names the variable the semicolon kept from the workers."""
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +16,7 @@ from eyas.cli import main
 from eyas.dist.launch import free_port
 from eyas.runs.ledger import Ledger
 from eyas.runs.server_identity import ask_server, info_gauges, sglang_facts
+from tests.helpers import stop_process_group
 
 DATA = Path(__file__).with_name("data")
 
@@ -35,15 +34,6 @@ def _serve_by_hand(line: str, port: int) -> subprocess.Popen:
             pass
         time.sleep(0.3)
     raise AssertionError(f"no /health: {line}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def _bench(capsys, port: int, prompts) -> str:
@@ -64,7 +54,7 @@ def test_serve_and_bench_of_hand_started_servers_and_their_diff(capsys, tiny, pr
         try:
             runs[name] = _bench(capsys, port, prompts)
         finally:
-            _stop(proc)
+            stop_process_group(proc)
     with Ledger() as ledger:
         good, trap = ledger.get(runs["good"]), ledger.get(runs["trap"])
         serves = ledger.list(where={"kind": "serve"})

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import stop_process_group
 
 CACHE = Path(os.environ.get("EYAS_PEER_CACHE", Path.home() / ".cache" / "eyas-peers"))
 
@@ -143,9 +144,4 @@ def vllm_server(model: str, *args: str, log: Path, kv_space_gib: int = 1, timeou
             time.sleep(1)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # its EngineCore and worker are in the session it leads
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc, timeout=30)
