@@ -19,7 +19,7 @@ VERBS = {
     "convert-gguf": ("eyas.commands.convert_gguf", "convert a GGUF file into an HF checkpoint directory"),
     "serve": ("eyas.server.cli", "serve a model behind an OpenAI-compatible API"),
     "bench": ("eyas.commands.bench", "benchmark an OpenAI-compatible endpoint"),
-    "runs": ("eyas.runs.cli", "query the run ledger: list, show, best, diff, replay, export, plot"),
+    "runs": ("eyas.commands.runs", "query the run ledger: list, show, best, diff, replay, export, plot"),
     "launch": ("eyas.commands.launch", "start a server from a launch spec, verify its environment, bench, record"),
     "tune": ("eyas.commands.tune", "sweep speculative settings (and env sets) against a baseline, record each"),
     "remote": ("eyas.commands.remote", "status, logs or stop of a launched server (local or over ssh)"),

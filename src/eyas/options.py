@@ -75,7 +75,7 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("EYAS_TEST_DROP_ENV_IN_RANK", "test", "unset", "KEY:RANK: worker RANK deletes KEY from its "
            "environment before reporting it"),
     Switch("EYAS_ENV_SNAPSHOT_DIR", "internal", "unset", "where a launched server's interpreter-start hook "
-           "writes its environment (eyas.runs.snapshot_site, which runs before eyas is importable)"),
+           "writes its environment (eyas.launch.snapshot_site, which runs before eyas is importable)"),
 )}
 
 

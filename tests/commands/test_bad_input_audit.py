@@ -97,7 +97,7 @@ def test_runs_ledger_is_a_directory(capsys, tmp_path):
 
 def test_ledger_under_a_regular_file(tmp_path):
     from eyas.errors import EyasError
-    from eyas.runs.ledger import Ledger
+    from eyas.ledger.ledger import Ledger
 
     (tmp_path / "file").write_text("x")
     for db in (tmp_path / "file" / "runs.db", tmp_path / "file" / "sub" / "runs.db"):
@@ -113,7 +113,7 @@ def test_bench_temperature_nan(capsys):
 
 @pytest.fixture
 def ledger_db(tmp_path):
-    from eyas.runs.ledger import Ledger
+    from eyas.ledger.ledger import Ledger
 
     db = tmp_path / "runs.db"
     with Ledger(db) as ledger:
@@ -172,7 +172,7 @@ def test_runs_list_unknown_sort_key(capsys, ledger_db, key, needle):
 
 
 def test_runs_list_sort_key_some_runs_lack_is_fine(capsys, ledger_db):
-    from eyas.runs.ledger import Ledger
+    from eyas.ledger.ledger import Ledger
 
     with Ledger(ledger_db) as ledger:
         ledger.finish_run(ledger.start_run(kind="bench", argv=["eyas"], cwd="/", env={}, config={}), "ok",
@@ -205,12 +205,12 @@ def test_launch_spec_missing_key_names_the_key_not_an_argument(capsys, tmp_path)
 
 @pytest.fixture
 def tune_spec(tmp_path, monkeypatch):
-    import eyas.runs.tune
+    import eyas.ledger.tune
 
     def no_sweep(*a, **k):
         raise AssertionError("the sweep started")
 
-    monkeypatch.setattr(eyas.runs.tune, "run_sweep", no_sweep)
+    monkeypatch.setattr(eyas.ledger.tune, "run_sweep", no_sweep)
     spec = tmp_path / "spec.toml"
     spec.write_text('backend = "eyas"\nmodel = "/nonexistent/m"\ndraft = "/nonexistent/d"\n'
                     '[bench]\ndataset = "mt-bench"\nnum_prompts = 1\n')

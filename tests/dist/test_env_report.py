@@ -13,7 +13,7 @@ from eyas.dist.messages import AddRequest, Step
 from eyas.dist.worker import WorkerSpec
 from eyas.errors import EyasError
 from eyas.layers.sampling import SamplingParams
-from eyas.runs.procenv import read_environ
+from eyas.launch.procenv import read_environ
 from eyas.server.config import parse_env_pairs
 
 

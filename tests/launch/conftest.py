@@ -21,7 +21,7 @@ def home(tmp_path, monkeypatch):
 def quick_polls(monkeypatch):
     """A launch here checks /health every 0.1 s instead of 0.5 s, and whether the server died every 0.25 s instead
     of 2 s (a local check reads /proc; the 2 s spare ssh round trips): a ready or dead server is seen sooner."""
-    import eyas.runs.launch as launch
+    import eyas.launch.launch as launch
 
     monkeypatch.setattr(launch, "HEALTH_POLL_S", 0.1)
     monkeypatch.setattr(launch, "ALIVE_POLL_S", 0.25)
@@ -42,7 +42,7 @@ def prompts(tmp_path_factory):
 
 def write_spec(path, **fields) -> str:
     """A launch spec for the eyas backend on CPU; `bench` is a dict for the [bench] table."""
-    from eyas.runs.launch_spec import LaunchSpec
+    from eyas.launch.launch_spec import LaunchSpec
 
     fields.setdefault("backend", "eyas")
     fields.setdefault("port", free_port())

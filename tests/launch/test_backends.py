@@ -7,8 +7,8 @@ import pytest
 
 from eyas.cli import main
 from eyas.errors import EyasError
-from eyas.runs.launch_backends import build_command, spec_fields
-from eyas.runs.launch_spec import LaunchSpec
+from eyas.launch.launch_backends import build_command, spec_fields
+from eyas.launch.launch_spec import LaunchSpec
 
 # The known-good 94 tok/s configuration, as a spec.
 KIMI = dict(model="/shared/kimi-k2.5-int4", draft="/data/eagle3/output_100k_sglang/4", spec_steps=2, spec_topk=1,

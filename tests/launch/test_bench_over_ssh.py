@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from eyas.dist.launch import free_port
-from eyas.runs.remote import SshHost
-from eyas.runs.server_identity import identify
+from eyas.launch.remote import SshHost
+from eyas.launch.server_identity import identify
 from tests.remote.conftest import sshd  # noqa: F401  (fixture)
 
 pytest.importorskip("setproctitle")

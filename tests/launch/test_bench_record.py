@@ -4,7 +4,7 @@ import pytest
 
 from eyas.cli import main
 from eyas.dist.launch import free_port
-from eyas.runs.ledger import Ledger
+from eyas.ledger.ledger import Ledger
 from tests.bench.conftest import StubState, build_app, serving
 
 

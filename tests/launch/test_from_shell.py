@@ -1,7 +1,7 @@
 """`eyas launch --from-shell`: what a pasted line really sets and runs, and the spec it is equivalent to."""
 
 from eyas.cli import main
-from eyas.runs.launch_spec import load_spec
+from eyas.launch.launch_spec import load_spec
 
 # The user's known-good command exactly as pasted: its `\\`+newline continuations became `\\ `.
 PASTED = ("ssh root@10.1.230.174 'NCCL_PROTO=LL NCCL_ALGO=Ring NCCL_P2P_LEVEL=SYS NCCL_MAX_NCHANNELS=16 \\ "

@@ -14,8 +14,8 @@ import httpx
 
 from eyas.cli import main
 from eyas.dist.launch import free_port
-from eyas.runs.ledger import Ledger
-from eyas.runs.server_identity import ask_server, info_gauges, sglang_facts
+from eyas.ledger.ledger import Ledger
+from eyas.launch.server_identity import ask_server, info_gauges, sglang_facts
 from tests.helpers import stop_process_group
 
 DATA = Path(__file__).with_name("data")

@@ -8,7 +8,7 @@ import sys
 
 from eyas.cli import main
 from eyas.dist.launch import free_port
-from eyas.runs.ledger import Ledger
+from eyas.ledger.ledger import Ledger
 from tests.launch.conftest import run_id_of, write_spec
 
 

@@ -1,6 +1,6 @@
 """The replay verdict: which result changes fail it, and which are only shown."""
 
-from eyas.runs.replay import compare
+from eyas.ledger.replay import compare
 
 BEFORE = {"output_tok_s": 94.0, "accept_length": 2.6, "tpot_ms_mean": 10.0, "tpot_ms_p99": 12.0, "errors": 0,
           "completed": 80, "server_pid": 123, "accept_source": "usage"}

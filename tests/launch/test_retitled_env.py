@@ -16,9 +16,9 @@ import pytest
 
 from eyas.cli import main
 from eyas.dist.launch import free_port
-from eyas.runs import procprobe
-from eyas.runs.ledger import Ledger
-from eyas.runs.procenv import verify_env
+from eyas.launch import procprobe
+from eyas.ledger.ledger import Ledger
+from eyas.launch.procenv import verify_env
 from tests.launch.conftest import run_id_of, write_spec
 
 pytest.importorskip("setproctitle")
@@ -128,7 +128,7 @@ def test_a_launch_fails_when_another_server_answers_on_its_port(tmp_path, capsys
 
 
 def test_the_hook_snapshots_and_still_runs_the_sitecustomize_it_shadows(tmp_path):
-    from eyas.runs import envhook
+    from eyas.launch import envhook
 
     class Here:
         via = "local"

@@ -9,8 +9,8 @@ import time
 
 from eyas.cli import main
 from eyas.dist.launch import free_port
-from eyas.runs import procprobe
-from eyas.runs.ledger import Ledger
+from eyas.launch import procprobe
+from eyas.ledger.ledger import Ledger
 from tests.launch.conftest import write_spec
 
 

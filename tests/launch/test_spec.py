@@ -4,7 +4,7 @@ import pytest
 
 from eyas.cli import main
 from eyas.errors import EyasError
-from eyas.runs.launch_spec import LaunchSpec, load_spec
+from eyas.launch.launch_spec import LaunchSpec, load_spec
 
 GOOD = """
 backend = "sglang"

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from eyas.cli import main
-from eyas.runs.ledger import Ledger
+from eyas.ledger.ledger import Ledger
 from tests.launch.conftest import write_spec
 
 

@@ -3,8 +3,8 @@
 import pytest
 
 from eyas.errors import EyasError
-from eyas.runs.launch_spec import LaunchSpec
-from eyas.runs.tune import load_env_sets, point_spec, sweep_points
+from eyas.launch.launch_spec import LaunchSpec
+from eyas.ledger.tune import load_env_sets, point_spec, sweep_points
 
 
 def test_points_are_valid_and_distinct():

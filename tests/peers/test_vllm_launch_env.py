@@ -8,8 +8,8 @@ SmolLM2 has 9 attention heads: TP 3 with the multiprocessing executor (2 would b
 
 from eyas.cli import main
 from eyas.dist.launch import free_port
-from eyas.runs.launch_spec import BenchSpec, LaunchSpec
-from eyas.runs.ledger import Ledger
+from eyas.launch.launch_spec import BenchSpec, LaunchSpec
+from eyas.ledger.ledger import Ledger
 from tests.peers.envs import peer_python
 
 NCCL = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",

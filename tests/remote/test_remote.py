@@ -10,7 +10,7 @@ import httpx
 
 from eyas.cli import main
 from eyas.dist.launch import free_port
-from eyas.runs.ledger import Ledger
+from eyas.ledger.ledger import Ledger
 from tests.launch.conftest import run_id_of, write_spec
 from tests.remote.sshd import Sshd
 

@@ -3,7 +3,7 @@ what a hand launch over ssh gets (unless --clean-env), records that login enviro
 and fingerprints the weights on the host, so weights changed behind the same path show in replay and diff."""
 
 from eyas.cli import main
-from eyas.runs.ledger import Ledger
+from eyas.ledger.ledger import Ledger
 from tests.launch.conftest import run_id_of, write_spec
 from tests.remote.sshd import LOGIN_ENV
 

@@ -3,10 +3,11 @@
 Usage: eyas bench --url http://127.0.0.1:8000 --dataset mt-bench --num-prompts 80 --concurrency 1 --max-tokens 256
 
 Every run is recorded in the run ledger (kind "bench", $EYAS_HOME/runs.db) unless --no-record, so every number can
-be traced back to its settings, and with it what the server is (eyas.runs.server_identity): what it says about
+be traced back to its settings, and with it what the server is (eyas.launch.server_identity): what it says about
 itself, and, when its port is on this machine or on --host USER@HOST, the process tree listening there with each
 process's command line and environment. Recording is best effort and never fails the benchmark. The verb lives here, not
-in eyas.bench, so that the load generator stays below the ledger (eyas.runs records it and launches it).
+in eyas.bench, so that the load generator stays below the ledger and the launcher (eyas.ledger records it, eyas.launch
+starts what it measures).
 """
 
 import json
@@ -54,8 +55,8 @@ class _Recorder:
         if args.no_record:
             return
         try:
-            from eyas.runs.capture import begin_run
-            from eyas.runs.ledger import Ledger
+            from eyas.ledger.capture import begin_run
+            from eyas.ledger.ledger import Ledger
 
             server = _identify(args)
             self.ledger = Ledger(args.db)
@@ -92,12 +93,12 @@ class _Recorder:
 def _identify(args):
     """The server's facts for the record, or None (with a warning) when they cannot be had."""
     from eyas.errors import EyasError
-    from eyas.runs.server_identity import identify
+    from eyas.launch.server_identity import identify
 
     host = None
     try:
         if args.host:
-            from eyas.runs.remote import SshHost
+            from eyas.launch.remote import SshHost
 
             host = SshHost(args.host, args.ssh_option)
         return identify(args.url, args.api_key, host)

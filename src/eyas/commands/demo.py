@@ -156,10 +156,10 @@ def report_speedup(results: dict, device: str, dtype: str) -> None:
 
 def recorded_bench(draft: Path | None, device: str, args):
     """Serve the demo without and with its draft, bench each, record both in the ledger."""
-    from eyas.runs.launch import launch, plan_for
-    from eyas.runs.launch_host import LocalHost
-    from eyas.runs.launch_spec import BenchSpec, LaunchSpec
-    from eyas.runs.ledger import Ledger
+    from eyas.launch.launch import launch, plan_for
+    from eyas.launch.launch_host import LocalHost
+    from eyas.launch.launch_spec import BenchSpec, LaunchSpec
+    from eyas.ledger.ledger import Ledger
 
     bench = BenchSpec(dataset="mt-bench", num_prompts=args.bench_prompts, concurrency=1, max_tokens=64)
     extra = ["--device", device]

@@ -18,8 +18,8 @@ from pathlib import Path
 from eyas.commands.draft import check_before_launch
 from eyas.errors import EyasError
 from eyas.paths import output_file
-from eyas.runs import hostprobe
-from eyas.runs.launch_spec import BenchSpec, LaunchSpec, load_spec
+from eyas.launch import hostprobe
+from eyas.launch.launch_spec import BenchSpec, LaunchSpec, load_spec
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,8 +75,8 @@ def apply_overrides(spec: LaunchSpec, args: argparse.Namespace) -> LaunchSpec:
 
 
 def make_host(args: argparse.Namespace):
-    from eyas.runs.launch_host import LocalHost
-    from eyas.runs.remote import SshHost
+    from eyas.launch.launch_host import LocalHost
+    from eyas.launch.remote import SshHost
 
     if args.host:
         return SshHost(args.host, args.ssh_option, args.remote_dir, clean_env=args.clean_env)
@@ -87,8 +87,8 @@ def make_host(args: argparse.Namespace):
 
 
 def _dry_run(plan, host) -> int:
-    from eyas.runs.remote import render_script
-    from eyas.runs.shell import command_line
+    from eyas.launch.remote import render_script
+    from eyas.shell.shell import command_line
 
     base = ", ".join(hostprobe.BASE_ENV)
     if host.via == "ssh":
@@ -117,8 +117,8 @@ def _summary(outcome, keep_running: bool) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eyas.runs.launch import launch, plan_for
-    from eyas.runs.ledger import Ledger
+    from eyas.launch.launch import launch, plan_for
+    from eyas.ledger.ledger import Ledger
 
     if bool(args.spec) == bool(args.from_shell):
         raise EyasError("give a SPEC.toml or --from-shell LINE (one of them)")
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _from_shell(args: argparse.Namespace) -> LaunchSpec | None:
-    from eyas.runs.from_shell import import_line
+    from eyas.launch.from_shell import import_line
 
     if args.write:
         output_file(args.write, "--write")

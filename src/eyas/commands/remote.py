@@ -35,9 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def locate(run):
     """(host, handle, spec) of a launched run, from its record alone."""
-    from eyas.runs.launch_host import Handle, workdir_for
-    from eyas.runs.launch_spec import LaunchSpec
-    from eyas.runs.remote import host_from_config
+    from eyas.launch.launch_host import Handle, workdir_for
+    from eyas.launch.launch_spec import LaunchSpec
+    from eyas.launch.remote import host_from_config
 
     if "launch" not in run.config:
         raise EyasError(f"run {run.run_id} is a {run.kind} run, not one started by `eyas launch`")
@@ -52,7 +52,7 @@ def locate(run):
 
 
 def run(args: argparse.Namespace) -> int:
-    from eyas.runs.ledger import Ledger
+    from eyas.ledger.ledger import Ledger
 
     if args.action == "logs" and args.lines < 1:
         raise EyasError(f"--lines must be >= 1, got {args.lines}")

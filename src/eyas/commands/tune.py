@@ -18,7 +18,7 @@ from pathlib import Path
 from eyas.commands.launch import add_host_arguments, make_host
 from eyas.errors import EyasError
 from eyas.paths import image_file
-from eyas.runs.launch_spec import BenchSpec, load_spec
+from eyas.launch.launch_spec import BenchSpec, load_spec
 
 
 def _ints(text: str) -> list[int]:
@@ -49,8 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eyas.runs.ledger import Ledger
-    from eyas.runs.tune import best, load_env_sets, plot, render, run_sweep, sweep_points, verdict
+    from eyas.ledger.ledger import Ledger
+    from eyas.ledger.tune import best, load_env_sets, plot, render, run_sweep, sweep_points, verdict
 
     spec = load_spec(args.spec)
     if args.python:

@@ -17,7 +17,7 @@ import socket
 from dataclasses import asdict, dataclass, field
 
 from eyas.options import get as option
-from eyas.runs.table import clip, format_table
+from eyas.table import clip, format_table
 
 PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "EYAS_")
 EXTRA = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # thread counts change CPU timings as much as NCCL knobs do

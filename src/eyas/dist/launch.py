@@ -10,7 +10,7 @@ os.environ, every --env pair, the rendezvous variables) and installs it in the p
 the instant of Process.start(), restoring it right after. We chose this over setting os.environ inside the
 child because the values then exist from exec on: libraries that read variables when they load (OpenMP thread
 counts, CUDA, libnccl) see them, and each worker's /proc/PID/environ shows exactly what it was given, which is
-what eyas.runs.procenv reads from outside. The swap happens before the server starts any thread.
+what eyas.launch.procenv reads from outside. The swap happens before the server starts any thread.
 """
 
 from __future__ import annotations

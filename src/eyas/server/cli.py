@@ -146,7 +146,7 @@ def run(args) -> int:
 
 
 def _recorder(args, config):
-    from eyas.runs.serve_record import ServeRecorder
+    from eyas.ledger.serve_record import ServeRecorder
 
     if args.no_record:
         return ServeRecorder(None, None, log)

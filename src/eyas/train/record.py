@@ -3,7 +3,7 @@
 Usage: rec = RunRecorder(out_dir, recipe, argv); rec.stage("fit", results, data_hash); rec.finish("ok", results)
 
 run.json is rewritten (atomically) after every stage, so a crash still leaves the stages that finished;
-stages run alone on later invocations are merged in. The ledger (eyas.runs.ledger) is best effort: a
+stages run alone on later invocations are merged in. The ledger (eyas.ledger.ledger) is best effort: a
 ledger problem is reported on stderr and never stops training.
 """
 
@@ -40,8 +40,8 @@ class RunRecorder:
 
     def _ledger_start(self, recipe, argv):
         try:
-            from eyas.runs.environment import filtered_env
-            from eyas.runs.ledger import Ledger
+            from eyas.launch.environment import filtered_env
+            from eyas.ledger.ledger import Ledger
 
             with Ledger() as ledger:
                 self.run_id = ledger.start_run(kind="train", argv=list(argv), cwd=os.getcwd(), env=filtered_env(),
@@ -75,7 +75,7 @@ class RunRecorder:
         if self.run_id is None:
             return
         try:
-            from eyas.runs.ledger import Ledger
+            from eyas.ledger.ledger import Ledger
 
             with Ledger() as ledger:
                 ledger.finish_run(self.run_id, status, {**self.data["metrics"], "output": self.data["output"],

@@ -1,0 +1,1 @@
+"""The bash reader: quote command lines, and read a pasted one the way bash does."""
