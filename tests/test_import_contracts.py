@@ -1,7 +1,7 @@
 """The import contracts in pyproject.toml ([tool.importlinter]) hold, and they catch an arrow that points up.
 
-Imports point down (kernels <- layers <- models <- engine <- server/commands), runs and bench stay free of the
-model stack, and no two sibling packages or modules import each other. `lint-imports` reads every import,
+Imports point down (kernels <- layers <- models <- engine <- server/commands), ledger, launch, shell and bench
+stay free of the model stack, and no two sibling packages or modules import each other. `lint-imports` reads every import,
 function-level ones included.
 """
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from eyas.errors import EyasError
 from eyas.launch.launch_backends import spec_fields
 from eyas.launch.launch_spec import LaunchSpec
-from eyas.shell.shell import Command, ParsedLine, parse_shell_line, quote
+from eyas.shell.shell import ParsedLine, parse_shell_line, quote
+from eyas.shell.shell_command import Command
 
 _SPEC_KEYS = ("spec_steps", "spec_topk", "spec_draft_tokens")
 _ENGINE_DEFAULTS = {

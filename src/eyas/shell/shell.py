@@ -16,8 +16,9 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from eyas.errors import EyasError
-from eyas.shell.shell_lexer import Op, Word, is_redirection, tokenize
+from eyas.shell.shell_command import Command, Dropped, split_simple_commands
+from eyas.shell.shell_lexer import tokenize
+from eyas.shell.shell_wrappers import Context, run_simple_commands
 
 
 def quote(value: object) -> str:
@@ -46,40 +47,6 @@ def clip_command(argv: list[str], width: int = 200) -> str:
             return " ".join(words) + f" ... (+{len(argv) - i} more arguments)"
         words.append(word)
     return " ".join(words)
-
-
-@dataclass
-class Dropped:
-    """An assignment that does not reach the program it was written for."""
-
-    name: str
-    value: str
-    reason: str
-
-
-@dataclass
-class Command:
-    """One program the line starts, with the environment the line hands it."""
-
-    argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)  # set by the line; the program also gets inherited vars
-    inherits_env: bool = True  # False after `env -i` or sudo's env_reset
-    host: str | None = None  # the machine it runs on when reached through ssh
-    ssh_options: list[str] = field(default_factory=list)  # ssh's -p/-i/-l/-o/-J as `-o` options (Port=2222)
-    wrappers: list[str] = field(default_factory=list)  # e.g. ["ssh root@h", "nohup"]
-    redirections: list[str] = field(default_factory=list)
-    background: bool = False
-    dropped: list[Dropped] = field(default_factory=list)
-    problem: str | None = None  # why this will not run the way it reads
-
-    @property
-    def program(self) -> str | None:
-        return self.argv[0] if self.argv else None
-
-    @property
-    def not_a_program(self) -> bool:
-        """A "command" the shell fails to find: ' ' made by a `\\ `, or flags orphaned on a line of their own."""
-        return bool(self.program is not None and (not self.program.strip() or self.program.startswith("-")))
 
 
 # Commands that accompany the real work on a pasted line (`...; echo started`); they are never "the" program.
@@ -137,8 +104,6 @@ class ParsedLine:
 
 def parse_shell_line(line: str) -> ParsedLine:
     """Read a pasted POSIX shell line the way bash would, and say what each program really receives."""
-    from eyas.shell.shell_wrappers import Context, run_simple_commands  # it builds on the types above
-
     ctx = Context()
     commands = run_simple_commands(split_simple_commands(tokenize(line)), None, {}, ctx)
     parsed = ParsedLine(line, commands, _dedupe(ctx.dropped + [d for c in commands for d in c.dropped]), ctx.notes)
@@ -157,38 +122,6 @@ def repair_continuations(line: str) -> str:
     """
     line = re.sub(r"[ \t]*\\[ \t]+\n", " \\\n", line)
     return re.sub(r"(?<=[ \t])\\[ \t]", " ", line)
-
-
-@dataclass
-class SimpleCommand:
-    words: list[Word]
-    redirections: list[str]
-    terminator: str  # the control operator after it: ';', a newline, '&', '&&', '||', '|' or '' at the end
-
-
-def split_simple_commands(tokens: list[Word | Op]) -> list[SimpleCommand]:
-    commands: list[SimpleCommand] = []
-    words: list[Word] = []
-    redirs: list[str] = []
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        if isinstance(tok, Word):
-            words.append(tok)
-        elif is_redirection(tok):
-            target = tokens[i + 1] if i + 1 < len(tokens) else None
-            if not isinstance(target, Word):
-                raise EyasError(f"redirection '{tok.text}' in the pasted line has no target")
-            redirs.append(tok.text + ("" if tok.text.endswith("&") else " ") + target.text)
-            i += 1
-        else:
-            if words or redirs:
-                commands.append(SimpleCommand(words, redirs, tok.text))
-            words, redirs = [], []
-        i += 1
-    if words or redirs:
-        commands.append(SimpleCommand(words, redirs, ""))
-    return commands
 
 
 def _dedupe(dropped: list[Dropped]) -> list[Dropped]:

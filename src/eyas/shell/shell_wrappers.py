@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from eyas.shell.shell import Command, Dropped, SimpleCommand, split_simple_commands
+from eyas.shell.shell_command import Command, Dropped, SimpleCommand, split_simple_commands
 from eyas.shell.shell_lexer import Word, tokenize
 
 _NAME_EQ = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=")
