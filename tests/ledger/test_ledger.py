@@ -10,7 +10,8 @@ import time
 import pytest
 
 from eyas.errors import EyasError
-from eyas.ledger.ledger import LATEST, Ledger, connect, migrate, schema_version
+from eyas.ledger.ledger import Ledger
+from eyas.ledger.ledger_schema import LATEST, connect, migrate, schema_version
 
 
 def _bench(ledger, steps, tok_s, env=None, status="ok", kind="bench"):

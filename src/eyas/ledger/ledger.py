@@ -10,14 +10,14 @@ Why SQLite in WAL mode: several processes (a server, a benchmark, a tuning sweep
 with SIGKILL must never cost the runs before it. Every write is one IMMEDIATE transaction; a commit in WAL mode is
 on disk in the log before it returns, so a killed writer leaves at most its own unfinished transaction behind,
 which SQLite rolls back on the next open. synchronous=NORMAL only risks the last commits on power loss, not on a
-process crash, and never corrupts the file.
+process crash, and never corrupts the file. The schema and its migrations are in ledger_schema.py; how a run
+whose launcher died is told apart, in run_state.py.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import socket
 import sqlite3
 import time
@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from eyas.errors import EyasError
-from eyas.paths import eyas_home
-from eyas.launch import procprobe
+from eyas.ledger.ledger_schema import connect, migrate
 from eyas.ledger.record import (
     COLUMNS,
     FIELD_HELP,
@@ -42,47 +41,8 @@ from eyas.ledger.record import (
     metric_field,
     parse_run_id,
 )
-
-# Ordered, append-only: a released migration is never edited, a change is a new entry.
-MIGRATIONS: list[tuple[int, str, list[str]]] = [
-    (1, "first schema: runs and per-worker environments", [
-        """CREATE TABLE runs (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            kind TEXT NOT NULL,
-            status TEXT NOT NULL,
-            started_at REAL NOT NULL,
-            finished_at REAL,
-            argv TEXT NOT NULL,
-            cwd TEXT NOT NULL,
-            env TEXT NOT NULL,
-            config TEXT NOT NULL,
-            model TEXT,
-            draft TEXT,
-            results TEXT NOT NULL DEFAULT '{}')""",
-        """CREATE TABLE worker_env (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            run_id INTEGER NOT NULL REFERENCES runs(id),
-            worker TEXT NOT NULL,
-            env TEXT NOT NULL,
-            info TEXT NOT NULL,
-            captured_at REAL NOT NULL)""",
-    ]),
-    # v1 could not tell "slower code" from "slower machine" or "different weights behind the same path".
-    (2, "what a run ran on: versions, hardware, host, weight fingerprints; indexes for list and diff", [
-        "ALTER TABLE runs ADD COLUMN versions TEXT NOT NULL DEFAULT '{}'",
-        "ALTER TABLE runs ADD COLUMN hardware TEXT NOT NULL DEFAULT '{}'",
-        "ALTER TABLE runs ADD COLUMN host TEXT",
-        "ALTER TABLE runs ADD COLUMN model_fingerprint TEXT",
-        "ALTER TABLE runs ADD COLUMN draft_fingerprint TEXT",
-        "CREATE INDEX runs_kind_started ON runs(kind, started_at)",
-        "CREATE INDEX worker_env_run ON worker_env(run_id)",
-    ]),
-    # A launcher killed with -9 left its run "running" forever: who recorded a run is kept, to tell when it is gone.
-    (3, "the process that records each run, so a run whose launcher died can be closed as abandoned", [
-        "ALTER TABLE runs ADD COLUMN launcher TEXT NOT NULL DEFAULT '{}'",
-    ]),
-]
-LATEST = MIGRATIONS[-1][0]
+from eyas.ledger.run_state import launcher_gone, launcher_identity, server_still_running
+from eyas.paths import eyas_home
 
 
 def _clean(value: Any) -> Any:
@@ -102,43 +62,6 @@ def _clean(value: Any) -> Any:
 
 def _dumps(value: Any) -> str:
     return json.dumps(_clean(value), allow_nan=False, sort_keys=True)
-
-
-def schema_version(conn: sqlite3.Connection) -> int:
-    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL,"
-                 " description TEXT NOT NULL)")
-    return conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
-
-
-def migrate(conn: sqlite3.Connection, target: int = LATEST) -> int:
-    """Bring the schema up to `target` inside one write transaction, so racing openers migrate exactly once."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        current = schema_version(conn)
-        if current > LATEST:
-            raise EyasError(f"the run ledger has schema v{current}, newer than this eyas knows (v{LATEST}): "
-                            f"upgrade eyas")
-        for version, description, statements in MIGRATIONS:
-            if current < version <= target:
-                for sql in statements:
-                    conn.execute(sql)
-                conn.execute("INSERT INTO schema_version VALUES (?, ?, ?)", (version, time.time(), description))
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    return max(current, target)
-
-
-def connect(path: Path) -> sqlite3.Connection:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # isolation_level=None: we issue BEGIN IMMEDIATE ourselves; Python's implicit deferred BEGIN would let two
-    # writers both read, then deadlock on the upgrade to a write lock, which busy_timeout cannot resolve.
-    conn = sqlite3.connect(path, timeout=30, isolation_level=None)
-    conn.execute("PRAGMA busy_timeout = 30000")
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
-    return conn
 
 
 def _json_path(parts: list[str]) -> str:
@@ -165,42 +88,6 @@ def _typed(value: str) -> Any:
     except ValueError:
         return value
     return int(parsed) if isinstance(parsed, bool) else parsed if isinstance(parsed, (int, float)) else value
-
-
-def _boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-
-
-def launcher_identity(pid: int | None = None) -> dict[str, Any]:
-    """Enough to tell later whether this process still runs: host, boot, pid and the pid's start time."""
-    pid = os.getpid() if pid is None else pid
-    st = procprobe.stat(pid) or {}
-    return {"pid": pid, "hostname": socket.gethostname(), "boot_id": _boot_id(), "starttime": st.get("starttime")}
-
-
-def launcher_gone(launcher: dict[str, Any]) -> bool:
-    """True when the process that recorded a run on this machine no longer runs; False when alive or unknowable
-    (recorded on another machine, or by an eyas that did not record its launcher)."""
-    if not launcher.get("pid") or launcher.get("hostname") != socket.gethostname():
-        return False
-    if launcher.get("boot_id") and launcher["boot_id"] != _boot_id():
-        return True  # the machine rebooted since
-    st = procprobe.stat(launcher["pid"])
-    return st is None or st["state"] in ("Z", "X") or st["starttime"] != launcher.get("starttime")
-
-
-def server_still_running(kind: str, config: dict, results: dict) -> bool | None:
-    """Whether the server an abandoned run started is still up: None where this machine cannot tell."""
-    if kind == "serve":
-        return False  # the launcher was the server
-    launch = config.get("launch") or {}
-    if launch.get("via") == "ssh":
-        return None  # over ssh: `eyas remote status ID` asks the host
-    sid = results.get("server_pid")
-    return bool(sid) and bool(procprobe.session(int(sid)))
 
 
 def ledger_path(path: str | Path | None = None) -> Path:
