@@ -40,16 +40,16 @@ def prompts(tmp_path_factory):
     return path
 
 
-def write_spec(path, **fields) -> str:
+def write_config(path, **fields) -> str:
     """A launch spec for the eyas backend on CPU; `bench` is a dict for the [bench] table."""
-    from eyas.launch.launch_spec import LaunchSpec
+    from eyas.launch.launch_config import LaunchConfig
 
     fields.setdefault("backend", "eyas")
     fields.setdefault("port", free_port())
     fields.setdefault("python", sys.executable)
     fields.setdefault("extra_args", ["--device", "cpu"])
     fields.setdefault("startup_timeout_s", 180.0)
-    path.write_text(LaunchSpec(**fields).to_toml())
+    path.write_text(LaunchConfig(**fields).to_toml())
     return str(path)
 
 

@@ -7,8 +7,8 @@ import pytest
 
 from eyas.cli import main
 from eyas.errors import EyasError
-from eyas.launch.launch_backends import build_command, spec_fields
-from eyas.launch.launch_spec import LaunchSpec
+from eyas.launch.launch_backends import build_command, config_fields
+from eyas.launch.launch_config import LaunchConfig
 
 # The known-good 94 tok/s configuration, as a spec.
 KIMI = dict(model="/shared/kimi-k2.5-int4", draft="/data/eagle3/output_100k_sglang/4", spec_steps=2, spec_topk=1,
@@ -22,7 +22,7 @@ def options(argv):
 
 
 def test_sglang_command_uses_the_documented_flags():
-    argv = build_command(LaunchSpec(backend="sglang", **KIMI))
+    argv = build_command(LaunchConfig(backend="sglang", **KIMI))
     assert argv[:3] == ["/opt/ml-env/bin/python3", "-m", "sglang.launch_server"]
     documented = {
         "--model-path": "/shared/kimi-k2.5-int4", "--speculative-algorithm": "EAGLE3",
@@ -34,7 +34,7 @@ def test_sglang_command_uses_the_documented_flags():
 
 
 def test_vllm_command_uses_the_documented_flags():
-    spec = LaunchSpec(backend="vllm", **{**KIMI, "python": None, "spec_draft_tokens": None})
+    spec = LaunchConfig(backend="vllm", **{**KIMI, "python": None, "spec_draft_tokens": None})
     argv = build_command(spec)
     assert argv[:3] == ["vllm", "serve", "/shared/kimi-k2.5-int4"]
     opts = options(argv)
@@ -42,36 +42,36 @@ def test_vllm_command_uses_the_documented_flags():
         "method": "eagle3", "model": "/data/eagle3/output_100k_sglang/4", "num_speculative_tokens": 2}
     assert (opts["--tensor-parallel-size"], opts["--host"], opts["--port"]) == ("8", "0.0.0.0", "8000")
     # With an explicit interpreter the same CLI runs as a module.
-    assert build_command(LaunchSpec(backend="vllm", model="m", python="/venv/bin/python"))[:4] == [
+    assert build_command(LaunchConfig(backend="vllm", model="m", python="/venv/bin/python"))[:4] == [
         "/venv/bin/python", "-m", "vllm.entrypoints.cli.main", "serve"]
 
 
 def test_no_draft_means_no_speculative_flags():
-    argv = build_command(LaunchSpec(backend="sglang", model="/m", python="python3"))
+    argv = build_command(LaunchConfig(backend="sglang", model="/m", python="python3"))
     assert not [a for a in argv if "speculative" in a]
 
 
 def test_extra_args_may_not_fight_the_spec():
     with pytest.raises(EyasError, match="--port"):
-        build_command(LaunchSpec(backend="sglang", model="/m", extra_args=["--port=9000"]))
+        build_command(LaunchConfig(backend="sglang", model="/m", extra_args=["--port=9000"]))
 
 
 @pytest.mark.parametrize("backend", ["eyas", "sglang", "vllm"])
 def test_command_reads_back_into_the_same_spec(backend):
-    spec = LaunchSpec(backend=backend, **{**KIMI, "spec_draft_tokens": None})
-    fields = spec_fields(build_command(spec))
-    assert LaunchSpec(**fields) == spec
+    spec = LaunchConfig(backend=backend, **{**KIMI, "spec_draft_tokens": None})
+    fields = config_fields(build_command(spec))
+    assert LaunchConfig(**fields) == spec
 
 
 def test_dry_run_prints_the_exact_command_and_starts_nothing(tmp_path, capsys, home):
     path = tmp_path / "kimi.toml"
-    path.write_text(LaunchSpec(backend="sglang", env={"NCCL_PROTO": "LL", "ODD": "a b"}, **KIMI).to_toml())
+    path.write_text(LaunchConfig(backend="sglang", env={"NCCL_PROTO": "LL", "ODD": "a b"}, **KIMI).to_toml())
     assert main(["launch", str(path), "--dry-run"]) == 0
     out = capsys.readouterr().out
     line = out.strip().splitlines()[-1]
     words = shlex.split(line)
     assert words[:3] == ["env", "NCCL_PROTO=LL", "ODD=a b"]
-    assert words[3:] == build_command(LaunchSpec(backend="sglang", **KIMI))
+    assert words[3:] == build_command(LaunchConfig(backend="sglang", **KIMI))
     assert not (home / "runs.db").exists()
 
     assert main(["launch", str(path), "--dry-run", "--host", "root@10.1.230.174"]) == 0
@@ -86,9 +86,9 @@ def test_dry_run_prints_the_exact_command_and_starts_nothing(tmp_path, capsys, h
 def test_eyas_launches_speculate_every_step_unless_asked_to_adapt():
     """SGLang and vLLM speculate at every step with the settings they are given; an eyas launch does the same
     (eyas serve alone would adapt), so a launch or tune point measures the configuration it names."""
-    spec = LaunchSpec(backend="eyas", **{**KIMI, "spec_draft_tokens": None})
+    spec = LaunchConfig(backend="eyas", **{**KIMI, "spec_draft_tokens": None})
     assert "--no-spec-adaptive" in build_command(spec)
-    adaptive = LaunchSpec(backend="eyas", **{**KIMI, "spec_draft_tokens": None, "extra_args": ["--spec-adaptive"]})
+    adaptive = LaunchConfig(backend="eyas", **{**KIMI, "spec_draft_tokens": None, "extra_args": ["--spec-adaptive"]})
     argv = build_command(adaptive)
     assert "--no-spec-adaptive" not in argv and argv[-1] == "--spec-adaptive"
-    assert LaunchSpec(**spec_fields(argv)) == adaptive
+    assert LaunchConfig(**config_fields(argv)) == adaptive

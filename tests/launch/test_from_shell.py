@@ -1,7 +1,7 @@
 """`eyas launch --from-shell`: what a pasted line really sets and runs, and the spec it is equivalent to."""
 
 from eyas.cli import main
-from eyas.launch.launch_spec import load_spec
+from eyas.launch.launch_config import load_config
 
 # The user's known-good command exactly as pasted: its `\\`+newline continuations became `\\ `.
 PASTED = ("ssh root@10.1.230.174 'NCCL_PROTO=LL NCCL_ALGO=Ring NCCL_P2P_LEVEL=SYS NCCL_MAX_NCHANNELS=16 \\ "
@@ -22,7 +22,7 @@ def test_pasted_line_is_explained_and_written_as_the_spec_it_meant(tmp_path, cap
     out = capsys.readouterr().out
     assert "as pasted, the line starts no server" in out and "NCCL_BUFFSIZE" in out
     assert "eyas launch SPEC --host root@10.1.230.174" in out
-    spec = load_spec(out_path)
+    spec = load_config(out_path)
     assert spec.backend == "sglang" and spec.python == "~/ml-env/bin/python3"
     assert (spec.model, spec.tp, spec.port, spec.host) == ("/shared/kimi-k2.5-int4", 8, 8000, "0.0.0.0")
     assert (spec.draft, spec.spec_steps, spec.spec_topk, spec.spec_draft_tokens) == (
@@ -42,7 +42,7 @@ def test_unexported_variable_is_not_in_the_real_spec(tmp_path, capsys):
     real = out.split("equivalent launch spec:\n", 1)[1]
     assert 'NCCL_ALGO = "Ring"' in real and "NCCL_PROTO" not in real and "tp = 2" in real
     assert main(["launch", "--from-shell", line, "--as-intended", "--write", str(tmp_path / "s.toml")]) == 0
-    assert load_spec(tmp_path / "s.toml").env == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}
+    assert load_config(tmp_path / "s.toml").env == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}
 
 
 def test_lines_that_start_no_known_server_are_one_line_errors(capsys):

@@ -9,7 +9,7 @@ import sys
 from eyas.cli import main
 from eyas.dist.launch import free_port
 from eyas.ledger.ledger import Ledger
-from tests.launch.conftest import run_id_of, write_spec
+from tests.launch.conftest import run_id_of, write_config
 
 
 def eyas(capsys, *argv):
@@ -20,7 +20,7 @@ def eyas(capsys, *argv):
 
 def test_launch_best_replay_and_diff_against_an_unexported_launch(tmp_path, capsys, tiny, prompts):
     bench = {"dataset": str(prompts), "num_prompts": 3, "max_tokens": 8}
-    spec = write_spec(tmp_path / "good.toml", model=str(tiny), tp=2, env={"NCCL_PROTO": "LL"}, bench=bench)
+    spec = write_config(tmp_path / "good.toml", model=str(tiny), tp=2, env={"NCCL_PROTO": "LL"}, bench=bench)
     code, out, err = eyas(capsys, "launch", spec)
     assert code == 0, err
     good = run_id_of(out)
@@ -70,7 +70,7 @@ def test_launch_best_replay_and_diff_against_an_unexported_launch(tmp_path, caps
 
 
 def test_a_dying_server_shows_its_log_and_is_recorded_failed(tmp_path, capsys):
-    spec = write_spec(tmp_path / "dead.toml", model=str(tmp_path / "no-such-model"))
+    spec = write_config(tmp_path / "dead.toml", model=str(tmp_path / "no-such-model"))
     code, out, err = eyas(capsys, "launch", spec)
     assert code == 2
     assert "the server exited before" in err and "no-such-model" in err  # the log tail says why
@@ -83,7 +83,7 @@ def test_a_port_already_in_use_records_nothing(tmp_path, capsys, tiny):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
-        spec = write_spec(tmp_path / "busy.toml", model=str(tiny), port=s.getsockname()[1])
+        spec = write_config(tmp_path / "busy.toml", model=str(tiny), port=s.getsockname()[1])
         code, _, err = eyas(capsys, "launch", spec)
     assert code == 2 and "already answers" in err and err.count("\n") == 1
     with Ledger() as ledger:

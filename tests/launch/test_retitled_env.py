@@ -19,7 +19,7 @@ from eyas.dist.launch import free_port
 from eyas.launch import procprobe
 from eyas.ledger.ledger import Ledger
 from eyas.launch.procenv import verify_env
-from tests.launch.conftest import run_id_of, write_spec
+from tests.launch.conftest import run_id_of, write_config
 
 pytest.importorskip("setproctitle")
 TREE = Path(__file__).with_name("retitled_tree.py")
@@ -83,8 +83,8 @@ def test_launch_verifies_every_retitled_process(tmp_path, capsys, drop):
     port = free_port()
     assigns = " ".join(f"{k}={v}" for k, v in NCCL.items())
     line = f"{assigns} {sys.executable} {TREE} {port}" + (" --drop-spt-noenv" if drop else "")
-    spec = write_spec(tmp_path / "tree.toml", backend="sglang", model="tree", port=port, env=NCCL, shell_line=line,
-                      startup_timeout_s=60.0, stop_timeout_s=5.0)
+    spec = write_config(tmp_path / "tree.toml", backend="sglang", model="tree", port=port, env=NCCL, shell_line=line,
+                        startup_timeout_s=60.0, stop_timeout_s=5.0)
     code = main(["launch", spec])
     out, err = capsys.readouterr()
     assert code == 0, out + err
@@ -107,9 +107,9 @@ def test_a_launch_fails_when_another_server_answers_on_its_port(tmp_path, capsys
     port = free_port()
     # The launched line never listens; a server started by hand takes the port once the launch has started it
     # (past the check that the port is free), as one still loading there would.
-    spec = write_spec(tmp_path / "idle.toml", backend="sglang", model="idle", port=port,
-                      shell_line=f"{sys.executable} -c 'import time; time.sleep(60)'", startup_timeout_s=60.0,
-                      stop_timeout_s=5.0)
+    spec = write_config(tmp_path / "idle.toml", backend="sglang", model="idle", port=port,
+                        shell_line=f"{sys.executable} -c 'import time; time.sleep(60)'", startup_timeout_s=60.0,
+                        stop_timeout_s=5.0)
     stranger = subprocess.Popen(
         ["bash", "-c", f"until ls {home}/launches/*/server.pid; do sleep 0.1; done; exec {sys.executable} {TREE} "
                 f"{port} --tp 1"], start_new_session=True,

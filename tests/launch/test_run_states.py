@@ -11,7 +11,7 @@ from eyas.cli import main
 from eyas.dist.launch import free_port
 from eyas.launch import procprobe
 from eyas.ledger.ledger import Ledger
-from tests.launch.conftest import write_spec
+from tests.launch.conftest import write_config
 
 
 def _running_server_pid():
@@ -25,9 +25,9 @@ def _running_server_pid():
 
 def test_a_killed_launcher_leaves_an_abandoned_run_that_remote_stop_closes(tmp_path, capsys, home):
     # A server that never answers /health, so the launcher is still waiting for it when it is killed.
-    spec = write_spec(tmp_path / "slow.toml", backend="sglang", model="slow", port=free_port(),
-                      shell_line=f"{sys.executable} -c 'import time; time.sleep(120)'", startup_timeout_s=300.0,
-                      stop_timeout_s=5.0)
+    spec = write_config(tmp_path / "slow.toml", backend="sglang", model="slow", port=free_port(),
+                        shell_line=f"{sys.executable} -c 'import time; time.sleep(120)'", startup_timeout_s=300.0,
+                        stop_timeout_s=5.0)
     launcher = subprocess.Popen([sys.executable, "-m", "eyas.cli", "launch", spec], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
     try:

@@ -4,12 +4,12 @@ from pathlib import Path
 
 from eyas.cli import main
 from eyas.ledger.ledger import Ledger
-from tests.launch.conftest import write_spec
+from tests.launch.conftest import write_config
 
 
 def test_tiny_sweep_records_each_point_and_plots(tmp_path, capsys, pair, prompts):
     target, draft = pair
-    spec = write_spec(tmp_path / "t.toml", model=str(target), draft=str(draft), env={"OMP_NUM_THREADS": "1"})
+    spec = write_config(tmp_path / "t.toml", model=str(target), draft=str(draft), env={"OMP_NUM_THREADS": "1"})
     png = tmp_path / "tune.png"
     code = main(["tune", "--spec", spec, "--steps", "2", "--topk", "1,2", "--draft-tokens", "9",
                  "--dataset", str(prompts), "--num-prompts", "2", "--max-tokens", "12", "--plot", str(png)])

@@ -3,8 +3,8 @@
 import pytest
 
 from eyas.errors import EyasError
-from eyas.launch.launch_spec import LaunchSpec
-from eyas.ledger.tune import load_env_sets, point_spec, sweep_points
+from eyas.launch.launch_config import LaunchConfig
+from eyas.ledger.tune import load_env_sets, point_config, sweep_points
 
 
 def test_points_are_valid_and_distinct():
@@ -23,10 +23,10 @@ def test_vllm_sweeps_chains_only():
 
 
 def test_point_spec_and_baseline():
-    spec = LaunchSpec(backend="eyas", model="m", draft="d", env={"A": "1"})
-    base = point_spec(spec, None, {"B": "2"})
+    spec = LaunchConfig(backend="eyas", model="m", draft="d", env={"A": "1"})
+    base = point_config(spec, None, {"B": "2"})
     assert base.draft is None and base.spec_steps is None and base.env == {"A": "1", "B": "2"}
-    assert point_spec(spec, (2, 2, 5), {}).spec_draft_tokens == 5
+    assert point_config(spec, (2, 2, 5), {}).spec_draft_tokens == 5
 
 
 def test_env_sets_file(tmp_path):

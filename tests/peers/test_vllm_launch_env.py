@@ -8,7 +8,7 @@ SmolLM2 has 9 attention heads: TP 3 with the multiprocessing executor (2 would b
 
 from eyas.cli import main
 from eyas.dist.launch import free_port
-from eyas.launch.launch_spec import BenchSpec, LaunchSpec
+from eyas.launch.launch_config import BenchConfig, LaunchConfig
 from eyas.ledger.ledger import Ledger
 from tests.peers.envs import peer_python
 
@@ -19,10 +19,10 @@ NCCL = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_
 def test_vllm_tp3_launch_verifies_every_process(tmp_path, capsys, demo_dir):
     python = peer_python("vllm")
     env = {**NCCL, "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    spec = LaunchSpec(backend="vllm", model=str(demo_dir), tp=3, port=free_port(), python=python, env=env,
-                      extra_args=["--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
-                                  "--distributed-executor-backend", "mp"],
-                      bench=BenchSpec(dataset="mt-bench", num_prompts=1, max_tokens=4), startup_timeout_s=600.0)
+    spec = LaunchConfig(backend="vllm", model=str(demo_dir), tp=3, port=free_port(), python=python, env=env,
+                        extra_args=["--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
+                                    "--distributed-executor-backend", "mp"],
+                        bench=BenchConfig(dataset="mt-bench", num_prompts=1, max_tokens=4), startup_timeout_s=600.0)
     path = tmp_path / "vllm-tp3.toml"
     path.write_text(spec.to_toml())
     code = main(["launch", str(path)])

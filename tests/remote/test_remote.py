@@ -11,7 +11,7 @@ import httpx
 from eyas.cli import main
 from eyas.dist.launch import free_port
 from eyas.ledger.ledger import Ledger
-from tests.launch.conftest import run_id_of, write_spec
+from tests.launch.conftest import run_id_of, write_config
 from tests.remote.sshd import Sshd
 
 # Spaces, both quotes, a `$`, a backslash and a newline: everything a shell could mangle on the way.
@@ -34,8 +34,8 @@ def test_remote_launch_verifies_env_outlives_its_ssh_connection_stops_and_replay
     stops) the usual way. (`sshd`: skipped where no sshd can run.)"""
     own = Sshd(tmp_path / "sshd").start()  # this test kills its sshd; the shared one stays up
     try:
-        spec = write_spec(tmp_path / "r.toml", model=str(tiny), env={"NCCL_PROTO": "LL", "HOSTILE": HOSTILE},
-                          bench={"dataset": str(prompts), "num_prompts": 2, "max_tokens": 8})
+        spec = write_config(tmp_path / "r.toml", model=str(tiny), env={"NCCL_PROTO": "LL", "HOSTILE": HOSTILE},
+                            bench={"dataset": str(prompts), "num_prompts": 2, "max_tokens": 8})
         code, out, err = eyas(capsys, "launch", spec, *remote(own, tmp_path), "--keep-running")
         assert code == 0 and "eyas remote status|logs|stop" in out, err
         run_id = run_id_of(out)
@@ -87,7 +87,7 @@ def _no_successful_run():
 
 
 def test_bad_hosts_fail_in_one_line_and_record_no_success(sshd, tmp_path, capsys, tiny, home):
-    spec = write_spec(tmp_path / "b.toml", model=str(tiny))
+    spec = write_config(tmp_path / "b.toml", model=str(tiny))
     bare = tmp_path / "bare-venv"  # a Python that exists but has no eyas
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     cases = {

@@ -4,7 +4,7 @@ and fingerprints the weights on the host, so weights changed behind the same pat
 
 from eyas.cli import main
 from eyas.ledger.ledger import Ledger
-from tests.launch.conftest import run_id_of, write_spec
+from tests.launch.conftest import run_id_of, write_config
 from tests.remote.sshd import LOGIN_ENV
 
 
@@ -28,7 +28,7 @@ def test_login_environment_reaches_the_server_unless_clean_and_weights_are_finge
     model.mkdir()
     for f in tiny.iterdir():
         (model / f.name).write_bytes(f.read_bytes())
-    spec = write_spec(tmp_path / "r.toml", model=str(model), env={"NCCL_PROTO": "LL"})
+    spec = write_config(tmp_path / "r.toml", model=str(model), env={"NCCL_PROTO": "LL"})
 
     inherited = _launch(capsys, spec, sshd, tmp_path)
     assert inherited.status == "ok" and inherited.workers

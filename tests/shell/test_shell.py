@@ -308,23 +308,23 @@ def _from_shell(capsys, line, *extra):
 
 
 def test_from_shell_first_line_says_whether_the_pasted_line_starts_a_server(capsys, tmp_path):
-    from eyas.launch.launch_spec import load_spec
+    from eyas.launch.launch_config import load_config
 
     server = "python -m sglang.launch_server --model-path /m"
     out = _from_shell(capsys, f"NCCL_PROTO=LL NCCL_ALGO=Ring \\ \n{server} \\\n  --tp-size 8\n",
                       "--write", str(tmp_path / "v.toml"))
     assert out.splitlines()[0] == ("as pasted, the line starts the sglang server, but without NCCL_PROTO=LL, "
                                    "NCCL_ALGO=Ring")
-    spec = load_spec(tmp_path / "v.toml")
+    spec = load_config(tmp_path / "v.toml")
     assert spec.env == {} and spec.tp == 8  # what really runs; --as-intended adds the variables
     out = _from_shell(capsys, f"{server} \\ \n  --tp-size 8 \\\n  --port 8000\n", "--write", str(tmp_path / "f.toml"))
     first = out.splitlines()[0]
     assert first.startswith("as pasted, the line starts no server: the line ends in `\\ `") and "--tp-size 8" in first
-    spec = load_spec(tmp_path / "f.toml")
+    spec = load_config(tmp_path / "f.toml")
     assert (spec.tp, spec.port, spec.extra_args) == (8, 8000, [])  # never extra_args = [" "]
     out = _from_shell(capsys, f"{server} \\ --tp-size 8 \\ --port 8000", "--write", str(tmp_path / "b.toml"))
     assert out.startswith("as pasted, the line starts no server: arguments ' --tp-size', ' --port'")
-    assert load_spec(tmp_path / "b.toml").extra_args == []
+    assert load_config(tmp_path / "b.toml").extra_args == []
     assert _from_shell(capsys, server).splitlines()[0] == "as pasted, the line starts the sglang server"
 
 
@@ -343,17 +343,17 @@ def test_from_shell_leaves_unnamed_speculative_numbers_to_the_engine(capsys):
     line = ("python -m sglang.launch_server --model-path /m --speculative-algorithm EAGLE3 "
             "--speculative-draft-model-path /d")
     imported = import_line(line)
-    spec = imported.spec()
+    spec = imported.config()
     assert (spec.spec_steps, spec.spec_topk, spec.spec_draft_tokens) == (None, None, None)
     assert "names no speculative numbers" in imported.explain() and "SGLang's defaults" in imported.explain()
     assert not any(a.startswith("--speculative-num") or a == "--speculative-eagle-topk"
                    for a in build_command(spec, "python"))
-    vllm = import_line("vllm serve /m --speculative-config '{\"method\": \"eagle3\", \"model\": \"/d\"}'").spec()
+    vllm = import_line("vllm serve /m --speculative-config '{\"method\": \"eagle3\", \"model\": \"/d\"}'").config()
     assert vllm.spec_steps is None and '"num_speculative_tokens"' not in " ".join(build_command(vllm, "python"))
     # SGLang turns draft tokens 3 at topk 1 and 3 steps into 4, with a warning: the spec does the same, and says so.
     imported = import_line(f"{line} --speculative-eagle-topk 1 --speculative-num-steps 3 "
                            f"--speculative-num-draft-tokens 3")
-    spec = imported.spec()
+    spec = imported.config()
     assert (spec.spec_steps, spec.spec_topk, spec.spec_draft_tokens) == (3, 1, 4)
     assert SGLANG_TOPK1_WARNING in imported.explain()
 

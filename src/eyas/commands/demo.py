@@ -158,25 +158,25 @@ def recorded_bench(draft: Path | None, device: str, args):
     """Serve the demo without and with its draft, bench each, record both in the ledger."""
     from eyas.launch.launch import launch, plan_for
     from eyas.launch.launch_host import LocalHost
-    from eyas.launch.launch_spec import BenchSpec, LaunchSpec
+    from eyas.launch.launch_config import BenchConfig, LaunchConfig
     from eyas.ledger.ledger import Ledger
 
-    bench = BenchSpec(dataset="mt-bench", num_prompts=args.bench_prompts, concurrency=1, max_tokens=64)
+    bench = BenchConfig(dataset="mt-bench", num_prompts=args.bench_prompts, concurrency=1, max_tokens=64)
     extra = ["--device", device]
-    specs = [LaunchSpec(backend="eyas", model="demo", port=args.port, bench=bench, extra_args=extra)]
+    configs = [LaunchConfig(backend="eyas", model="demo", port=args.port, bench=bench, extra_args=extra)]
     if draft is not None:
-        specs.append(LaunchSpec(backend="eyas", model="demo", draft=str(draft), spec_steps=3, spec_topk=1,
-                                port=args.port, bench=bench, extra_args=extra))
+        configs.append(LaunchConfig(backend="eyas", model="demo", draft=str(draft), spec_steps=3, spec_topk=1,
+                                    port=args.port, bench=bench, extra_args=extra))
     print("\n== recorded benchmark: eyas serve + eyas bench (MT-bench, "
           f"{args.bench_prompts} prompts, 64 tokens, concurrency 1)")
     ids = []
     host = LocalHost(None)
     with Ledger() as ledger:
-        for spec in specs:
-            outcome = launch(plan_for(spec, host), host, ledger, launched_by=["eyas", "demo"])
+        for config in configs:
+            outcome = launch(plan_for(config, host), host, ledger, launched_by=["eyas", "demo"])
             r = outcome.results
             acc = r.get("accept_length")
-            print(f"run {outcome.run_id}: {'with draft' if spec.draft else 'no draft'}: "
+            print(f"run {outcome.run_id}: {'with draft' if config.draft else 'no draft'}: "
                   f"{r.get('output_tok_s', 0):.1f} output tok/s"
                   + (f", acceptance length {acc:.2f}" if acc else "") + ("" if outcome.ok else " (FAILED)"))
             ids.append(outcome.run_id)

@@ -1,4 +1,4 @@
-"""`eyas launch`: start a server from a launch spec, verify every process's environment, bench, record.
+"""`eyas launch`: start a server from a launch config, verify every process's environment, bench, record.
 
 Usage:
     eyas launch kimi-eagle3.toml                         # start, verify env, bench (if [bench]), stop, record
@@ -19,7 +19,7 @@ from eyas.commands.draft import check_before_launch
 from eyas.errors import EyasError
 from eyas.paths import output_file
 from eyas.launch import hostprobe
-from eyas.launch.launch_spec import BenchSpec, LaunchSpec, load_spec
+from eyas.launch.launch_config import BenchConfig, LaunchConfig, load_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,20 +58,20 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-bench", action="store_true", help="skip the spec's bench")
 
 
-def apply_overrides(spec: LaunchSpec, args: argparse.Namespace) -> LaunchSpec:
+def apply_overrides(config: LaunchConfig, args: argparse.Namespace) -> LaunchConfig:
     if args.python:
-        spec = replace(spec, python=args.python)
+        config = replace(config, python=args.python)
     if getattr(args, "no_bench", False):
-        return replace(spec, bench=None)
+        return replace(config, bench=None)
     given = {k: v for k, v in (("dataset", args.bench_dataset), ("num_prompts", args.bench_prompts),
                                ("concurrency", args.bench_concurrency), ("max_tokens", args.bench_max_tokens))
              if v is not None}
     if given:
         if "dataset" in given and Path(given["dataset"]).is_file():  # a replay may run from another directory
             given["dataset"] = str(Path(given["dataset"]).resolve())
-        bench = spec.bench or BenchSpec()
-        spec = replace(spec, bench=replace(bench, **given))
-    return spec
+        bench = config.bench or BenchConfig()
+        config = replace(config, bench=replace(bench, **given))
+    return config
 
 
 def make_host(args: argparse.Namespace):
@@ -123,16 +123,16 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.spec) == bool(args.from_shell):
         raise EyasError("give a SPEC.toml or --from-shell LINE (one of them)")
     if args.from_shell:
-        spec = _from_shell(args)
-        if spec is None:
+        config = _from_shell(args)
+        if config is None:
             return 0
     else:
         if args.write or args.as_intended or args.run:
             raise EyasError("--write, --as-intended and --run go with --from-shell")
-        spec = apply_overrides(load_spec(args.spec), args)
-    check_before_launch(spec.draft, spec.model, spec.backend)  # a draft the engine would run wrongly stops here
+        config = apply_overrides(load_config(args.spec), args)
+    check_before_launch(config.draft, config.model, config.backend)  # a draft the engine would run wrongly stops here
     host = make_host(args)
-    plan = plan_for(spec, host)
+    plan = plan_for(config, host)
     if args.dry_run:
         return _dry_run(plan, host)
     with Ledger(args.db) as ledger:
@@ -141,26 +141,26 @@ def run(args: argparse.Namespace) -> int:
     return 0 if outcome.ok else 1
 
 
-def _from_shell(args: argparse.Namespace) -> LaunchSpec | None:
+def _from_shell(args: argparse.Namespace) -> LaunchConfig | None:
     from eyas.launch.from_shell import import_line
 
     if args.write:
         output_file(args.write, "--write")
     imported = import_line(args.from_shell)
     print(imported.explain())
-    spec = imported.spec(args.as_intended)
+    config = imported.config(args.as_intended)
     if args.write:
         try:
-            Path(args.write).write_text(spec.to_toml())
+            Path(args.write).write_text(config.to_toml())
         except OSError as e:
             raise EyasError(f"cannot write --write {args.write}: {e.strerror or e}") from None
         print(f"wrote {args.write}", file=sys.stderr)
     else:
-        print("\nequivalent launch spec:\n" + spec.to_toml(), end="")
+        print("\nequivalent launch spec:\n" + config.to_toml(), end="")
     if not args.run:
         return None
     if imported.host or args.host:
         raise EyasError("--run runs the line on this machine; for a remote line use --write, then "
                         "eyas launch SPEC --host HOST")
-    # The line itself runs; the spec's env is what it *meant* to set, checked in every process it starts.
-    return apply_overrides(replace(imported.spec(as_intended=True), shell_line=args.from_shell), args)
+    # The line itself runs; the config's env is what it *meant* to set, checked in every process it starts.
+    return apply_overrides(replace(imported.config(as_intended=True), shell_line=args.from_shell), args)

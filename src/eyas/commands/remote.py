@@ -2,7 +2,7 @@
 
 Usage: eyas remote status 12      (processes alive, /health)
        eyas remote logs 12 -n 100
-       eyas remote stop 12        (SIGTERM to every process of its session, SIGKILL after the spec's stop timeout;
+       eyas remote stop 12        (SIGTERM to every process of its session, SIGKILL after the config's stop timeout;
                                    the run records it, and a run still open becomes "stopped")
 
 Everything needed is in the run record: the host and ssh options, the Python that reads /proc there, and the work
@@ -34,9 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def locate(run):
-    """(host, handle, spec) of a launched run, from its record alone."""
+    """(host, handle, config) of a launched run, from its record alone."""
     from eyas.launch.launch_host import Handle, workdir_for
-    from eyas.launch.launch_spec import LaunchSpec
+    from eyas.launch.launch_config import LaunchConfig
     from eyas.launch.remote import host_from_config
 
     if "launch" not in run.config:
@@ -47,8 +47,8 @@ def locate(run):
     sid = run.results.get("server_pid") or host.read_pid(workdir)
     if sid is None:
         raise EyasError(f"run {run.run_id} never got as far as starting a server (no {workdir}/server.pid)")
-    spec = LaunchSpec.from_dict({k: v for k, v in run.config.items() if k != "launch"})
-    return host, Handle(int(sid), workdir, run.results.get("log") or f"{workdir}/server.log"), spec
+    config = LaunchConfig.from_dict({k: v for k, v in run.config.items() if k != "launch"})
+    return host, Handle(int(sid), workdir, run.results.get("log") or f"{workdir}/server.log"), config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,13 +60,13 @@ def run(args: argparse.Namespace) -> int:
         raise EyasError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     with Ledger.existing(args.db) as ledger:
         record = ledger.get(args.id)
-    host, handle, spec = locate(record)
+    host, handle, config = locate(record)
     where = host.name or "this machine"
     if args.action == "logs":
         print(host.log_tail(handle, args.lines))
         return 0
     if args.action == "stop":
-        result = host.stop(handle, args.timeout or spec.stop_timeout_s)
+        result = host.stop(handle, args.timeout or config.stop_timeout_s)
         if result.get("left"):
             raise EyasError(f"processes {result['left']} of session {handle.sid} on {where} survived SIGKILL")
         how = ("nothing was running" if not result["was_running"] else
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"run {record.run_id}: {how} on {where} (session {handle.sid}); recorded as {status}")
         return 0
     procs = host.processes(handle)
-    url = f"http://{host.http_host(spec.host)}:{spec.port}/health"
+    url = f"http://{host.http_host(config.host)}:{config.port}/health"
     try:
         health = str(httpx.get(url, timeout=3.0, trust_env=False).status_code)
     except httpx.HTTPError as e:

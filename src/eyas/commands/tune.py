@@ -1,4 +1,4 @@
-"""`eyas tune`: sweep speculative settings (and environment sets) for one launch spec, against the baseline.
+"""`eyas tune`: sweep speculative settings (and environment sets) for one launch config, against the baseline.
 
 Usage: eyas tune --spec kimi.toml --steps 1,2,3,5 --topk 1,2,4 --draft-tokens 2,4,8 --dataset mt-bench \\
            --num-prompts 20 [--env-sets nccl.toml] [--plot tune.png]
@@ -18,7 +18,7 @@ from pathlib import Path
 from eyas.commands.launch import add_host_arguments, make_host
 from eyas.errors import EyasError
 from eyas.paths import image_file
-from eyas.launch.launch_spec import BenchSpec, load_spec
+from eyas.launch.launch_config import BenchConfig, load_config
 
 
 def _ints(text: str) -> list[int]:
@@ -52,29 +52,29 @@ def run(args: argparse.Namespace) -> int:
     from eyas.ledger.ledger import Ledger
     from eyas.ledger.tune import best, load_env_sets, plot, render, run_sweep, sweep_points, verdict
 
-    spec = load_spec(args.spec)
+    config = load_config(args.spec)
     if args.python:
-        spec = replace(spec, python=args.python)
-    if spec.draft is None:
+        config = replace(config, python=args.python)
+    if config.draft is None:
         raise EyasError(f"{args.spec} has no draft: tuning needs `draft` in the spec")
     given = {k: v for k, v in (("dataset", args.dataset), ("num_prompts", args.num_prompts),
                                ("max_tokens", args.max_tokens), ("concurrency", args.concurrency)) if v is not None}
     if "dataset" in given and Path(given["dataset"]).is_file():
         given["dataset"] = str(Path(given["dataset"]).resolve())
-    if spec.bench is None and "dataset" not in given:
+    if config.bench is None and "dataset" not in given:
         raise EyasError("tuning needs a bench: pass --dataset or add [bench] to the spec")
-    spec = replace(spec, bench=replace(spec.bench or BenchSpec(), **given))
+    config = replace(config, bench=replace(config.bench or BenchConfig(), **given))
     env_sets = load_env_sets(args.env_sets) if args.env_sets else {"spec": {}}
     # Checked before the sweep, which can take hours, rather than when the plot is written.
     plot_file = image_file(args.plot, "--plot") if args.plot else None
-    points, skipped = sweep_points(args.steps, args.topk, args.draft_tokens, spec.backend)
+    points, skipped = sweep_points(args.steps, args.topk, args.draft_tokens, config.backend)
     for reason in skipped:
         print(f"eyas tune: skipped {reason}", file=sys.stderr)
     if not points:
         raise EyasError("no valid combination of --steps, --topk and --draft-tokens")
     host = make_host(args)
     with Ledger(args.db) as ledger:
-        sweep, rows = run_sweep(spec, points, env_sets, host, ledger, args.argv)
+        sweep, rows = run_sweep(config, points, env_sets, host, ledger, args.argv)
     print(render(rows))
     top, base = best(rows)
     if top is None:

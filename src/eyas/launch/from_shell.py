@@ -1,12 +1,12 @@
-"""Turn a pasted launch line into a launch spec, saying what the line really does on the way.
+"""Turn a pasted launch line into a launch config, saying what the line really does on the way.
 
 Usage: imported = import_line("ssh root@h 'NCCL_PROTO=LL python -m sglang.launch_server --model-path /m'")
-       print(imported.explain()); print(imported.spec(as_intended=True).to_toml())
+       print(imported.explain()); print(imported.config(as_intended=True).to_toml())
 
 A line is read the way bash reads it (runs.shell.parse_shell_line): `NCCL_PROTO=LL; python ...` does not export
 the variable, and a broken `\\`+newline continuation (a space after the backslash, or the newline lost in a paste)
 ends the command early or turns an assignment into a command name. The first line of explain() says whether the
-line, as pasted, starts a server at all. The spec of what the line *really* runs is the default; `as_intended` adds
+line, as pasted, starts a server at all. The config of what the line *really* runs is the default; `as_intended` adds
 back every assignment the line meant to set. When the line as pasted starts no server, its repaired reading is used.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eyas.errors import EyasError
-from eyas.launch.launch_backends import spec_fields
-from eyas.launch.launch_spec import LaunchSpec
+from eyas.launch.launch_backends import config_fields
+from eyas.launch.launch_config import LaunchConfig
 from eyas.shell.shell import ParsedLine, parse_shell_line, quote
 from eyas.shell.shell_command import Command
 
@@ -35,7 +35,7 @@ SGLANG_TOPK1_WARNING = ("speculative_num_draft_tokens is adjusted to speculative
 class Imported:
     line: str
     pasted: ParsedLine  # the line read exactly as pasted
-    parsed: ParsedLine  # the reading the spec comes from (the repaired one when the pasted line cannot run)
+    parsed: ParsedLine  # the reading the config comes from (the repaired one when the pasted line cannot run)
     fields: dict
     env: dict[str, str]  # what the server really gets from the line
     lost: dict[str, str]  # what the line meant to set but does not reach the server
@@ -52,8 +52,8 @@ class Imported:
     def intended_env(self) -> dict[str, str]:
         return {**self.env, **self.lost}
 
-    def spec(self, as_intended: bool = False) -> LaunchSpec:
-        return LaunchSpec(**self.fields, env=self.intended_env if as_intended else dict(self.env))
+    def config(self, as_intended: bool = False) -> LaunchConfig:
+        return LaunchConfig(**self.fields, env=self.intended_env if as_intended else dict(self.env))
 
     def verdict(self) -> str:
         backend = self.fields["backend"]
@@ -115,7 +115,7 @@ def import_line(line: str) -> Imported:
         if repaired is None or repaired.main is None or repaired.main.problem:
             raise EyasError(f"the line does not start a server: {main.problem}")
         parsed, main = repaired, repaired.main
-    fields = spec_fields(main.argv)
+    fields = config_fields(main.argv)
     notes = _speculation_notes(fields)
     if not main.inherits_env:
         notes.append("the server does not inherit the caller's environment (env -i or sudo)")

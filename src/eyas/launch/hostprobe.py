@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-# The variables a launched server inherits from the login that starts it; every other one comes from the spec.
+# The variables a launched server inherits from the login that starts it; every other one comes from the config.
 # Anything that steers results (NCCL_*, CUDA_VISIBLE_DEVICES, SGLANG_*, ...) is deliberately not here.
 BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TERM", "TMPDIR",
             "TZ", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "PYTHONPATH", "HF_HOME", "HF_HUB_CACHE",

@@ -1,14 +1,14 @@
-"""`eyas launch`: start a server from a launch spec, prove its environment reached every process, bench, record.
+"""`eyas launch`: start a server from a launch config, prove its environment reached every process, bench, record.
 
 Usage:
-    plan = plan_for(spec, host)
+    plan = plan_for(config, host)
     outcome = launch(plan, host, ledger)      # -> Outcome(run_id, ok, results)
 
 One flow for every backend and host: check the host can run it (nothing is recorded if not), record the run,
-start the server with exactly base env + spec env (+ the environment hook, eyas.launch.envhook) in a session of its
+start the server with exactly base env + config env (+ the environment hook, eyas.launch.envhook) in a session of its
 own, wait for /health (a dead server shows its log tail), read the starting environment of every process in that
 session (its own snapshot, else /proc/PID/environ) and check each requested variable, make sure the process
-listening on the port is one of them, record them all as workers, run the bench if the spec has one, then stop
+listening on the port is one of them, record them all as workers, run the bench if the config has one, then stop
 the session (SIGTERM, SIGKILL after a timeout).
 A run whose environment did not arrive is recorded as failed, bench numbers included: it is exactly the run the
 ledger must never offer as "best".
@@ -31,7 +31,7 @@ from eyas.launch.environment import REDACTED, filtered_env, is_secret
 from eyas.launch import envhook
 from eyas.launch.launch_backends import build_command
 from eyas.launch.launch_host import Handle, check_probe, workdir_for
-from eyas.launch.launch_spec import LaunchSpec
+from eyas.launch.launch_config import LaunchConfig
 from eyas.launch.procenv import EnvCheck, EnvReport, ProcessEnv
 from eyas.shell.shell import clip_command
 
@@ -43,7 +43,7 @@ ALIVE_POLL_S = 2.0  # over ssh every liveness check is a round trip
 class Plan:
     """What to execute and which environment every process must end up with."""
 
-    spec: LaunchSpec
+    config: LaunchConfig
     argv: list[str]
     env: dict[str, str]  # passed on top of the base variables (empty for a shell line: it sets its own)
     verify: dict[str, str]  # what each process must have
@@ -72,17 +72,17 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def plan_for(spec: LaunchSpec, host, kind: str = "launch", **extra: Any) -> Plan:
-    python = spec.python or host.default_python()
-    if spec.shell_line is not None:
-        return Plan(spec, ["bash", "-c", spec.shell_line], {}, dict(spec.env), python, kind, dict(extra))
-    return Plan(spec, build_command(spec, python), dict(spec.env), dict(spec.env), python, kind, dict(extra))
+def plan_for(config: LaunchConfig, host, kind: str = "launch", **extra: Any) -> Plan:
+    python = config.python or host.default_python()
+    if config.shell_line is not None:
+        return Plan(config, ["bash", "-c", config.shell_line], {}, dict(config.env), python, kind, dict(extra))
+    return Plan(config, build_command(config, python), dict(config.env), dict(config.env), python, kind, dict(extra))
 
 
 def _required_module(plan: Plan) -> str | None:
     if plan.argv[:1] != [plan.python]:
         return None
-    return {"eyas": "eyas", "sglang": "sglang", "vllm": "vllm"}[plan.spec.backend]
+    return {"eyas": "eyas", "sglang": "sglang", "vllm": "vllm"}[plan.config.backend]
 
 
 def _port_in_use(host: str, port: int) -> bool:
@@ -94,7 +94,7 @@ def _port_in_use(host: str, port: int) -> bool:
 
 
 def health_url(plan: Plan, host) -> str:
-    return f"http://{host.http_host(plan.spec.host)}:{plan.spec.port}"
+    return f"http://{host.http_host(plan.config.host)}:{plan.config.port}"
 
 
 def _healthy(url: str) -> bool:
@@ -181,14 +181,15 @@ def env_problems(report: EnvReport) -> list[str]:
 
 
 def bench_results(plan: Plan, url: str) -> dict:
+    """The load generator run on the config's [bench] table (a launch BenchConfig, which becomes eyas.bench's)."""
     from eyas.bench.client import run_benchmark
     from eyas.bench.config import BenchConfig
     from eyas.bench.report import ledger_results
 
-    b = plan.spec.bench
-    config = BenchConfig(url=url, dataset=b.dataset, num_prompts=b.num_prompts, concurrency=b.concurrency,
-                         max_tokens=b.max_tokens, progress=False)
-    result = run_benchmark(config)
+    b = plan.config.bench
+    load = BenchConfig(url=url, dataset=b.dataset, num_prompts=b.num_prompts, concurrency=b.concurrency,
+                       max_tokens=b.max_tokens, progress=False)
+    result = run_benchmark(load)
     log(result.table())
     return ledger_results(result)
 
@@ -206,28 +207,28 @@ def launch(plan: Plan, host, ledger, *, keep_running: bool = False,
            launched_by: list[str] | None = None) -> Outcome:
     """Run `plan` on `host` and record it in `ledger` (an eyas.ledger Ledger, passed in: the ledger package sits
     above this one, since it replays and tunes through it)."""
-    spec, url = plan.spec, health_url(plan, host)
+    config, url = plan.config, health_url(plan, host)
     where = host.name or "this machine"
     module = _required_module(plan)
     facts = host.probe(plan.python, plan.argv[0], module)
     check_probe(facts, plan.argv[0], module, plan.python, where)
-    if _port_in_use(host.http_host(spec.host), spec.port):
-        raise EyasError(f"port {spec.port} on {where} already answers ({port_holder(host, spec.port)}): stop that "
+    if _port_in_use(host.http_host(config.host), config.port):
+        raise EyasError(f"port {config.port} on {where} already answers ({port_holder(host, config.port)}): stop that "
                         f"server or pick another port")
 
     env = {**facts["base_env"], **plan.env}
     # What each process should get: the base variables, or the host's login environment where it inherits that.
     recorded_env = recordable({**host.server_base_env(facts), **plan.verify}, plan.verify)
-    config = {**spec.to_dict(), "launch": {**host.config(), "python": plan.python,
-                                           "env_passed_by": "shell line" if spec.shell_line else "process",
-                                           **plan.extra}}
+    how = {**host.config(), "python": plan.python, "env_passed_by": "shell line" if config.shell_line else "process",
+           **plan.extra}
     run_id = ledger.start_run(plan.kind, plan.argv, facts["home"] if host.via != "local" else os.getcwd(), recorded_env,
-                              config, spec.model, spec.draft, versions=facts["versions"], hardware=facts["hardware"],
-                              model_fingerprint=_fingerprint(spec.model, host, ledger),
-                              draft_fingerprint=_fingerprint(spec.draft, host, ledger), host=host.name)
+                              {**config.to_dict(), "launch": how}, config.model, config.draft,
+                              versions=facts["versions"], hardware=facts["hardware"],
+                              model_fingerprint=_fingerprint(config.model, host, ledger),
+                              draft_fingerprint=_fingerprint(config.draft, host, ledger), host=host.name)
     results: dict[str, Any] = {"launched_by": " ".join(launched_by or sys.argv)}
     status, handle, report, failure = "failed", None, None, None
-    log(f"eyas: run {run_id}: starting {spec.backend} on {where}: {clip_command(plan.argv)}")
+    log(f"eyas: run {run_id}: starting {config.backend} on {where}: {clip_command(plan.argv)}")
     try:
         workdir = workdir_for(host.workdir_base, run_id)
         envhook.install(host, workdir)
@@ -235,11 +236,11 @@ def launch(plan: Plan, host, ledger, *, keep_running: bool = False,
         handle = host.start(plan.argv, env, run_id)
         results.update(server_pid=handle.sid, log=handle.log, workdir=handle.workdir)
         ledger.note_running(run_id, results)
-        results["startup_s"] = round(wait_healthy(host, handle, url, spec.startup_timeout_s), 2)
+        results["startup_s"] = round(wait_healthy(host, handle, url, config.startup_timeout_s), 2)
         procs = envhook.read_session(host, handle.sid, workdir, hook_vars)
         report = env_report(procs, plan.verify, handle.sid)
-        check_listener(envhook.probe(host, "listeners", str(spec.port)), report, spec.port, where, handle.sid,
-                       lambda: port_holder(host, spec.port))
+        check_listener(envhook.probe(host, "listeners", str(config.port)), report, config.port, where, handle.sid,
+                       lambda: port_holder(host, config.port))
         record_processes(ledger, run_id, report, procs, host.name)
         problems = env_problems(report)
         results.update(env_verified=not problems, processes=len(report.processes),
@@ -250,7 +251,7 @@ def launch(plan: Plan, host, ledger, *, keep_running: bool = False,
             results["env_problems"] = problems[:20]
             log(f"eyas: the requested environment did not reach every server process: {problems[0]}"
                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
-        if spec.bench:
+        if config.bench:
             results.update(bench_results(plan, url))
         status = "ok" if not problems and results.get("completed", 1) else "failed"
     except KeyboardInterrupt:
@@ -260,7 +261,7 @@ def launch(plan: Plan, host, ledger, *, keep_running: bool = False,
         failure = e
     finally:
         if handle is not None and (not keep_running or status != "ok"):
-            stopped = host.stop(handle, spec.stop_timeout_s)
+            stopped = host.stop(handle, config.stop_timeout_s)
             results["stopped"] = "killed" if stopped.get("killed") else "terminated"
         elif handle is not None:
             results["stopped"] = "kept running"

@@ -1,7 +1,7 @@
-"""Each backend's documented server command line, built from a launch spec and read back from a pasted one.
+"""Each backend's documented server command line, built from a launch config and read back from a pasted one.
 
-Usage: build_command(spec, python="python3") -> ["python3", "-m", "sglang.launch_server", "--model-path", ...]
-       spec_fields(["vllm", "serve", "/m", "--tensor-parallel-size", "2"]) -> {"backend": "vllm", "model": "/m", ...}
+Usage: build_command(config, python="python3") -> ["python3", "-m", "sglang.launch_server", "--model-path", ...]
+       config_fields(["vllm", "serve", "/m", "--tensor-parallel-size", "2"]) -> {"backend": "vllm", "model": "/m", ...}
 
 Flags, as documented by each project:
 - SGLang: docs/advanced_features/server_arguments.md in sgl-project/sglang: `--model-path` (alias `--model`),
@@ -22,9 +22,9 @@ import sys
 from pathlib import PurePosixPath
 
 from eyas.errors import EyasError
-from eyas.launch.launch_spec import LaunchSpec
+from eyas.launch.launch_config import LaunchConfig
 
-# spec field -> the flag each backend spells it with (first = the one we write; the rest are read back too)
+# config field -> the flag each backend spells it with (first = the one we write; the rest are read back too)
 FLAGS = {
     "eyas": {"model": ["--model"], "draft": ["--draft"], "spec_steps": ["--spec-steps"],
              "spec_topk": ["--spec-topk"], "spec_draft_tokens": ["--spec-draft-tokens"], "tp": ["--tp"],
@@ -42,45 +42,45 @@ DEFAULT_PORT = {"eyas": 8000, "sglang": 30000, "vllm": 8000}
 _INTS = {"spec_steps", "spec_topk", "spec_draft_tokens", "tp", "port"}
 
 
-def _program_prefix(spec: LaunchSpec, python: str) -> list[str]:
-    if spec.backend == "eyas":
+def _program_prefix(config: LaunchConfig, python: str) -> list[str]:
+    if config.backend == "eyas":
         return [python, "-m", "eyas.cli", "serve"]
-    if spec.backend == "sglang":
+    if config.backend == "sglang":
         return [python, "-m", "sglang.launch_server"]
     # The `vllm` script is what people type; with an explicit interpreter we run the same CLI through it.
-    return [python, "-m", "vllm.entrypoints.cli.main", "serve"] if spec.python else ["vllm", "serve"]
+    return [python, "-m", "vllm.entrypoints.cli.main", "serve"] if config.python else ["vllm", "serve"]
 
 
-def build_command(spec: LaunchSpec, python: str | None = None) -> list[str]:
-    """The server's argv. `python` is the interpreter when the spec names none (this one, or python3 on a host)."""
-    python = spec.python or python or sys.executable
-    managed = {flag for names in FLAGS[spec.backend].values() for flag in names}
-    for arg in spec.extra_args:
+def build_command(config: LaunchConfig, python: str | None = None) -> list[str]:
+    """The server's argv. `python` is the interpreter when the config names none (this one, or python3 on a host)."""
+    python = config.python or python or sys.executable
+    managed = {flag for names in FLAGS[config.backend].values() for flag in names}
+    for arg in config.extra_args:
         if arg.split("=", 1)[0] in managed:
             raise EyasError(f"extra_args sets {arg.split('=', 1)[0]}, which the spec's own keys control: use "
                             f"model/draft/spec_*/tp/host/port instead")
-    flag = {k: v[0] for k, v in FLAGS[spec.backend].items()}
-    argv = _program_prefix(spec, python)
-    if spec.backend == "vllm":
-        argv.append(spec.model)
-        if spec.speculative:
-            conf = {"method": "eagle3", "model": spec.draft, "num_speculative_tokens": spec.spec_steps}
+    flag = {k: v[0] for k, v in FLAGS[config.backend].items()}
+    argv = _program_prefix(config, python)
+    if config.backend == "vllm":
+        argv.append(config.model)
+        if config.speculative:
+            conf = {"method": "eagle3", "model": config.draft, "num_speculative_tokens": config.spec_steps}
             argv += [flag["speculative_config"], json.dumps({k: v for k, v in conf.items() if v is not None})]
     else:
-        argv += [flag["model"], spec.model]
-        if spec.speculative:
-            if spec.backend == "sglang":
+        argv += [flag["model"], config.model]
+        if config.speculative:
+            if config.backend == "sglang":
                 argv += [flag["algorithm"], "EAGLE3"]
-            argv += [flag["draft"], spec.draft]
+            argv += [flag["draft"], config.draft]
             for key in ("spec_steps", "spec_topk", "spec_draft_tokens"):  # None: the engine's default
-                if getattr(spec, key) is not None:
-                    argv += [flag[key], str(getattr(spec, key))]
-            if spec.backend == "eyas" and not any(a.startswith("--spec-adaptive") for a in spec.extra_args):
+                if getattr(config, key) is not None:
+                    argv += [flag[key], str(getattr(config, key))]
+            if config.backend == "eyas" and not any(a.startswith("--spec-adaptive") for a in config.extra_args):
                 # Speculate at every step, as SGLang and vLLM do with these settings: a launch (and a tune
                 # sweep) measures the configuration it names. `--spec-adaptive` in extra_args opts back in.
                 argv.append("--no-spec-adaptive")
-    argv += [flag["tp"], str(spec.tp), flag["host"], spec.host, flag["port"], str(spec.port)]
-    return argv + list(spec.extra_args)
+    argv += [flag["tp"], str(config.tp), flag["host"], config.host, flag["port"], str(config.port)]
+    return argv + list(config.extra_args)
 
 
 def _name(word: str) -> str:
@@ -107,8 +107,8 @@ def detect(argv: list[str]) -> tuple[str, int, str | None]:
                     f"`python -m sglang.launch_server`, `vllm serve` or `python -m vllm.entrypoints.openai.api_server`")
 
 
-def spec_fields(argv: list[str]) -> dict:
-    """Launch-spec keys from a server command line; flags the spec has no key for stay in extra_args, in order."""
+def config_fields(argv: list[str]) -> dict:
+    """Launch-config keys from a server command line; flags the config has no key for stay in extra_args, in order."""
     backend, start, python = detect(argv)
     by_flag = {f: key for key, names in FLAGS[backend].items() for f in names}
     out: dict = {"backend": backend, "python": python, "port": DEFAULT_PORT[backend]}
@@ -119,7 +119,7 @@ def spec_fields(argv: list[str]) -> dict:
         word = args[i]
         name, eq, value = word.partition("=")
         key = by_flag.get(name)
-        if backend == "eyas" and word == "--no-spec-adaptive":  # what build_command writes for every eyas spec
+        if backend == "eyas" and word == "--no-spec-adaptive":  # what build_command writes for every eyas config
             i += 1
             continue
         if key is None:

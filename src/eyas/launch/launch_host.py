@@ -57,7 +57,7 @@ class LocalHost:
         return sys.executable
 
     def server_base_env(self, facts: dict) -> dict[str, str]:
-        """What the server has before the spec's variables: the base variables of this login, nothing else."""
+        """What the server has before the config's variables: the base variables of this login, nothing else."""
         return dict(facts["base_env"])
 
     def fingerprint(self, path: str, cache_dir: Path) -> str | None:

@@ -1,12 +1,12 @@
 """Launch on another machine over ssh: the same launch, with the host's answers fetched through ssh.
 
-Usage: host = SshHost("root@10.1.230.174", ["Port=22"]); launch(plan_for(spec, host), host, ledger)
+Usage: host = SshHost("root@10.1.230.174", ["Port=22"]); launch(plan_for(config, host), host, ledger)
 
 What travels: one generated script, copied with `cat > path` over ssh's stdin (no scp, no quoting of its content
 on any command line), holding `exec env 'KEY=value' ... server args`, every word quoted by runs.shell.quote so
 a value with spaces, quotes, `$` or a newline arrives byte for byte. The server starts from what a hand launch
 over ssh gets, the host's login environment (sshd SetEnv, ~/.ssh/environment, the login shell's exports:
-NCCL_SOCKET_IFNAME, CUDA_HOME, LD_LIBRARY_PATH...), plus the spec's variables; `clean_env` (--clean-env) starts it
+NCCL_SOCKET_IFNAME, CUDA_HOME, LD_LIBRARY_PATH...), plus the config's variables; `clean_env` (--clean-env) starts it
 from the base variables only (`env -i`). The login environment is recorded beside what the server got.
 The script is started with `setsid nohup`, logs to a file on the host and writes its pid (= its session id) next
 to it, so it outlives the ssh connection and `eyas remote stop` can still find every process it started.
@@ -92,7 +92,7 @@ class SshHost:
         return out
 
     def server_base_env(self, facts: dict) -> dict[str, str]:
-        """What the server has before the spec's variables: the login environment, or the base ones if clean."""
+        """What the server has before the config's variables: the login environment, or the base ones if clean."""
         return dict(facts["base_env"] if self.clean_env else facts.get("login_env", facts["base_env"]))
 
     def fingerprint(self, path: str, cache_dir=None) -> str | None:

@@ -2,7 +2,7 @@
 
 Usage: eyas runs replay 12 --threshold 0.1      (exit 1 when a result got worse by more than 10%)
 
-Exactly as recorded means the recorded argv (or shell line), the spec's environment, the same host (over the same
+Exactly as recorded means the recorded argv (or shell line), the config's environment, the same host (over the same
 ssh options for a remote run) and the same bench. The new run is recorded with config.launch.replay_of = ID.
 It passes when its environment reached every process and no gated result got worse by more than the threshold:
 throughput and acceptance must not drop, mean latencies must not rise, errors must not grow. Percentiles are
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from eyas.errors import EyasError
 from eyas.launch.launch import Outcome, Plan, launch, log
 from eyas.launch.launch_backends import build_command
-from eyas.launch.launch_spec import LaunchSpec
+from eyas.launch.launch_config import LaunchConfig
 from eyas.ledger.ledger import Ledger
 from eyas.ledger.record import RunRecord
 from eyas.launch.remote import host_from_config
@@ -74,13 +74,14 @@ def plan_from_record(run: RunRecord) -> tuple[Plan, object]:
         raise EyasError(f"run {run.run_id} is a {run.kind} run; only runs started by `eyas launch` or `eyas tune` "
                         f"hold the spec a replay needs")
     launch_cfg = run.config["launch"]
-    spec = LaunchSpec.from_dict({k: v for k, v in run.config.items() if k != "launch"}, f"record of run {run.run_id}")
+    config = LaunchConfig.from_dict({k: v for k, v in run.config.items() if k != "launch"},
+                                    f"record of run {run.run_id}")
     host = host_from_config(launch_cfg)
     python = launch_cfg.get("python") or host.default_python()
-    if spec.shell_line is None and build_command(spec, python) != run.argv:
+    if config.shell_line is None and build_command(config, python) != run.argv:
         log("eyas: note: this eyas builds a different command from the recorded spec; replaying the recorded one")
-    env = {} if spec.shell_line is not None else dict(spec.env)
-    return Plan(spec, list(run.argv), env, dict(spec.env), python, "launch", {"replay_of": run.run_id}), host
+    env = {} if config.shell_line is not None else dict(config.env)
+    return Plan(config, list(run.argv), env, dict(config.env), python, "launch", {"replay_of": run.run_id}), host
 
 
 def replay(ledger: Ledger, run_id: str, threshold: float, keep_running: bool = False,

@@ -4,7 +4,7 @@ Usage: argv, how = server_command(run); never_started(run); login_env(run)
 
 A launch recorded through `eyas launch --from-shell --run` ran `bash -c LINE`: its server command is the program
 that line starts, read the way bash reads it, so it compares option by option with a launch of the same server
-from a spec. A bench run's own argv is the client's (`eyas bench --url ...`); its server is the process that
+from a config. A bench run's own argv is the client's (`eyas bench --url ...`); its server is the process that
 listened on the port, when the bench recorded one.
 """
 

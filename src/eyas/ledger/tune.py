@@ -1,9 +1,10 @@
-"""`eyas tune`: sweep EAGLE-3 settings (and environment sets) for one launch spec, against the plain baseline.
+"""`eyas tune`: sweep EAGLE-3 settings (and environment sets) for one launch config, against the plain baseline.
 
-Usage: points, skipped = sweep_points([1, 2, 3], [1, 2], [2, 4, 8]); rows = run_sweep(spec, points, {...}, host, ledger)
+Usage: points, skipped = sweep_points([1, 2, 3], [1, 2], [2, 4, 8])
+       rows = run_sweep(config, points, {...}, host, ledger)
 
 Each point is a full launch (start, verify env, bench, stop) recorded as kind "tune", so any of them can be
-replayed; the baseline is the same spec without a draft, benched the same way, once per environment set. A
+replayed; the baseline is the same config without a draft, benched the same way, once per environment set. A
 speedup means nothing without its baseline and acceptance length, so both are printed beside every number.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from eyas.config import SpecConfig
 from eyas.errors import EyasError
 from eyas.launch.launch import launch, log, plan_for
-from eyas.launch.launch_spec import ENV_KEY, LaunchSpec
+from eyas.launch.launch_config import ENV_KEY, LaunchConfig
 from eyas.ledger.ledger import Ledger
 from eyas.table import format_table
 
@@ -81,26 +82,26 @@ def load_env_sets(path: str | Path) -> dict[str, dict[str, str]]:
     return sets
 
 
-def point_spec(spec: LaunchSpec, point: Point, env: dict[str, str]) -> LaunchSpec:
-    base = replace(spec.without_speculation(), env={**spec.env, **env})
+def point_config(config: LaunchConfig, point: Point, env: dict[str, str]) -> LaunchConfig:
+    base = replace(config.without_speculation(), env={**config.env, **env})
     if point is None:
         return base
     steps, topk, tokens = point
-    return replace(base, draft=spec.draft, spec_steps=steps, spec_topk=topk, spec_draft_tokens=tokens)
+    return replace(base, draft=config.draft, spec_steps=steps, spec_topk=topk, spec_draft_tokens=tokens)
 
 
 def label(point: Point) -> str:
     return "baseline" if point is None else f"s{point[0]} k{point[1]} t{point[2]}"
 
 
-def run_sweep(spec: LaunchSpec, points: list[Point], env_sets: dict[str, dict[str, str]], host, ledger: Ledger,
+def run_sweep(config: LaunchConfig, points: list[Point], env_sets: dict[str, dict[str, str]], host, ledger: Ledger,
               launched_by: list[str] | None = None) -> tuple[str, list[Row]]:
     sweep = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
     rows = []
     todo = [(name, p) for name in env_sets for p in [None, *points]]
     for i, (name, point) in enumerate(todo, 1):
         log(f"eyas tune: [{i}/{len(todo)}] env set {name}, {label(point)}")
-        plan = plan_for(point_spec(spec, point, env_sets[name]), host, kind="tune",
+        plan = plan_for(point_config(config, point, env_sets[name]), host, kind="tune",
                         tune={"sweep": sweep, "env_set": name, "point": label(point)})
         try:
             out = launch(plan, host, ledger, launched_by=launched_by)

@@ -1,6 +1,6 @@
-"""A launch spec: one TOML file that says exactly how a server was started, so it can be started that way again.
+"""A launch config: one TOML file that says exactly how a server was started, so it can be started that way again.
 
-Usage: spec = load_spec("kimi-eagle3.toml"); print(spec.to_toml())
+Usage: config = load_config("kimi-eagle3.toml"); print(config.to_toml())
 
     backend = "sglang"                      # eyas | sglang | vllm
     model = "/shared/kimi-k2.5-int4"        # paths as the serving host sees them
@@ -42,7 +42,7 @@ ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass
-class BenchSpec:
+class BenchConfig:
     dataset: str = "mt-bench"
     num_prompts: int | None = None
     concurrency: int = 1
@@ -59,7 +59,7 @@ class BenchSpec:
 
 
 @dataclass
-class LaunchSpec:
+class LaunchConfig:
     backend: str
     model: str
     draft: str | None = None
@@ -72,7 +72,7 @@ class LaunchSpec:
     python: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
-    bench: BenchSpec | None = None
+    bench: BenchConfig | None = None
     startup_timeout_s: float = 600.0
     stop_timeout_s: float = 30.0
     # Run this exact line with `bash -c` instead of the command built from the fields above; `env` then lists what
@@ -82,7 +82,7 @@ class LaunchSpec:
 
     def __post_init__(self):
         if isinstance(self.bench, dict):
-            self.bench = BenchSpec(**_known(self.bench, BenchSpec, "bench."))
+            self.bench = BenchConfig(**_known(self.bench, BenchConfig, "bench."))
         # TOML users write NCCL_BUFFSIZE = 16777216; the environment only holds strings.
         if isinstance(self.env, dict):
             self.env = {k: str(v) if isinstance(v, int) and not isinstance(v, bool) else v for k, v in self.env.items()}
@@ -130,14 +130,14 @@ class LaunchSpec:
     def speculative(self) -> bool:
         return self.draft is not None
 
-    def without_speculation(self) -> LaunchSpec:
+    def without_speculation(self) -> LaunchConfig:
         return replace(self, draft=None, spec_steps=None, spec_topk=None, spec_draft_tokens=None)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "spec") -> LaunchSpec:
+    def from_dict(cls, d: dict[str, Any], where: str = "spec") -> LaunchConfig:
         return cls(**_known(d, cls, "", where))
 
     def to_toml(self) -> str:
@@ -153,7 +153,7 @@ class LaunchSpec:
         return "\n".join(lines) + "\n"
 
 
-def load_spec(path: str | Path) -> LaunchSpec:
+def load_config(path: str | Path) -> LaunchConfig:
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
@@ -164,16 +164,16 @@ def load_spec(path: str | Path) -> LaunchSpec:
     except tomllib.TOMLDecodeError as e:
         raise EyasError(f"{path} is not valid TOML: {e}") from None
     try:
-        spec = LaunchSpec.from_dict(data, str(path))
+        config = LaunchConfig.from_dict(data, str(path))
     except TypeError as e:  # a required key is missing
         missing = re.search(r"missing \d+ required (?:positional |keyword-only )?arguments?: (.*)", str(e))
         raise EyasError(f"{path}: missing required key(s) {missing.group(1)}" if missing else f"{path}: {e}") from None
     except EyasError as e:
         raise EyasError(f"{path}: {e}") from None
-    # A relative dataset path means "next to the spec"; built-in names (mt-bench, humaneval) stay as they are.
-    if spec.bench and not Path(spec.bench.dataset).is_absolute() and (path.parent / spec.bench.dataset).is_file():
-        spec.bench.dataset = str((path.parent / spec.bench.dataset).resolve())
-    return spec
+    # A relative dataset path means "next to the config"; built-in names (mt-bench, humaneval) stay as they are.
+    if config.bench and not Path(config.bench.dataset).is_absolute() and (path.parent / config.bench.dataset).is_file():
+        config.bench.dataset = str((path.parent / config.bench.dataset).resolve())
+    return config
 
 
 def _known(d: dict, cls: type, prefix: str, where: str = "spec") -> dict:

@@ -4,7 +4,7 @@ import pytest
 
 from eyas.cli import main
 from eyas.errors import EyasError
-from eyas.launch.launch_spec import LaunchSpec, load_spec
+from eyas.launch.launch_config import LaunchConfig, load_config
 
 GOOD = """
 backend = "sglang"
@@ -30,13 +30,13 @@ max_tokens = 256
 def test_spec_loads_typed_and_round_trips(tmp_path):
     path = tmp_path / "s.toml"
     path.write_text(GOOD)
-    spec = load_spec(path)
+    spec = load_config(path)
     assert spec.env == {"NCCL_PROTO": "LL", "NCCL_BUFFSIZE": "16777216", "ODD": "a b 'q' \"dq\" $X \\ \n2"}
     assert (spec.tp, spec.spec_draft_tokens, spec.bench.num_prompts, spec.bench.concurrency) == (8, 3, 80, 1)
     again = tmp_path / "again.toml"
     again.write_text(spec.to_toml())
-    assert load_spec(again) == spec
-    assert LaunchSpec.from_dict(spec.to_dict()) == spec
+    assert load_config(again) == spec
+    assert LaunchConfig.from_dict(spec.to_dict()) == spec
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -52,7 +52,7 @@ def test_each_mistake_is_one_clear_error(tmp_path, edit, message):
     path = tmp_path / "s.toml"
     path.write_text(GOOD.replace(edit, message))
     with pytest.raises(EyasError) as e:
-        load_spec(path)
+        load_config(path)
     text = str(e.value)
     assert "\n" not in text and str(path) in text
     expected = {'tp = "8"': "'tp' must be an int", "prot = 8000": "unknown key 'prot'",
@@ -75,9 +75,9 @@ def test_missing_file_bad_toml_and_missing_key(tmp_path, capsys):
 
 
 def test_speculation_is_written_out_in_full():
-    spec = LaunchSpec(backend="eyas", model="m", draft="d", spec_steps=3, spec_topk=2)
+    spec = LaunchConfig(backend="eyas", model="m", draft="d", spec_steps=3, spec_topk=2)
     assert (spec.spec_steps, spec.spec_topk, spec.spec_draft_tokens) == (3, 2, 7)  # SpecConfig's default tree
     with pytest.raises(EyasError, match="need a draft"):
-        LaunchSpec(backend="eyas", model="m", spec_steps=2)
+        LaunchConfig(backend="eyas", model="m", spec_steps=2)
     with pytest.raises(EyasError, match="drafts a chain"):
-        LaunchSpec(backend="vllm", model="m", draft="d", spec_topk=2)
+        LaunchConfig(backend="vllm", model="m", draft="d", spec_topk=2)
