@@ -1,7 +1,10 @@
+import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +120,17 @@ def test_path_fingerprint_tracks_contents_and_caches(tmp_path, monkeypatch):
     assert len(path_fingerprint(root / "config2.json")) == 64
     with pytest.raises(EyasError, match="no such"):
         path_fingerprint(tmp_path / "missing")
+
+
+def test_host_probe_reads_a_host_whose_eyas_has_another_layout(tmp_path):
+    """The probe is fed to the host's Python over ssh; an eyas installed there without eyas.launch (an older
+    layout) is read the stdlib way, never a failed launch."""
+    (tmp_path / "eyas").mkdir()
+    (tmp_path / "eyas" / "__init__.py").write_text("__version__ = 'older'\n")
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-", "probe", "-", "-"], input=Path(hostprobe.__file__).read_bytes(),
+                          capture_output=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    facts = json.loads(done.stdout)
+    assert facts["versions"]["python"] == platform.python_version()
+    assert facts["hardware"]["cpu_count"] == os.cpu_count()

@@ -199,7 +199,7 @@ def _dist_version(dist):
 def _versions_without_eyas():
     out = {"python": platform.python_version()}
     for dist in ("transformers", "tokenizers", "safetensors", "triton", "flashinfer-python", "sglang", "vllm",
-                 "torch"):
+                 "torch", "eyas"):
         out[dist] = _dist_version(dist)
     return {k: v for k, v in out.items() if v}
 
@@ -228,11 +228,23 @@ def _hardware_without_eyas():
     return {k: v for k, v in out.items() if v not in (None, "", [])}
 
 
+def _eyas_environment():
+    """The host's eyas.launch.environment, or None where the host has no eyas, or an eyas laid out without it.
+
+    Found at run time on the host: a plugin import, not a dependency of this file (eyas.launch.environment itself
+    fingerprints weights with this file's code). The host's eyas may be older than the one sending this probe.
+    """
+    try:
+        return importlib.import_module("eyas.launch.environment")
+    except ModuleNotFoundError as e:
+        if e.name in ("eyas", "eyas.launch", "eyas.launch.environment"):
+            return None
+        raise
+
+
 def probe(program, module):
-    if importlib.util.find_spec("eyas") is not None:
-        # Found at run time on the host, which may not have eyas: a plugin import, not a dependency of this file
-        # (eyas.launch.environment itself fingerprints weights with this file's code).
-        environment = importlib.import_module("eyas.launch.environment")
+    environment = _eyas_environment()
+    if environment is not None:
         vers, hw = environment.versions(), environment.hardware()
     else:
         vers, hw = _versions_without_eyas(), _hardware_without_eyas()
