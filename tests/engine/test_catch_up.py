@@ -68,8 +68,8 @@ def test_warm_up_runs_the_eager_passes_that_would_compile_in_traffic(tmp_path, m
     engine = Engine(str(tmp_path), dtype="fp32", max_batch=2, max_len=640, draft=random_draft(64, 32, draft_vocab=24),
                     spec=SpecConfig(2, 1, adaptive=True))
     lags, starts = [], []
-    catch_up = engine.spec._catch_up
-    monkeypatch.setattr(engine.spec, "_catch_up", lambda seqs: (
+    catch_up = engine.spec.step_loop.catch_up
+    monkeypatch.setattr(engine.spec.step_loop, "catch_up", lambda seqs: (
         seqs and (lags.append([len(s.draft_state.lag_tokens) for s in seqs]),
                   starts.append(seqs[0].cached - len(seqs[0].draft_state.lag_tokens))), catch_up(seqs)))
     free = engine.runner.kv.free_slots

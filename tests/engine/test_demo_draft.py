@@ -42,14 +42,14 @@ def _draft_states(demo_dir, prompts, pattern=None):
             return choice
 
         engine.spec.policy.speculate = forced  # this engine's own policy: nothing to undo
-    states, cycle = {}, engine.spec._speculative_cycle
+    states, cycle = {}, engine.spec.step_loop.speculative_cycle
 
     def recorded(seqs):
         for s in seqs:
             states[(s.id, s.cached)] = s.draft_state.scores.clone()
         cycle(seqs)
 
-    engine.spec._speculative_cycle = recorded
+    engine.spec.step_loop.speculative_cycle = recorded
     seqs = engine.generate(prompts, SamplingParams(max_tokens=48))
     return seqs, states
 

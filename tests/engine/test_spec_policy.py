@@ -223,14 +223,14 @@ class FakeClock:
     def __init__(self, monkeypatch, engine):
         self.t = 0.0
         monkeypatch.setattr(adaptive_steps.time, "perf_counter", lambda: self.t)
-        spec = engine.spec
-        for name, seconds in (("_speculative_cycle", 0.01), ("_plain_step", 0.01), ("_catch_up", 0.1),
-                              ("prefill", 0.0025)):
-            monkeypatch.setattr(spec, name, self.taking(getattr(spec, name), seconds))
+        loop = engine.spec.step_loop
+        for owner, name, seconds in ((loop, "speculative_cycle", 0.01), (loop, "plain_step", 0.01),
+                                     (loop, "catch_up", 0.1), (engine.spec, "prefill", 0.0025)):
+            monkeypatch.setattr(owner, name, self.taking(getattr(owner, name), seconds))
 
     def taking(self, fn, seconds):
         def run(seqs, *args):
-            self.t += seconds if seqs else 0.0  # a plain step calls _catch_up with no sequences: no pass
+            self.t += seconds if seqs else 0.0  # a catch-up of no sequences: no pass
             return fn(seqs, *args)
         return run
 
@@ -298,12 +298,13 @@ def test_the_gpu_is_settled_at_a_switch_of_mode_and_around_a_prefill(monkeypatch
     modes = iter([True, True, True, False, False, True, True])
     monkeypatch.setattr(engine.spec.policy, "speculate", lambda n: next(modes))
     events = []
-    monkeypatch.setattr(engine.spec, "_settle", lambda: events.append("settle"))
-    catch_up = engine.spec._catch_up
-    monkeypatch.setattr(engine.spec, "_catch_up", lambda seqs: (seqs and events.append("catch-up"), catch_up(seqs)))
-    run = engine.spec._speculative_cycle, engine.spec._plain_step
-    monkeypatch.setattr(engine.spec, "_speculative_cycle", lambda seqs: (events.append("spec"), run[0](seqs)))
-    monkeypatch.setattr(engine.spec, "_plain_step", lambda seqs: (events.append("plain"), run[1](seqs)))
+    loop = engine.spec.step_loop
+    monkeypatch.setattr(loop, "settle", lambda: events.append("settle"))
+    catch_up = loop.catch_up
+    monkeypatch.setattr(loop, "catch_up", lambda seqs: (seqs and events.append("catch-up"), catch_up(seqs)))
+    run = loop.speculative_cycle, loop.plain_step
+    monkeypatch.setattr(loop, "speculative_cycle", lambda seqs: (events.append("spec"), run[0](seqs)))
+    monkeypatch.setattr(loop, "plain_step", lambda seqs: (events.append("plain"), run[1](seqs)))
     engine.add([1, 2, 3], SamplingParams(max_tokens=60))
     for _ in range(7):
         engine.step()
@@ -366,11 +367,12 @@ def test_the_decoder_waits_at_a_boundary_only_when_the_mode_may_change(monkeypat
     policy.sums = {(1, True): (1.0, 0.1), (1, False): (10.0, 0.1)}
     policy.measured = {(1, True): 2, (1, False): 2}
     events = []
-    settle, drain = engine.spec._settle, engine.spec.drain_ahead
-    monkeypatch.setattr(engine.spec, "_settle", lambda: (events.append("settle"), settle()))
-    monkeypatch.setattr(engine.spec, "drain_ahead", lambda: (events.append("drain"), drain()))
-    run = engine.spec._plain_step
-    monkeypatch.setattr(engine.spec, "_plain_step", lambda seqs: (events.append("plain"), run(seqs)))
+    loop = engine.spec.step_loop
+    settle, drain = loop.settle, loop.drain_ahead
+    monkeypatch.setattr(loop, "settle", lambda: (events.append("settle"), settle()))
+    monkeypatch.setattr(loop, "drain_ahead", lambda: (events.append("drain"), drain()))
+    run = loop.plain_step
+    monkeypatch.setattr(loop, "plain_step", lambda seqs: (events.append("plain"), run(seqs)))
     seq = engine.add([1, 2, 3], SamplingParams(max_tokens=12, ignore_eos=True))
     while engine.has_work():
         engine.step()

@@ -200,7 +200,7 @@ class Lockstep:
         eng = self.engine
         t0 = time.perf_counter()
         if eng.spec is not None:
-            eng.spec.last_decision = None
+            eng.spec.step_loop.last_decision = None
         eng.last_admitted = 0
         if eng.has_work():
             eng.step()
@@ -226,5 +226,5 @@ class Lockstep:
         self.results.put(StepResult(updates, running=len(eng.running), waiting=len(eng.waiting),
                                     kv_usage=len(eng.running) / slots, step_ms=step_ms, joined=eng.last_admitted,
                                     phase_ms=phases,
-                                    spec_step=eng.spec.last_decision if eng.spec is not None else None,
+                                    spec_step=eng.spec.step_loop.last_decision if eng.spec is not None else None,
                                     spec_policy=policy))

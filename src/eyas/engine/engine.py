@@ -85,7 +85,7 @@ class Engine:
     def drain_ahead(self) -> None:
         """Read every step or cycle still in flight ahead of the host (decode_ahead.py, spec_ahead.py)."""
         if self.spec is not None:
-            self.spec.drain_ahead()  # both modes, booked to the adaptive policy's open window
+            self.spec.step_loop.drain_ahead()  # both modes, booked to the adaptive policy's open window
         else:
             self.ahead.drain()
 
@@ -103,17 +103,17 @@ class Engine:
                 admitted.append(seq)
         prof = self.profiler or NullProfiler()
         if admitted:
-            started = self.spec.prefill_started() if self.spec else None
+            started = self.spec.step_loop.prefill_started() if self.spec else None
             with prof.phase("prefill"):
                 for group in prefill_groups(admitted, PREFILL_TOKENS):
                     self._prefill(group)
             if self.spec:
-                self.spec.prefill_done(started)
+                self.spec.step_loop.prefill_done(started)
         self.last_admitted = len(admitted)
         self.running.extend(admitted)
         live = [s for s in self.running if not s.finished]
         if live and self.spec:
-            self.spec.cycle(live)
+            self.spec.step_loop.cycle(live)
         elif live:
             with prof.phase("decode"):
                 self._decode(live)
@@ -122,7 +122,7 @@ class Engine:
             self._release(s)
         self.running = [s for s in self.running if not s.finished]
         if self.spec and not self.running and not self.waiting:
-            self.spec.idle()
+            self.spec.step_loop.idle()
         return done
 
     def warm_up(self) -> int:

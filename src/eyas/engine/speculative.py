@@ -42,7 +42,7 @@ from eyas.models.draft_io import load_draft
 from eyas.models.eagle3 import Eagle3Draft
 
 
-class SpeculativeDecoder(AdaptiveSteps):
+class SpeculativeDecoder:
     def __init__(self, engine, draft_path, spec: SpecConfig | None):
         self.engine = engine
         self.spec = spec or SpecConfig()
@@ -69,6 +69,11 @@ class SpeculativeDecoder(AdaptiveSteps):
         # the draft's tree writes (steps - 1) * topk, the verify pass draft_tokens, the extend pass steps + 1.
         self.reach = {"tree": (s - 1) * k, "verify": self.spec.draft_tokens, "commit": s + 1}
         self.ahead = SpecAhead(self)  # greedy cycles one ahead of the host (off: EYAS_DECODE_AHEAD=0)
+        # Which of the two modes each step runs, and the policy's books.
+        self.step_loop = AdaptiveSteps(self.policy, self.ahead, engine.ahead,
+                                       speculative_cycle=self._speculative_cycle, plain_step=self._plain_step,
+                                       catch_up=self._catch_up, agree=self.target.tp.agree,
+                                       captured_graphs=engine.captured_graphs, device=engine.device)
 
     @property
     def lookahead(self) -> int:
