@@ -117,7 +117,7 @@ def nbytes(module) -> int:
 
 
 def plain_step(eng: Engine, seqs):
-    """The engine's plain decode step (engine.py `_decode`) without its bookkeeping, so it can be repeated."""
+    """The engine's plain decode step (engine.py `decode`) without its bookkeeping, so it can be repeated."""
     ids = torch.tensor([[s.output_ids[-1]] for s in seqs], device=eng.device)
     starts = [s.cached for s in seqs]
     out = eng.runner.forward(ids, torch.tensor(starts, device=eng.device)[:, None], [s.slot for s in seqs], starts)

@@ -49,10 +49,10 @@ def test_catch_up_over_ragged_lags_matches_a_pass_per_sequence(target_dir):
     states = [s.draft_state for s in seqs]
     want = []
     for s, state in zip(seqs, states):
-        engine.spec._catch_up([s])
+        engine.spec.catch_up([s])
         want.append((s.draft_state.hidden.clone(), s.draft_state.scores.clone()))
         s.draft_state = state
-    engine.spec._catch_up(seqs)
+    engine.spec.catch_up(seqs)
     for s, (h, scores) in zip(seqs, want):
         assert not s.draft_state.lag_tokens
         torch.testing.assert_close(s.draft_state.hidden, h, atol=1e-5, rtol=1e-5)
@@ -94,7 +94,7 @@ def test_graphed_passes_of_s_plus_1_pairs_match_the_eager_pass(target_dir, fake_
     for s, state in zip(seqs, states):
         s.draft_state = state
     keys = set(engine.runner.graphs.functions.graphs)
-    engine.spec._catch_up(seqs)
+    engine.spec.catch_up(seqs)
     new = set(engine.runner.graphs.functions.graphs) - keys
     assert new <= {k for k in engine.runner.graphs.functions.graphs if k[0] == "extend"}
     for s, (h, scores) in zip(seqs, want):
@@ -121,12 +121,12 @@ def test_wide_passes_match_the_eager_pass_and_capture_nothing(target_dir, fake_g
     want = [(s.draft_state.hidden.clone(), s.draft_state.scores.clone()) for s in seqs]
     for s, state in zip(seqs, states):
         s.draft_state = state
-    widths, extend = [], engine.spec._extend
-    monkeypatch.setattr(engine.spec, "_extend", lambda group, ids, *a: (widths.append(ids.shape[1]),
+    widths, extend = [], engine.spec.extend
+    monkeypatch.setattr(engine.spec, "extend", lambda group, ids, *a: (widths.append(ids.shape[1]),
                                                                           extend(group, ids, *a)))
     graphs = engine.runner.graphs.functions.graphs
     keys = set(graphs)
-    engine.spec._catch_up(seqs)
+    engine.spec.catch_up(seqs)
     assert widths[0] == spec.steps + 1 and 30 in widths  # the row near its end first, then a wide pass
     assert all(k[3][0] != (30,) for k in set(graphs) - keys)  # no wide graph captured in traffic
     for s, (h, scores) in zip(seqs, want):

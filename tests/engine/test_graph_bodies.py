@@ -56,7 +56,7 @@ def test_the_commit_body_is_idempotent_on_a_path_that_skips_nodes(tmp_path):
     c_t, slots = torch.tensor([20]), torch.tensor([0])
 
     def run():
-        out = spec._commit_fn(tokens, parents, depth, argmax, aux, c_t, slots, 256)
+        out = spec.commit_body(tokens, parents, depth, argmax, aux, c_t, slots, 256)
         caches = [t.clone() for kv in (engine.runner.kv, spec.kv) for t in ((kv.k, kv.v) if not kv.shared else (kv.k,))]
         return [o.clone() for o in out], caches
 

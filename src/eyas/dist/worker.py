@@ -124,14 +124,10 @@ def run_worker(rank: int, size: int, spec: WorkerSpec, commands, results) -> Non
     except Exception as e:  # any failure must reach the front end as one line, not as a silent exit
         results.put(WorkerFailed(rank, _one_line(e)))
         raise SystemExit(1)
-    margin = engine.spec.lookahead if engine.spec else 1
-    # The target's bytes as loaded (packed, where the checkpoint ships quantized), as models.loader.weight_bytes.
-    tensors = [*engine.target.parameters(), *engine.target.buffers()]
-    results.put(Ready(rank, ModelInfo(max_len=engine.max_len, margin=margin, vocab_size=engine.config.vocab_size,
-                                      eos_token_ids=sorted(engine.eos_ids), device=device, dtype=dtype,
-                                      speculative=engine.spec is not None,
-                                      weight_bytes=sum(t.numel() * t.element_size() for t in tensors),
-                                      kv_cache_bytes=engine.runner.kv.bytes())))
+    results.put(Ready(rank, ModelInfo(max_len=engine.max_len, margin=engine.lookahead,
+                                      vocab_size=engine.config.vocab_size, eos_token_ids=sorted(engine.eos_ids),
+                                      device=device, dtype=dtype, speculative=engine.spec is not None,
+                                      weight_bytes=engine.weight_bytes(), kv_cache_bytes=engine.kv_cache_bytes())))
     try:
         Lockstep(engine, rank, results).serve(commands)
     except Exception as e:
@@ -199,10 +195,8 @@ class Lockstep:
     def step(self) -> None:
         eng = self.engine
         t0 = time.perf_counter()
-        if eng.spec is not None:
-            eng.spec.step_loop.last_decision = None
-        eng.last_admitted = 0
-        if eng.has_work():
+        stepped = eng.has_work()
+        if stepped:
             eng.step()
         step_ms = (time.perf_counter() - t0) * 1e3
         updates, self.refused = self.refused, []
@@ -216,15 +210,10 @@ class Lockstep:
                 del self.seqs[rid], self.sent[rid]
         if self.rank != 0:
             return
-        # Slots requests can use are the running ones plus the free ones (the runner keeps a scratch slot aside).
-        slots = len(eng.running) + eng.runner.kv.free_slots
         phases = eng.profiler.drain() if eng.profiler is not None else {}
         self.steps += 1
-        policy = None
-        if eng.spec is not None and eng.spec.policy.adaptive and (self.steps % POLICY_EVERY == 0 or not eng.has_work()):
-            policy = eng.spec.policy.snapshot()
+        policy = eng.policy_snapshot() if self.steps % POLICY_EVERY == 0 or not eng.has_work() else None
         self.results.put(StepResult(updates, running=len(eng.running), waiting=len(eng.waiting),
-                                    kv_usage=len(eng.running) / slots, step_ms=step_ms, joined=eng.last_admitted,
-                                    phase_ms=phases,
-                                    spec_step=eng.spec.step_loop.last_decision if eng.spec is not None else None,
-                                    spec_policy=policy))
+                                    kv_usage=len(eng.running) / eng.usable_slots(), step_ms=step_ms,
+                                    joined=eng.last_admitted if stepped else 0, phase_ms=phases,
+                                    spec_step=eng.last_decision if stepped else None, spec_policy=policy))

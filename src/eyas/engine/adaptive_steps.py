@@ -37,6 +37,7 @@ class AdaptiveSteps:
     def cycle(self, seqs):
         """One step for the running batch: a speculative cycle, or a plain step when the policy says so."""
         n, policy = len(seqs), self.policy
+        self.last_decision = None  # until this step decides (a drain may end the batch first)
         settled = policy.boundary(n)
         if settled:
             now = time.perf_counter()

@@ -54,7 +54,7 @@ def in_graphed_passes(spec, seqs):
     past the row's last pair (inside its cache row), which the next draft overwrites before reading. Each
     row keeps the state of the pass that held its last pair."""
     dev, L, kv = spec.engine.device, spec.spec.steps + 1, spec.kv
-    lags = [list(s.draft_state.lag_tokens) for s in seqs]  # set_states (in _extend) starts each row afresh
+    lags = [list(s.draft_state.lag_tokens) for s in seqs]  # set_states (in extend) starts each row afresh
     passes, j = [], 0
     while True:
         rows = [i for i, t in enumerate(lags) if len(t) > j]
@@ -72,8 +72,8 @@ def in_graphed_passes(spec, seqs):
         pieces = [lags[i][j:j + width] for i in rows]
         meta = torch.tensor([p + [0] * (width - len(p)) + [f, s.slot, len(p) - 1]
                              for p, f, s in zip(pieces, first, group)], device=dev)  # one copy
-        spec._extend(group, meta[:, :width], meta[:, width + 2], feats[rows, j:j + width], meta[:, width],
-                     meta[:, width + 1], max(first))
+        spec.extend(group, meta[:, :width], meta[:, width + 2], feats[rows, j:j + width], meta[:, width],
+                    meta[:, width + 1], max(first))
 
 
 def feature_width(spec) -> int:
@@ -103,8 +103,8 @@ def warm_wide_passes(spec, max_batch: int) -> None:
             last = torch.zeros(b, dtype=torch.long, device=dev)
             starts = torch.full((b,), need - WIDE, dtype=torch.long, device=dev)
             slots = torch.full((b,), scratch, dtype=torch.long, device=dev)
-            spec._run("extend", spec.drafter.extend, b, kv, need, [ids, feats, last, starts, slots],
-                      [0, 0, 0, 0, scratch])
+            spec.run_padded("extend", spec.drafter.extend, b, kv, need, [ids, feats, last, starts, slots],
+                            [0, 0, 0, 0, scratch])
 
 
 def in_one_eager_pass(spec, seqs):

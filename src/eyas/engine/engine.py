@@ -21,7 +21,7 @@ from eyas.engine.runner import ModelRunner
 from eyas.engine.sequence import Sequence
 from eyas.errors import EyasError
 from eyas.layers.sampling import SamplingParams, adjusted_probs, sample_from, token_logprobs, uniform
-from eyas.models.loader import load_model, parse_dtype
+from eyas.models.loader import load_model, parse_dtype, weight_bytes
 
 
 class Engine:
@@ -38,7 +38,8 @@ class Engine:
         self.runner = ModelRunner(self.target, max_batch, max_len, self.device)
         self.eos_ids = set(self.config.eos_token_ids)
         self.profiler = profiler
-        self.last_admitted = 0  # requests the last step prefilled (the server's metrics)
+        self.last_admitted = 0     # requests the last step prefilled (the server's metrics)
+        self.last_decision = None  # (batch size, speculated) of the last step's speculative decision, if it made one
         self._ids = itertools.count()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -57,7 +58,7 @@ class Engine:
     def add(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
         if not prompt_ids:
             raise EyasError("the prompt is empty")
-        margin = self.spec.lookahead if self.spec else 1
+        margin = self.lookahead
         if len(prompt_ids) + params.max_tokens + margin > self.max_len:
             raise EyasError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                             f"context of {self.max_len - margin} tokens")
@@ -92,6 +93,30 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def lookahead(self) -> int:
+        """Cache columns past a sequence's tokens that one step may write: a cycle's draft tokens + 1, or 1."""
+        return self.spec.lookahead if self.spec else 1
+
+    def usable_slots(self) -> int:
+        """Cache slots requests can use: the running ones plus the free ones (the runner keeps a scratch slot
+        aside)."""
+        return len(self.running) + self.runner.kv.free_slots
+
+    def weight_bytes(self) -> int:
+        """Bytes of the target's weights as loaded on this rank (packed, where the checkpoint ships quantized)."""
+        return weight_bytes(self.target)
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the target's KV cache on this rank."""
+        return self.runner.kv.bytes()
+
+    def policy_snapshot(self) -> dict | None:
+        """The adaptive speculation policy's estimates (SpecPolicy.snapshot), or None without one."""
+        if self.spec is None or not self.spec.policy.adaptive:
+            return None
+        return self.spec.policy.snapshot()
+
     def step(self) -> list[Sequence]:
         """Admit waiting requests, run one decode step or speculative cycle; returns finished sequences."""
         admitted = []
@@ -112,11 +137,13 @@ class Engine:
         self.last_admitted = len(admitted)
         self.running.extend(admitted)
         live = [s for s in self.running if not s.finished]
+        self.last_decision = None
         if live and self.spec:
             self.spec.step_loop.cycle(live)
+            self.last_decision = self.spec.step_loop.last_decision
         elif live:
             with prof.phase("decode"):
-                self._decode(live)
+                self.decode(live)
         done = [s for s in self.running if s.finished]
         for s in done:
             self._release(s)
@@ -137,7 +164,7 @@ class Engine:
         from eyas.layers.attention import kernel_reads_cache
 
         before = self.captured_graphs()
-        lookahead = self.spec.lookahead if self.spec else 1
+        lookahead = self.lookahead
         params = SamplingParams(max_tokens=4 * lookahead + 2, ignore_eos=True)  # a few steps per mode and bucket
         kernel = kernel_reads_cache(self.runner.kv)
         # Graphs over the slot-attention kernel come in two widths: rows up to SHORT_ROWS columns, and longer.
@@ -257,7 +284,7 @@ class Engine:
         if self.spec:
             self.spec.prefill(seqs, out.aux_hidden, lens)
 
-    def _decode(self, seqs: list[Sequence]):
+    def decode(self, seqs: list[Sequence]):
         """One plain decode step; returns the target's output (the speculative decoder reads its features),
         or None when it ran ahead of the host (decode_ahead.py) or a drain left nothing to decode."""
         if self.ahead.active and not self.ahead.usable(seqs):

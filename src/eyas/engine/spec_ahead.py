@@ -83,10 +83,10 @@ class _CyclePair:
         def body(src: _State, dst: _State):
             tokens, parents, depth, mask = spec.draft_fn(src.scores, src.hidden, src.root, src.c_t, self.slots,
                                                          kv_draft)
-            argmax, _, aux = spec._verify_fn(tokens, depth, mask, src.c_t, self.slots, kv_target)
-            new, accepted, sel, h, scores_next = spec._commit_fn(tokens, parents, depth, argmax, aux, src.c_t,
-                                                                 self.slots, kv_draft)
-            spec._compact_paths(self.slots, src.c_t, sel, accepted)
+            argmax, _, aux = spec.verify_body(tokens, depth, mask, src.c_t, self.slots, kv_target)
+            new, accepted, sel, h, scores_next = spec.commit_body(tokens, parents, depth, argmax, aux, src.c_t,
+                                                                  self.slots, kv_draft)
+            spec.compact_paths(self.slots, src.c_t, sel, accepted)
             dst.hidden.copy_(h)
             dst.scores.copy_(scores_next)
             dst.root.copy_(new.gather(1, accepted[:, None])[:, 0])
@@ -201,9 +201,10 @@ class SpecAhead(AheadOfHost):
         spec = self.spec
         B, c_t, slots_t = len(self.seqs), self._c_t, self.slots_t
         c = self._longest()
-        tokens, parents, depth, mask = spec._draft(B, c, self.scores, self.hidden, self._root, c_t, slots_t)
-        argmax, _, aux = spec._verify(B, c, tokens, depth, mask, c_t, slots_t, padded=True)
-        new, accepted, h, scores = spec._commit(B, c, tokens, parents, depth, argmax, aux, c_t, slots_t, padded=True)
+        tokens, parents, depth, mask = spec.draft_pass(B, c, self.scores, self.hidden, self._root, c_t, slots_t)
+        argmax, _, aux = spec.verify_pass(B, c, tokens, depth, mask, c_t, slots_t, padded=True)
+        new, accepted, h, scores = spec.commit_pass(B, c, tokens, parents, depth, argmax, aux, c_t, slots_t,
+                                                    padded=True)
         # The next cycle's inputs, computed on the device (copies: the graphs' outputs are overwritten
         # by their next replay).
         self.hidden, self.scores = h.clone(), scores.clone()
@@ -224,7 +225,7 @@ class SpecAhead(AheadOfHost):
     def _consume(self):
         rows = self.flights.pop().read(len(self.seqs))
         live = [(s, row) for s, row in zip(self.seqs, rows) if not s.finished]  # a stop learned a cycle late
-        self.spec._advance([s for s, _ in live], [row[:row[-1] + 1] for _, row in live], [row[-1] for _, row in live])
+        self.spec.advance([s for s, _ in live], [row[:row[-1] + 1] for _, row in live], [row[-1] for _, row in live])
 
     def drain(self):
         """Read every cycle in flight, give each sequence its draft state back and leave this mode."""
