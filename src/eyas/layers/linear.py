@@ -31,7 +31,8 @@ def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
             and (bias is None or bias.dtype == x.dtype)
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                                   or (bias is not None and bias.requires_grad)))):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        # torch registers this oneDNN op under a private name only (no public alias).
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")  # noqa: SLF001
     return F.linear(x, weight, bias)
 
 
