@@ -164,7 +164,7 @@ def diagnose(args) -> dict:
     else:
         stop_ids = end_of_turn_ids(tokenizer, ModelConfig.from_dir(model_dir).eos_token_ids)
         texts, starts, engine_side, engine = texts_from_prompts(args, tokenizer, stop_ids)
-        target, draft = engine.target, engine.spec.draft
+        target, draft = engine.target, engine.decoder.draft
     K = max(args.steps, args.accuracy_steps)
     right, total, rows, per_text, per_text_oov = [0] * K, [0] * K, [], [], []
     outside = collections.Counter()

@@ -41,15 +41,15 @@ def _draft_states(demo_dir, prompts, pattern=None):
                 upcoming[0] = next(it)
             return choice
 
-        engine.spec.policy.speculate = forced  # this engine's own policy: nothing to undo
-    states, cycle = {}, engine.spec.step_loop.speculative_cycle
+        engine.decoder.policy.speculate = forced  # this engine's own policy: nothing to undo
+    states, cycle = {}, engine.decoder.step_loop.speculative_cycle
 
     def recorded(seqs):
         for s in seqs:
             states[(s.id, s.cached)] = s.draft_state.scores.clone()
         cycle(seqs)
 
-    engine.spec.step_loop.speculative_cycle = recorded
+    engine.decoder.step_loop.speculative_cycle = recorded
     seqs = engine.generate(prompts, SamplingParams(max_tokens=48))
     return seqs, states
 

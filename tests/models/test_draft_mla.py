@@ -234,7 +234,7 @@ def test_speculative_equals_greedy_on_deepseek_target(deepseek_dir, tmp_path, sp
     prof = Profiler("cpu")
     engine = Engine(str(deepseek_dir), dtype="fp32", max_batch=3, max_len=256, profiler=prof,
                     draft=str(tmp_path / "draft"), spec=spec)
-    assert engine.spec.kv.shared and engine.spec.kv.k.shape[2:] == (1, engine.spec.kv.max_len, 32 + 8)
+    assert engine.decoder.kv.shared and engine.decoder.kv.k.shape[2:] == (1, engine.decoder.kv.max_len, 32 + 8)
     assert [s.output_ids for s in engine.generate(prompts, params)] == want
     assert max(prof.summary()["accept_histogram"]) > 1  # drafts were accepted, so tree compaction and extend ran
 

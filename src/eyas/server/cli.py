@@ -107,7 +107,7 @@ def run(args) -> int:
     config.port = listener.getsockname()[1]  # --port 0: the port the system chose
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as load_tokenizer sets it, and before the workers inherit
     recorder = _recorder(args, config)
-    group = WorkerGroup(config.worker_spec(), tp=config.tp, env=config.env, env_check=config.env_check, log=log)
+    group = WorkerGroup(config.worker_config(), tp=config.tp, env=config.env, env_check=config.env_check, log=log)
     try:
         group.spawn()
         tokenizer = load_tokenizer(path)
