@@ -70,7 +70,7 @@ def build(path: str, device: str) -> dict:
     draft = random_draft(cfg["hidden_size"], cfg["vocab_size"], draft_vocab=min(32000, cfg["vocab_size"]),
                          head_dim=64)
     common = dict(dtype="bf16" if device == "cuda" else "fp32", device=device, max_batch=4, max_len=2048)
-    spec = Engine(path, draft=draft, spec=SpecConfig(3, 1), **common)
+    spec = Engine(path, draft=draft, spec=SpecConfig(3, 1, adaptive=False), **common)
     return {"plain": Engine(path, **common), "spec_forced_plain": spec,
             "adaptive": Engine(path, draft=draft, spec=SpecConfig(3, 1, adaptive=True), **common),
             "spec_forced_chain": spec}

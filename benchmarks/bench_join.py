@@ -151,7 +151,7 @@ def main(argv=None) -> int:
         rows = []
         for name, draft in (("plain", None), ("speculative", args.draft)):
             for admit in admits:
-                spec = SpecConfig(steps=3, topk=1, draft_tokens=4) if draft else None
+                spec = SpecConfig(steps=3, topk=1, draft_tokens=4, adaptive=False) if draft else None
                 eng = Engine(model, dtype=dtype, device=args.device, draft=draft, spec=spec,
                              max_batch=args.concurrency, max_len=2048, admit_batch=admit)
                 if eng.decoder is not None:

@@ -275,7 +275,7 @@ def main():
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     args.layers = {(k if v else "*"): int(v or k) for k, _, v in (x.partition("=") for x in args.layers.split(",") if x)}
-    args.spec = SpecConfig(*map(int, args.spec.split(",")))
+    args.spec = SpecConfig(*map(int, args.spec.split(",")), adaptive=False)
     args.context = args.context or (32 if args.tiny else 300)
     args.cycles = args.cycles or (3 if args.tiny else 20)
     args.reps = 3 if args.tiny else 20

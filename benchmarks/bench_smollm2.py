@@ -51,7 +51,7 @@ from eyas.models.tokenizer import encode_messages, load_tokenizer
 from md_tables import ratio, run_header, table, writable  # benchmarks/md_tables.py
 from timing import kernels_by_name, median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
-CHAIN, TREE = SpecConfig(3, 1), SpecConfig(5, 4, 8)
+CHAIN, TREE = SpecConfig(3, 1, adaptive=False), SpecConfig(5, 4, 8, adaptive=False)  # every step speculates
 SWEEP_SPECS = "2/1,3/1,4/1,5/1,6/1,7/1,3/2/4,4/2/6,5/2/8,4/4/8,5/4/8,6/4/8,6/4/12,8/4/12,6/8/16"
 DEVICE = "cuda"  # --device cpu runs the same code slowly, as a smoke test of the script itself
 NEW_TOKENS = 256  # per request, as the issues measure (MT-bench, HumanEval); --new-tokens changes it
@@ -486,14 +486,15 @@ def adaptive_books(policy) -> dict:
 
 
 def parse_specs(text: str, flag: str = "--specs") -> list[SpecConfig]:
-    """'3/1,5/4/8' -> [SpecConfig(3, 1), SpecConfig(5, 4, 8)]; a bad entry exits with a one-line error."""
+    """'3/1,5/4/8' -> [SpecConfig(3, 1), SpecConfig(5, 4, 8)], each speculating at every step; a bad entry
+    exits with a one-line error."""
     specs = []
     for item in filter(None, (t.strip() for t in text.split(","))):
         parts = item.split("/")
         if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
             raise SystemExit(f"bench_smollm2: {flag} entry {item!r} is not steps/topk[/draft tokens]")
         try:
-            specs.append(SpecConfig(*map(int, parts)))
+            specs.append(SpecConfig(*map(int, parts), adaptive=False))
         except EyasError as e:
             raise SystemExit(f"bench_smollm2: {flag} entry {item!r}: {e}") from None
     return specs

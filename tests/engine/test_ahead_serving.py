@@ -32,7 +32,9 @@ def alone(model, prompt, params):
     return seq.output_ids, seq.finish_reason
 
 
-@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1), SpecConfig(3, 2, 5), SpecConfig(3, 1, adaptive=True)],
+@pytest.mark.parametrize("spec",
+                         [None, SpecConfig(3, 1, adaptive=False), SpecConfig(3, 2, 5, adaptive=False),
+                          SpecConfig(3, 1, adaptive=True)],
                          ids=["plain", "chain", "tree", "adaptive"])
 def test_serving_traffic_streams_what_each_request_gets_alone(model, monkeypatch, fake_graphs, spec):
     monkeypatch.setenv("EYAS_DECODE_AHEAD", "1")

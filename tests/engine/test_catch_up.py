@@ -41,7 +41,7 @@ def ragged_lags(engine):
 
 def test_catch_up_over_ragged_lags_matches_a_pass_per_sequence(target_dir):
     engine = Engine(str(target_dir), dtype="fp32", max_batch=4, max_len=64,
-                    draft=random_draft(64, 32, draft_vocab=24), spec=SpecConfig(3, 1))
+                    draft=random_draft(64, 32, draft_vocab=24), spec=SpecConfig(3, 1, adaptive=False))
     seqs, lags = ragged_lags(engine)
     L, kv = max(lags), engine.decoder.kv
     assert any(s.cached - n + L > kv.max_len for s, n in zip(seqs, lags))  # the unpadded branch runs too
@@ -80,7 +80,8 @@ def test_warm_up_runs_the_eager_passes_that_would_compile_in_traffic(tmp_path, m
     assert engine.decoder.policy.forced is None and engine.decoder.policy.rates == {}
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(3, 2, 5)], ids=["chain", "tree"])
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1, adaptive=False), SpecConfig(3, 2, 5, adaptive=False)],
+                         ids=["chain", "tree"])
 def test_graphed_passes_of_s_plus_1_pairs_match_the_eager_pass(target_dir, fake_graphs, spec):
     """With CUDA graphs the catch-up runs in passes of S+1 pairs through the sampled cycle's extend graph
     (no new shape per rows and lag): each row ends with the draft state one eager pass gives it."""
@@ -103,7 +104,8 @@ def test_graphed_passes_of_s_plus_1_pairs_match_the_eager_pass(target_dir, fake_
         torch.testing.assert_close(s.draft_state.scores, scores, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(3, 2, 5)], ids=["chain", "tree"])
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1, adaptive=False), SpecConfig(3, 2, 5, adaptive=False)],
+                         ids=["chain", "tree"])
 def test_wide_passes_match_the_eager_pass_and_capture_nothing(target_dir, fake_graphs, monkeypatch, spec):
     """After warm_wide_passes the catch-up takes WIDE-column passes where every row's pass fits in its cache
     row (30 here, so that the row near its end forces an S+1 pass first), replays only graphs captured at

@@ -12,7 +12,8 @@ from eyas.layers.sampling import SamplingParams
 @pytest.mark.parametrize("steps", [1, 3, 5])
 def test_chain_draft_equals_the_general_tree_with_topk_1(pair, steps):
     target, draft = pair
-    engine = Engine(str(target), dtype="fp32", device="cpu", draft=str(draft), spec=SpecConfig(steps, 1),
+    engine = Engine(str(target), dtype="fp32", device="cpu", draft=str(draft),
+                    spec=SpecConfig(steps, 1, adaptive=False),
                     max_batch=3, max_len=256)
     decoder = engine.decoder
     assert decoder.draft_fn == decoder.drafter.chain

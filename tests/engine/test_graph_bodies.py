@@ -14,7 +14,9 @@ from tests.helpers import random_draft, tiny_llama
 
 
 @pytest.mark.parametrize("whole_cycles", [True, False], ids=["cycle-graph", "phase-graphs"])
-@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(5, 4, 8), SpecConfig(2, 3, 6)],
+@pytest.mark.parametrize("spec",
+                         [SpecConfig(3, 1, adaptive=False), SpecConfig(5, 4, 8, adaptive=False),
+                          SpecConfig(2, 3, 6, adaptive=False)],
                          ids=["chain", "tree", "tree-wide"])
 def test_speculative_equals_greedy_with_graphs(tmp_path, fake_graphs, monkeypatch, spec, whole_cycles):
     monkeypatch.setenv("EYAS_CYCLE_GRAPH", "1" if whole_cycles else "0")
@@ -41,7 +43,7 @@ def test_the_commit_body_is_idempotent_on_a_path_that_skips_nodes(tmp_path):
     body runs twice here; the caches and its outputs must be those of one run."""
     tiny_llama(tmp_path, vocab=32, layers=5, hidden=64)
     engine = Engine(str(tmp_path), dtype="fp32", max_batch=2, max_len=256, draft=random_draft(64, 32, draft_vocab=24),
-                    spec=SpecConfig(5, 4, 8))
+                    spec=SpecConfig(5, 4, 8, adaptive=False))
     decoder = engine.decoder
     g = torch.Generator().manual_seed(0)
     for kv in (engine.runner.kv, decoder.kv):

@@ -11,7 +11,7 @@ from eyas.layers.sampling import SamplingParams
 from tests.server.tiny import predictable_pair
 
 PROMPTS = [[5, 17, 99, 3], [250, 8, 41, 7, 19, 200]]
-SPECS = {"plain": None, "chain": SpecConfig(3, 1), "tree": SpecConfig(3, 2, 5)}
+SPECS = {"plain": None, "chain": SpecConfig(3, 1, adaptive=False), "tree": SpecConfig(3, 2, 5, adaptive=False)}
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
 from tests.helpers import random_draft, tiny_llama
 
 CUDA = os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available()  # compiled kernels, no interpreter
-SPECS = [SpecConfig(3, 1), SpecConfig(3, 2, 5)]
+SPECS = [SpecConfig(3, 1, adaptive=False), SpecConfig(3, 2, 5, adaptive=False)]
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_long_acceptance_through_an_oracle_draft(model, ahead):
     ps = prompts(3, seed=5)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (30, 50, 44)]
     want = reference(model, ps, params)
-    eng = make(SpecConfig(4, 1))
+    eng = make(SpecConfig(4, 1, adaptive=False))
     oracle_chain(eng, {tuple(p): p + out for p, (out, _) in zip(ps, want)})
     got = eng.generate(ps, params)
     assert [(s.output_ids, s.finish_reason) for s in got] == want
@@ -128,7 +128,7 @@ def test_plain_steps_of_the_policy_drain_first(model, ahead):
     make, most = ahead
     ps = prompts(3, seed=3)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (6, 40, 45)]
-    eng = make(SpecConfig(3, 1, max_batch=2))
+    eng = make(SpecConfig(3, 1, max_batch=2, adaptive=False))
     got = [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)]
     assert got == reference(model, ps, params)
     assert most["in_flight"] == 2
@@ -254,7 +254,7 @@ def test_a_request_that_fills_the_context_never_writes_past_it(model, ahead):
     """prompt + max_tokens + lookahead == max_len, and every guess right, so the last cycle accepts past
     max_tokens: a cycle enqueued after it would write cache columns past the row's end; none is."""
     make, most = ahead
-    spec = SpecConfig(4, 1)
+    spec = SpecConfig(4, 1, adaptive=False)
     ps = prompts(2, seed=6)
     params = [SamplingParams(max_tokens=256 - len(p) - spec.draft_tokens - 1, ignore_eos=True) for p in ps]
     want = reference(model, ps, params)

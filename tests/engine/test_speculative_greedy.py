@@ -17,8 +17,9 @@ def target_dir(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(5, 4, 8), SpecConfig(2, 3, 6), SpecConfig(1, 1),
-                                  SpecConfig(3, 1, max_batch=2), SpecConfig(3, 1, adaptive=True)],
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1, adaptive=False), SpecConfig(5, 4, 8, adaptive=False),
+                                  SpecConfig(2, 3, 6, adaptive=False), SpecConfig(1, 1, adaptive=False),
+                                  SpecConfig(3, 1, max_batch=2, adaptive=False), SpecConfig(3, 1, adaptive=True)],
                          ids=["chain", "tree", "tree-wide", "one-step", "off-above-2", "adaptive"])
 def test_speculative_equals_greedy(target_dir, spec):
     g = torch.Generator().manual_seed(0)

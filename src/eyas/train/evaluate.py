@@ -34,7 +34,7 @@ class AcceptanceEval:
         self.target, self.prompts, self.device, self.dtype = target, prompts, device, dtype
         self.params = SamplingParams(max_tokens=max_tokens, stop_token_ids=() if ignore_eos else tuple(stop_ids),
                                      ignore_eos=ignore_eos)
-        self.spec = SpecConfig(spec_steps, 1)
+        self.spec = SpecConfig(spec_steps, 1, adaptive=False)  # acceptance is measured on every step
         self.batch = min(batch, len(prompts))
         self.max_len = max(len(p) for p in prompts) + max_tokens + 2 * spec_steps + 8
         self.engine: Engine | None = None
