@@ -10,7 +10,8 @@ import torch.nn.functional as F
 import transformers
 from safetensors.torch import save_file
 
-from eyas.config import DraftConfig, ModelConfig, SpecConfig
+from eyas.config import ModelConfig, SpecConfig
+from eyas.draft_config import DraftConfig
 from eyas.engine.engine import Engine
 from eyas.engine.kv_cache import KVCache
 from eyas.engine.profile import Profiler
