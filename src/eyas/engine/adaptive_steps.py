@@ -17,12 +17,12 @@ import torch
 
 from eyas.engine.spec_policy import SpecPolicy
 
-Step = Callable[[list], None]  # runs one step (or the catch-up) for these sequences
+StepFn = Callable[[list], None]  # runs one step (or the catch-up) for these sequences
 
 
 class AdaptiveSteps:
-    def __init__(self, policy: SpecPolicy, spec_ahead, plain_ahead, *, speculative_cycle: Step, plain_step: Step,
-                 catch_up: Step, agree: Callable[[bool], bool], captured_graphs: Callable[[], int],
+    def __init__(self, policy: SpecPolicy, spec_ahead, plain_ahead, *, speculative_cycle: StepFn, plain_step: StepFn,
+                 catch_up: StepFn, agree: Callable[[bool], bool], captured_graphs: Callable[[], int],
                  device: torch.device):
         """`spec_ahead` and `plain_ahead` run cycles and plain steps ahead of the host (AheadOfHost); `agree`
         makes every tensor-parallel rank take rank 0's choice; `captured_graphs` counts the engine's CUDA
