@@ -45,8 +45,8 @@ def decode(engine, prompt, tokens, policy_forced=None):
     and the number of steps."""
     from eyas.layers.sampling import SamplingParams
 
-    if engine.spec is not None:
-        engine.spec.policy.forced = policy_forced
+    if engine.decoder is not None:
+        engine.decoder.policy.forced = policy_forced
     engine.add(prompt, SamplingParams(max_tokens=tokens, ignore_eos=True))
     engine.step()  # the prefill and the first token
     settle(engine.device)
@@ -70,7 +70,7 @@ def build(path: str, device: str) -> dict:
     draft = random_draft(cfg["hidden_size"], cfg["vocab_size"], draft_vocab=min(32000, cfg["vocab_size"]),
                          head_dim=64)
     common = dict(dtype="bf16" if device == "cuda" else "fp32", device=device, max_batch=4, max_len=2048)
-    spec = Engine(path, draft=draft, spec=SpecConfig(3, 1), **common)
+    spec = Engine(path, draft=draft, spec=SpecConfig(3, 1, adaptive=False), **common)
     return {"plain": Engine(path, **common), "spec_forced_plain": spec,
             "adaptive": Engine(path, draft=draft, spec=SpecConfig(3, 1, adaptive=True), **common),
             "spec_forced_chain": spec}
@@ -136,7 +136,7 @@ def main():
         for row in prof["top"]:
             print(f"  {row['own_us_per_step']:7.1f} µs own {row['cum_us_per_step']:8.1f} cum "
                   f"{row['calls_per_step']:6.2f}/step  {row['function']}", flush=True)
-    policy = engines["adaptive"].spec.policy
+    policy = engines["adaptive"].decoder.policy
     result["adaptive_policy"] = dict(rates={f"{b}/{'spec' if s else 'plain'}": round(v, 1)
                                             for (b, s), v in policy.rates.items()},
                                      seconds={k: round(v, 3) for k, v in policy.seconds.items()})

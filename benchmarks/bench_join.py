@@ -87,8 +87,8 @@ def closed_loop(eng: Engine, args, seed: int, instrument: bool) -> dict:
     timers = []
     if instrument:
         timers = [Timed(eng, "_prefill", eng.device)]
-        if eng.spec is not None:
-            timers.append(Timed(eng.spec, "prefill", eng.device))
+        if eng.decoder is not None:
+            timers.append(Timed(eng.decoder, "prefill", eng.device))
     started, finished, tokens, issued = None, 0, 0, args.concurrency
     join_steps, plain_steps, joined = [], [], []
     settle(eng.device)
@@ -151,14 +151,14 @@ def main(argv=None) -> int:
         rows = []
         for name, draft in (("plain", None), ("speculative", args.draft)):
             for admit in admits:
-                spec = SpecConfig(steps=3, topk=1, draft_tokens=4) if draft else None
+                spec = SpecConfig(steps=3, topk=1, draft_tokens=4, adaptive=False) if draft else None
                 eng = Engine(model, dtype=dtype, device=args.device, draft=draft, spec=spec,
                              max_batch=args.concurrency, max_len=2048, admit_batch=admit)
-                if eng.spec is not None:
-                    eng.spec.policy.forced = True  # speculate on every step
+                if eng.decoder is not None:
+                    eng.decoder.policy.forced = True  # speculate on every step
                 eng.warm_up()
-                if eng.spec is not None:
-                    eng.spec.policy.forced = True  # warm_up resets it
+                if eng.decoder is not None:
+                    eng.decoder.policy.forced = True  # warm_up resets it
                 fast = closed_loop(eng, args, seed=1, instrument=False)
                 timed = closed_loop(eng, args, seed=1, instrument=True)
                 row = {"engine": name, "admit_batch": admit, **fast, "instrumented": timed}

@@ -117,7 +117,7 @@ def nbytes(module) -> int:
 
 
 def plain_step(eng: Engine, seqs):
-    """The engine's plain decode step (engine.py `_decode`) without its bookkeeping, so it can be repeated."""
+    """The engine's plain decode step (engine.py `decode`) without its bookkeeping, so it can be repeated."""
     ids = torch.tensor([[s.output_ids[-1]] for s in seqs], device=eng.device)
     starts = [s.cached for s in seqs]
     out = eng.runner.forward(ids, torch.tensor(starts, device=eng.device)[:, None], [s.slot for s in seqs], starts)
@@ -156,7 +156,7 @@ def expert_paths(run) -> str:
 def bench_batch(eng: Engine, B: int, prompt_len: int, cycles: int, reps: int, cuda: bool) -> dict:
     g = torch.Generator().manual_seed(B)
     prompts = [torch.randint(0, eng.config.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(B)]
-    params = SamplingParams(max_tokens=(cycles + 8) * eng.spec.lookahead, ignore_eos=True)
+    params = SamplingParams(max_tokens=(cycles + 8) * eng.decoder.lookahead, ignore_eos=True)
     seqs = [eng.add(p, params) for p in prompts]
     paths = expert_paths(eng.step)  # admit + eager prefill of all B, then the first cycle (captures its graphs)
     for _ in range(2):
@@ -188,7 +188,7 @@ def eager_forwards(eng: Engine, B: int) -> str:
     if g is None:
         return "all (no CUDA graphs)"
     bucket = next(b for b in BATCH_BUCKETS if b >= B)
-    N = eng.spec.spec.draft_tokens
+    N = eng.decoder.spec.draft_tokens
     captured = dict(decode=any(k[:3] == (bucket, 1, False) for k in g.graphs),
                     verify=any(k[:3] == (bucket, N, True) for k in g.graphs),
                     draft=any(k[:2] == ("tree", bucket) for k in g.functions.graphs),
@@ -223,7 +223,7 @@ def bench_model(name: str, args, bw: float | None) -> list[dict]:
         t0 = time.perf_counter()
         row = dict(info, **bench_batch(eng, B, args.context, args.cycles, args.reps, cuda))
         if bw:
-            N = eng.spec.spec.draft_tokens
+            N = eng.decoder.spec.draft_tokens
             row["decode_floor_ms"] = bytes_floor(cfg, target, B, B * args.context, kv_per_token) / bw * 1e3
             row["verify_floor_ms"] = bytes_floor(cfg, target, B * N, B * args.context, kv_per_token) / bw * 1e3
         row["seconds"] = time.perf_counter() - t0
@@ -275,7 +275,7 @@ def main():
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     args.layers = {(k if v else "*"): int(v or k) for k, _, v in (x.partition("=") for x in args.layers.split(",") if x)}
-    args.spec = SpecConfig(*map(int, args.spec.split(",")))
+    args.spec = SpecConfig(*map(int, args.spec.split(",")), adaptive=False)
     args.context = args.context or (32 if args.tiny else 300)
     args.cycles = args.cycles or (3 if args.tiny else 20)
     args.reps = 3 if args.tiny else 20

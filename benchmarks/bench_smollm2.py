@@ -51,7 +51,7 @@ from eyas.models.tokenizer import encode_messages, load_tokenizer
 from md_tables import ratio, run_header, table, writable  # benchmarks/md_tables.py
 from timing import kernels_by_name, median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
-CHAIN, TREE = SpecConfig(3, 1), SpecConfig(5, 4, 8)
+CHAIN, TREE = SpecConfig(3, 1, adaptive=False), SpecConfig(5, 4, 8, adaptive=False)  # every step speculates
 SWEEP_SPECS = "2/1,3/1,4/1,5/1,6/1,7/1,3/2/4,4/2/6,5/2/8,4/4/8,5/4/8,6/4/8,6/4/12,8/4/12,6/8/16"
 DEVICE = "cuda"  # --device cpu runs the same code slowly, as a smoke test of the script itself
 NEW_TOKENS = 256  # per request, as the issues measure (MT-bench, HumanEval); --new-tokens changes it
@@ -202,24 +202,26 @@ def phase_costs(eng, context=300):
         pos = torch.arange(context, context + T, device=DEVICE)[None]
         mask = None if T == 1 else torch.tril(torch.ones(T, T, dtype=torch.bool, device=DEVICE))[None]
         res[f"target_T{T}_ms"] = timed(lambda: eng.target.logits(r.forward(ids, pos, [0], [context], new_mask=mask).hidden))
-    spec = eng.spec
-    if spec is not None:
+    decoder = eng.decoder
+    if decoder is not None:
         # The whole draft phase of one cycle (graphed when CUDA graphs are on), per draft forward.
-        S, k = spec.spec.steps, spec.spec.topk
-        H, Vd = eng.config.hidden_size, spec.draft.config.draft_vocab_size
+        S, k = decoder.spec.steps, decoder.spec.topk
+        H, Vd = eng.config.hidden_size, decoder.draft.config.draft_vocab_size
         scores0 = torch.log_softmax(torch.randn(1, Vd, device=DEVICE), -1)
         hidden0 = torch.randn(1, H, device=DEVICE, dtype=eng.dtype)
         root = torch.tensor([5], device=DEVICE)
         c = torch.tensor([context], device=DEVICE)
         slots = torch.tensor([0], device=DEVICE)
-        res["draft_phase_ms"] = timed(lambda: spec._run("tree", spec.drafter.tree, 1, spec.kv, context + (S - 1) * k,
-                                                        [scores0, hidden0, root, c, slots], [0, 0, 0, 0, 0]))
+        res["draft_phase_ms"] = timed(lambda: decoder.run_padded("tree", decoder.drafter.tree, 1, decoder.kv,
+                                                                 context + (S - 1) * k,
+                                                                 [scores0, hidden0, root, c, slots], [0, 0, 0, 0, 0]))
         res["draft_step_ms"] = res["draft_phase_ms"] / max(S - 1, 1)
         ids = torch.randint(0, 1000, (1, S + 1), device=DEVICE)
         feats = torch.randn(1, S + 1, 3 * H, device=DEVICE, dtype=eng.dtype)
         last = torch.tensor([S], device=DEVICE)
-        res["extend_ms"] = timed(lambda: spec._run("extend", spec.drafter.extend, 1, spec.kv, context + S + 1,
-                                                   [ids, feats, last, c, slots], [0, 0, 0, 0, 0]))
+        res["extend_ms"] = timed(lambda: decoder.run_padded("extend", decoder.drafter.extend, 1, decoder.kv,
+                                                            context + S + 1, [ids, feats, last, c, slots],
+                                                            [0, 0, 0, 0, 0]))
     res["verify4_over_decode"] = res["target_T4_ms"] / res["target_T1_ms"]
     res["verify8_over_decode"] = res["target_T8_ms"] / res["target_T1_ms"]
     if "draft_step_ms" in res:
@@ -372,13 +374,13 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1
             eng = engines[name]
             adaptive = modes[name] is not None and modes[name].adaptive
             if adaptive:
-                eng.spec.policy.recent.clear()  # this timed run's windows only
-                prefill_before = eng.spec.policy.seconds["prefill"]
+                eng.decoder.policy.recent.clear()  # this timed run's windows only
+                prefill_before = eng.decoder.policy.seconds["prefill"]
             seqs, phases = generate_with_phases(eng, batch, params)
             seconds = phases["seconds"]
             phase_rounds[name].append(phases)
             if adaptive:
-                policy = eng.spec.policy
+                policy = eng.decoder.policy
                 adaptive_rounds.append(dict(seconds=round(seconds, 4),
                                             prefill=round(policy.seconds["prefill"] - prefill_before, 4),
                                             by_bucket=time_by_bucket(closed_windows(policy))))
@@ -391,7 +393,7 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1
             rows[B][f"{name}_phases_rounds"] = phase_rounds[name]
             if spec:
                 rows[B][f"{name}_accept_length"] = runs[name][-1][1]
-        rows[B].update(adaptive_books(engines["adaptive"].spec.policy))
+        rows[B].update(adaptive_books(engines["adaptive"].decoder.policy))
         rows[B]["adaptive_rounds_books"] = adaptive_rounds
         if report:
             report(rows[B])
@@ -484,14 +486,15 @@ def adaptive_books(policy) -> dict:
 
 
 def parse_specs(text: str, flag: str = "--specs") -> list[SpecConfig]:
-    """'3/1,5/4/8' -> [SpecConfig(3, 1), SpecConfig(5, 4, 8)]; a bad entry exits with a one-line error."""
+    """'3/1,5/4/8' -> [SpecConfig(3, 1), SpecConfig(5, 4, 8)], each speculating at every step; a bad entry
+    exits with a one-line error."""
     specs = []
     for item in filter(None, (t.strip() for t in text.split(","))):
         parts = item.split("/")
         if not 2 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
             raise SystemExit(f"bench_smollm2: {flag} entry {item!r} is not steps/topk[/draft tokens]")
         try:
-            specs.append(SpecConfig(*map(int, parts)))
+            specs.append(SpecConfig(*map(int, parts), adaptive=False))
         except EyasError as e:
             raise SystemExit(f"bench_smollm2: {flag} entry {item!r}: {e}") from None
     return specs

@@ -57,7 +57,7 @@ def texts_from_prompts(args, tokenizer, stop_ids):
 
     prompts = [encode_messages(tokenizer, p.messages) for p in load_prompts(args.dataset)[: args.prompts]]
     engine = Engine(args.model, dtype=args.dtype, device=args.device, draft=str(args.draft),
-                    spec=SpecConfig(args.steps, 1), max_batch=min(32, len(prompts)),
+                    spec=SpecConfig(args.steps, 1, adaptive=False), max_batch=min(32, len(prompts)),
                     max_len=max(map(len, prompts)) + args.new_tokens + 16)
     seqs = engine.generate(prompts, SamplingParams(max_tokens=args.new_tokens, stop_token_ids=stop_ids))
     generated = sum(len(s.output_ids) - 1 for s in seqs)
@@ -164,7 +164,7 @@ def diagnose(args) -> dict:
     else:
         stop_ids = end_of_turn_ids(tokenizer, ModelConfig.from_dir(model_dir).eos_token_ids)
         texts, starts, engine_side, engine = texts_from_prompts(args, tokenizer, stop_ids)
-        target, draft = engine.target, engine.spec.draft
+        target, draft = engine.target, engine.decoder.draft
     K = max(args.steps, args.accuracy_steps)
     right, total, rows, per_text, per_text_oov = [0] * K, [0] * K, [], [], []
     outside = collections.Counter()

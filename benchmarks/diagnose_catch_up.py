@@ -60,7 +60,7 @@ def main():
         eng = Engine(tmp, dtype="bf16", device="cuda", max_batch=16, max_len=1024,
                      draft=random_draft(128, 256, head_dim=32), spec=SpecConfig(3, 1, adaptive=True))
         eng.warm_up()
-        policy = eng.spec.policy
+        policy = eng.decoder.policy
         for B, L in shapes:
             for _ in range(B):
                 eng.add(list(range(3, 40)), SamplingParams(max_tokens=L + 12, ignore_eos=True))

@@ -30,7 +30,7 @@ def parse_spec(text: str):
         steps, topk, tokens = (int(x) for x in text.split("/"))
     except ValueError:
         raise SystemExit(f"heldout_acceptance: error: --specs takes STEPS/TOPK/DRAFT_TOKENS items, got {text!r}")
-    return SpecConfig(steps, topk, tokens)
+    return SpecConfig(steps, topk, tokens, adaptive=False)
 
 
 def acceptance(model, draft, spec, prompts, args, stop_ids) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import transformers
 
-from eyas.config import DraftConfig
+from eyas.draft_config import DraftConfig
 from eyas.models.eagle3 import Eagle3Draft
 
 

@@ -75,8 +75,9 @@ def test_generate_spec_settings_without_a_draft(capsys, flag):
     assert_one_line(code, err, "need --draft")
 
 
-def test_serve_spec_adaptive_without_a_draft_names_the_flag(capsys):
-    code, _, err = run_cli(capsys, "serve", "--model", "/nonexistent", "--device", "cpu", "--port", "0",
+@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["generate", "--prompt", "hi"]])
+def test_spec_adaptive_without_a_draft_names_the_flag(capsys, command):
+    code, _, err = run_cli(capsys, command[0], "--model", "/nonexistent", "--device", "cpu", *command[1:],
                            "--no-spec-adaptive")
     assert_one_line(code, err, "spec-adaptive", "need --draft")
 

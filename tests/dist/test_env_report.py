@@ -10,7 +10,7 @@ from eyas.dist import env_report
 from eyas.dist.env_report import EnvReport
 from eyas.dist.launch import WorkerGroup, free_port
 from eyas.dist.messages import AddRequest, Step
-from eyas.dist.worker import WorkerSpec
+from eyas.dist.worker import WorkerConfig
 from eyas.errors import EyasError
 from eyas.layers.sampling import SamplingParams
 from eyas.launch.procenv import read_environ
@@ -57,7 +57,7 @@ def test_workers_get_env_from_exec_and_warn_mode_reports_a_dropped_key(tiny_mode
     monkeypatch.setenv(env_report.TEST_HOOK, "NCCL_ALGO:1")
     before = dict(os.environ)
     warnings = []
-    group = WorkerGroup(WorkerSpec(model=str(tiny_model), device="cpu", max_model_len=128), tp=2,
+    group = WorkerGroup(WorkerConfig(model=str(tiny_model), device="cpu", max_model_len=128), tp=2,
                         env={"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}, env_check="warn", log=warnings.append)
     try:
         info = group.start()

@@ -67,8 +67,9 @@ def test_the_engine_gives_the_same_tokens_and_passes_accepting_on_the_device_or_
     prompts = [torch.randint(3, 60, (n,), generator=g).tolist() for n in (9, 30, 17)]
     outs = []
     for on_device in (True, False):
-        engine = Engine(str(target), dtype="fp32", max_batch=3, max_len=256, draft=str(draft), spec=SpecConfig(*spec))
-        engine.spec.accept_on_device = on_device
+        engine = Engine(str(target), dtype="fp32", max_batch=3, max_len=256, draft=str(draft),
+                        spec=SpecConfig(*spec, adaptive=False))
+        engine.decoder.accept_on_device = on_device
         seqs = engine.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))
         outs.append([(s.output_ids, s.verify_passes) for s in seqs])
     assert outs[0] == outs[1]

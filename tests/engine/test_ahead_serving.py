@@ -32,7 +32,9 @@ def alone(model, prompt, params):
     return seq.output_ids, seq.finish_reason
 
 
-@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1), SpecConfig(3, 2, 5), SpecConfig(3, 1, adaptive=True)],
+@pytest.mark.parametrize("spec",
+                         [None, SpecConfig(3, 1, adaptive=False), SpecConfig(3, 2, 5, adaptive=False),
+                          SpecConfig(3, 1, adaptive=True)],
                          ids=["plain", "chain", "tree", "adaptive"])
 def test_serving_traffic_streams_what_each_request_gets_alone(model, monkeypatch, fake_graphs, spec):
     monkeypatch.setenv("EYAS_DECODE_AHEAD", "1")
@@ -53,7 +55,7 @@ def test_serving_traffic_streams_what_each_request_gets_alone(model, monkeypatch
     draft = random_draft(64, VOCAB, draft_vocab=24) if spec else None
     engine = fake_graphs(Engine(model, dtype="fp32", max_batch=4, max_len=256, draft=draft, spec=spec))
     if spec is not None and spec.adaptive:  # short windows: both modes, switched between, under the traffic
-        engine.spec.policy.window, engine.spec.policy.probe_every = 3, 2
+        engine.decoder.policy.window, engine.decoder.policy.probe_every = 3, 2
     results = queue.Queue()
     worker = Lockstep(engine, 0, results)
     streamed: dict[str, list[int]] = {}
@@ -76,12 +78,12 @@ def test_serving_traffic_streams_what_each_request_gets_alone(model, monkeypatch
         if steps == 7:  # the client of r0 leaves while its steps are in flight
             assert "r0" not in finished
             worker.apply(Abort("r0"))
-    ahead = engine.spec.ahead if spec else engine.ahead
+    ahead = engine.decoder.ahead if spec else engine.ahead
     assert ahead.flights.sent > 0 if spec else ahead.pairs  # the mode ran
     assert not ahead.active
     if spec is not None and spec.adaptive:  # plain windows ran ahead too
         assert engine.ahead.flights.sent > 0 and not engine.ahead.active
-        assert engine.spec.policy.tokens["plain"] > 0 and engine.spec.policy.tokens["speculative"] > 0
+        assert engine.decoder.policy.tokens["plain"] > 0 and engine.decoder.policy.tokens["speculative"] > 0
     for rid, prompt, params in requests:
         if not params.greedy:
             continue

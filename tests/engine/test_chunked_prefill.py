@@ -28,7 +28,8 @@ def test_chunked_prefill_gives_the_eager_features_and_cache(tmp_path):
     tiny_llama(tmp_path, vocab=64)
     outs = []
     for chunked in (False, True):
-        eng = engine(tmp_path, chunked, SpecConfig(3, 1))  # a draft makes the target capture its features
+        # A draft makes the target capture its features.
+        eng = engine(tmp_path, chunked, SpecConfig(3, 1, adaptive=False))
         ps = prompts()
         T = max(LENGTHS)
         ids = torch.tensor([p + [0] * (T - len(p)) for p in ps])
@@ -44,7 +45,8 @@ def test_chunked_prefill_gives_the_eager_features_and_cache(tmp_path):
         torch.testing.assert_close(chunked_cache[i], eager_cache[i], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1), SpecConfig(4, 3, 8)], ids=["plain", "chain", "tree"])
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, adaptive=False), SpecConfig(4, 3, 8, adaptive=False)],
+                         ids=["plain", "chain", "tree"])
 def test_chunked_prefill_gives_the_same_tokens(tmp_path, spec):
     tiny_llama(tmp_path, vocab=64)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (30, 20, 30, 25)]
@@ -80,7 +82,7 @@ def test_the_drafts_chunked_prefill_gives_its_eager_states(tmp_path):
     tiny_llama(tmp_path, vocab=64)
     outs = []
     for chunked in (False, True):
-        eng = engine(tmp_path, chunked, SpecConfig(3, 1))
+        eng = engine(tmp_path, chunked, SpecConfig(3, 1, adaptive=False))
         ps = prompts()
         seqs = [eng.add(p, SamplingParams(max_tokens=4, ignore_eos=True)) for p in ps]
         for s in seqs:
@@ -104,7 +106,7 @@ def test_chunked_prefill_of_moe_and_mla_targets(tmp_path, arch):
     ps = [torch.randint(0, 32, (n,), generator=g).tolist() for n in (5, 64, 65, 150)]
     outs = []
     for chunked in (False, True):
-        eng = Engine(str(tmp_path), dtype="fp32", max_batch=4, max_len=200, spec=SpecConfig(4, 3, 8),
+        eng = Engine(str(tmp_path), dtype="fp32", max_batch=4, max_len=200, spec=SpecConfig(4, 3, 8, adaptive=False),
                      draft=random_draft(64, 32, draft_vocab=24))
         eng.runner.chunked_prefill = chunked
         outs.append([s.output_ids for s in eng.generate(ps, SamplingParams(max_tokens=20))])

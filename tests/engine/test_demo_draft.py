@@ -30,7 +30,7 @@ def _draft_states(demo_dir, prompts, pattern=None):
     sequences and the draft's log-probs at the start of every speculative cycle, keyed by (prompt, cached
     length)."""
     engine = Engine(str(demo_dir), dtype="fp32", max_batch=2, max_len=512, draft=str(bundled_draft()),
-                    spec=SpecConfig(3, 1))
+                    spec=SpecConfig(3, 1, adaptive=False))
     if pattern is not None:
         it = iter(pattern * 100)
         upcoming = [next(it)]
@@ -41,15 +41,15 @@ def _draft_states(demo_dir, prompts, pattern=None):
                 upcoming[0] = next(it)
             return choice
 
-        engine.spec.policy.speculate = forced  # this engine's own policy: nothing to undo
-    states, cycle = {}, engine.spec._speculative_cycle
+        engine.decoder.policy.speculate = forced  # this engine's own policy: nothing to undo
+    states, cycle = {}, engine.decoder.step_loop.speculative_cycle
 
     def recorded(seqs):
         for s in seqs:
             states[(s.id, s.cached)] = s.draft_state.scores.clone()
         cycle(seqs)
 
-    engine.spec._speculative_cycle = recorded
+    engine.decoder.step_loop.speculative_cycle = recorded
     seqs = engine.generate(prompts, SamplingParams(max_tokens=48))
     return seqs, states
 
@@ -62,9 +62,10 @@ def always(demo_dir, prompts):
 
 
 @pytest.mark.skipif(bundled_draft() is None, reason="no bundled draft in assets/")
-@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(5, 4, 8)], ids=["chain", "tree"])
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1, adaptive=False), SpecConfig(5, 4, 8, adaptive=False)],
+                         ids=["chain", "tree"])
 def test_trained_draft_is_lossless_and_accepts(demo_dir, prompts, plain, spec, request):
-    if spec == SpecConfig(3, 1):
+    if spec == SpecConfig(3, 1, adaptive=False):
         seqs, _ = request.getfixturevalue("always")
     else:
         engine = Engine(str(demo_dir), dtype="fp32", max_batch=2, max_len=512, draft=str(bundled_draft()), spec=spec)

@@ -21,7 +21,7 @@ def _prompts(seed):
 
 
 def test_scores_are_logits_with_fusions_and_log_probs_without(pair, monkeypatch):
-    drafter = _engine(pair, SpecConfig(3, 1)).spec.drafter
+    drafter = _engine(pair, SpecConfig(3, 1, adaptive=False)).decoder.drafter
     h = torch.randn(2, drafter.draft.config.hidden_size)
     logits = drafter.draft.logits(h)
     torch.testing.assert_close(drafter.scores(h).float(), logits)
@@ -31,10 +31,11 @@ def test_scores_are_logits_with_fusions_and_log_probs_without(pair, monkeypatch)
     torch.testing.assert_close(logp, torch.log_softmax(logits, dim=-1))
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(4, 3, 8)], ids=["chain", "tree"])
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1, adaptive=False), SpecConfig(4, 3, 8, adaptive=False)],
+                         ids=["chain", "tree"])
 def test_drafts_from_logits_equal_drafts_from_log_probs(pair, spec):
     engine = _engine(pair, spec)
-    real, cycles = engine.spec.draft_fn, []
+    real, cycles = engine.decoder.draft_fn, []
 
     def both(scores0, *rest):
         from_logits = real(scores0, *rest)
@@ -44,12 +45,13 @@ def test_drafts_from_logits_equal_drafts_from_log_probs(pair, spec):
         cycles.append(1)
         return from_logits
 
-    engine.spec.draft_fn = both
+    engine.decoder.draft_fn = both
     engine.generate(_prompts(1), SamplingParams(max_tokens=32, ignore_eos=True))
     assert len(cycles) >= 8
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(4, 3, 8)], ids=["chain", "tree"])
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1, adaptive=False), SpecConfig(4, 3, 8, adaptive=False)],
+                         ids=["chain", "tree"])
 def test_generation_is_the_same_with_and_without_fusions(pair, spec, monkeypatch):
     def run():
         seqs = _engine(pair, spec).generate(_prompts(2), SamplingParams(max_tokens=40, ignore_eos=True))

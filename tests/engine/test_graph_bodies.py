@@ -14,7 +14,9 @@ from tests.helpers import random_draft, tiny_llama
 
 
 @pytest.mark.parametrize("whole_cycles", [True, False], ids=["cycle-graph", "phase-graphs"])
-@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(5, 4, 8), SpecConfig(2, 3, 6)],
+@pytest.mark.parametrize("spec",
+                         [SpecConfig(3, 1, adaptive=False), SpecConfig(5, 4, 8, adaptive=False),
+                          SpecConfig(2, 3, 6, adaptive=False)],
                          ids=["chain", "tree", "tree-wide"])
 def test_speculative_equals_greedy_with_graphs(tmp_path, fake_graphs, monkeypatch, spec, whole_cycles):
     monkeypatch.setenv("EYAS_CYCLE_GRAPH", "1" if whole_cycles else "0")
@@ -29,7 +31,7 @@ def test_speculative_equals_greedy_with_graphs(tmp_path, fake_graphs, monkeypatc
     got = engine.generate(prompts, params)
     assert [s.output_ids for s in got] == want
     if whole_cycles:  # the cycles ran as whole-cycle graphs (spec_ahead.py)
-        assert engine.spec.ahead.pairs
+        assert engine.decoder.ahead.pairs
     else:  # the draft, verify and commit passes ran from their own graphs
         assert {"tree", "verify", "commit"} <= {key[0] for key in engine.runner.graphs.functions.graphs}
     assert any(s.verify_passes < len(s.output_ids) - 1 for s in got)  # drafts were accepted
@@ -41,10 +43,10 @@ def test_the_commit_body_is_idempotent_on_a_path_that_skips_nodes(tmp_path):
     body runs twice here; the caches and its outputs must be those of one run."""
     tiny_llama(tmp_path, vocab=32, layers=5, hidden=64)
     engine = Engine(str(tmp_path), dtype="fp32", max_batch=2, max_len=256, draft=random_draft(64, 32, draft_vocab=24),
-                    spec=SpecConfig(5, 4, 8))
-    spec = engine.spec
+                    spec=SpecConfig(5, 4, 8, adaptive=False))
+    decoder = engine.decoder
     g = torch.Generator().manual_seed(0)
-    for kv in (engine.runner.kv, spec.kv):
+    for kv in (engine.runner.kv, decoder.kv):
         kv.k.copy_(torch.randn(kv.k.shape, generator=g))
         if not kv.shared:
             kv.v.copy_(torch.randn(kv.v.shape, generator=g))
@@ -56,8 +58,9 @@ def test_the_commit_body_is_idempotent_on_a_path_that_skips_nodes(tmp_path):
     c_t, slots = torch.tensor([20]), torch.tensor([0])
 
     def run():
-        out = spec._commit_fn(tokens, parents, depth, argmax, aux, c_t, slots, 256)
-        caches = [t.clone() for kv in (engine.runner.kv, spec.kv) for t in ((kv.k, kv.v) if not kv.shared else (kv.k,))]
+        out = decoder.commit_body(tokens, parents, depth, argmax, aux, c_t, slots, 256)
+        caches = [t.clone() for kv in (engine.runner.kv, decoder.kv)
+                  for t in ((kv.k, kv.v) if not kv.shared else (kv.k,))]
         return [o.clone() for o in out], caches
 
     once_out, once_caches = run()

@@ -11,7 +11,8 @@ from tests.helpers import random_draft, tiny_llama
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 
 
-@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1), SpecConfig(4, 3, 8)], ids=["plain", "chain", "tree"])
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, adaptive=False), SpecConfig(4, 3, 8, adaptive=False)],
+                         ids=["plain", "chain", "tree"])
 def test_graph_replay_equals_eager(tmp_path, spec):
     tiny_llama(tmp_path, vocab=64)
     g = torch.Generator().manual_seed(0)
@@ -26,7 +27,8 @@ def test_graph_replay_equals_eager(tmp_path, spec):
     assert outs[0] == outs[1]
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(4, 3, 8)], ids=["chain", "tree"])
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1, adaptive=False), SpecConfig(4, 3, 8, adaptive=False)],
+                         ids=["chain", "tree"])
 def test_graphs_accept_what_eager_accepts_across_the_long_row_bucket(tmp_path, spec):
     """Rows that pass 512 columns switch every pass to long-row graphs, the verify pass and the draft's at
     slightly different lengths; a draft graph captured after the verify graph once kept its drafted tokens

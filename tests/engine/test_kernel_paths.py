@@ -49,7 +49,8 @@ def _generate(target_dir, kernels: str, monkeypatch, spec=None, hidden=64, token
     return [s.output_ids for s in engine.generate(prompts, params)]
 
 
-@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1), SpecConfig(3, 2, 5)], ids=["plain", "chain", "tree"])
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, adaptive=False), SpecConfig(3, 2, 5, adaptive=False)],
+                         ids=["plain", "chain", "tree"])
 def test_kernels_give_the_reference_tokens(target_dir, monkeypatch, spec):
     reference = _generate(target_dir, "0", monkeypatch)  # plain greedy, torch paths
     assert _generate(target_dir, "force", monkeypatch, spec) == reference
@@ -60,10 +61,10 @@ def test_chain_acceptance_through_torch_ops_gives_the_reference_tokens(target_di
     default, one launch through eyas.kernels.chain_accept, is the chain case above)."""
     reference = _generate(target_dir, "0", monkeypatch)
     monkeypatch.setenv("EYAS_ACCEPT_KERNEL", "0")
-    assert _generate(target_dir, "force", monkeypatch, SpecConfig(3, 1)) == reference
+    assert _generate(target_dir, "force", monkeypatch, SpecConfig(3, 1, adaptive=False)) == reference
 
 
-@pytest.mark.parametrize("spec", [None, SpecConfig(3, 2, 5)], ids=["plain", "tree"])
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 2, 5, adaptive=False)], ids=["plain", "tree"])
 def test_kernels_over_the_cache_give_the_reference_tokens(wide_target_dir, monkeypatch, spec):
     """The same with the slot-attention kernels in play, in the target and the draft (head dim 32): rotary
     fused with the cache write, tree masks."""
@@ -81,11 +82,12 @@ def test_rotary_inside_attention_gives_the_reference_tokens(wide_target_dir, mon
     calls = []
     monkeypatch.setattr(rotary, "rotate_and_store", lambda *args: calls.append(1))
     monkeypatch.setenv("EYAS_ROTARY_IN_ATTENTION", "1")
-    assert _generate(wide_target_dir, "force", monkeypatch, SpecConfig(3, 2, 5), **WIDE) == reference
+    assert _generate(wide_target_dir, "force", monkeypatch, SpecConfig(3, 2, 5, adaptive=False), **WIDE) == reference
     assert not calls
 
 
-@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1), SpecConfig(3, 2, 5)], ids=["plain", "chain", "tree"])
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, adaptive=False), SpecConfig(3, 2, 5, adaptive=False)],
+                         ids=["plain", "chain", "tree"])
 def test_norm_qkv_and_rotary_in_one_kernel_give_the_reference_tokens(wide_target_dir, monkeypatch, spec):
     """EYAS_QKV_ROTARY=1: each target layer's input norm, q/k/v projection, rotary and cache write run as one
     kernel (eyas.kernels.qkv_rotary) for decode steps and verify passes; rotate_and_store is left to the draft."""

@@ -20,7 +20,7 @@ from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
 from tests.helpers import random_draft, tiny_llama
 
 CUDA = os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available()  # compiled kernels, no interpreter
-SPECS = [SpecConfig(3, 1), SpecConfig(3, 2, 5)]
+SPECS = [SpecConfig(3, 1, adaptive=False), SpecConfig(3, 2, 5, adaptive=False)]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def ahead(monkeypatch, fake_graphs, model, draft):
 
     def enqueue(self):
         live = self.active_rows.bool()
-        most["column"] = max(most["column"], int(self.c_t[live].max()) + self.spec.spec.draft_tokens - 1)
+        most["column"] = max(most["column"], int(self.c_t[live].max()) + self.decoder.spec.draft_tokens - 1)
         real(self)
         most["in_flight"] = max(most["in_flight"], len(self.flights))
     monkeypatch.setattr(ahead_mod.SpecAhead, "_enqueue", enqueue)
@@ -64,7 +64,7 @@ def test_tokens_equal_plain_greedy_and_cycles_run_ahead(model, ahead, spec):
     got = [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)]
     assert got == reference(model, ps, params)
     assert most["in_flight"] == 2  # a cycle was enqueued while the one before was still unread
-    assert not eng.spec.ahead.active and not eng.spec.ahead.flights
+    assert not eng.decoder.ahead.active and not eng.decoder.ahead.flights
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])
@@ -78,8 +78,8 @@ def oracle_chain(eng, refs: dict[tuple, list[int]], wrong_every: int = 5):
     """Replace the chain draft's guesses with the reference continuation, wrong at every fifth position
     (or never, with wrong_every=0): acceptance runs long and varies, so every path of the commit is taken
     (a random draft rarely accepts)."""
-    spec = eng.spec
-    real = spec.draft_fn
+    decoder = eng.decoder
+    real = decoder.draft_fn
     table = torch.zeros((eng.runner.kv.num_slots, 512), dtype=torch.long)
 
     def draft_fn(scores0, hidden0, root, c, slots, kv_len):
@@ -92,7 +92,7 @@ def oracle_chain(eng, refs: dict[tuple, list[int]], wrong_every: int = 5):
         if wrong_every:
             guess = torch.where(cols % wrong_every == 0, (guess + 1) % VOCAB, guess)
         return torch.cat([tokens[:, :1], guess], dim=1), parents, depth, mask
-    spec.draft_fn = draft_fn
+    decoder.draft_fn = draft_fn
 
 
 def test_long_acceptance_through_an_oracle_draft(model, ahead):
@@ -100,7 +100,7 @@ def test_long_acceptance_through_an_oracle_draft(model, ahead):
     ps = prompts(3, seed=5)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (30, 50, 44)]
     want = reference(model, ps, params)
-    eng = make(SpecConfig(4, 1))
+    eng = make(SpecConfig(4, 1, adaptive=False))
     oracle_chain(eng, {tuple(p): p + out for p, (out, _) in zip(ps, want)})
     got = eng.generate(ps, params)
     assert [(s.output_ids, s.finish_reason) for s in got] == want
@@ -110,7 +110,7 @@ def test_long_acceptance_through_an_oracle_draft(model, ahead):
 def test_admission_and_abort_while_cycles_are_in_flight(model, ahead):
     make, _ = ahead
     eng = make(SPECS[0])
-    admission_and_abort_in_flight(model, eng, eng.spec.ahead, steps=3, max_tokens=40)
+    admission_and_abort_in_flight(model, eng, eng.decoder.ahead, steps=3, max_tokens=40)
 
 
 def test_a_sampled_request_or_the_switch_off_keeps_the_usual_path(model, ahead, monkeypatch):
@@ -128,7 +128,7 @@ def test_plain_steps_of_the_policy_drain_first(model, ahead):
     make, most = ahead
     ps = prompts(3, seed=3)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (6, 40, 45)]
-    eng = make(SpecConfig(3, 1, max_batch=2))
+    eng = make(SpecConfig(3, 1, max_batch=2, adaptive=False))
     got = [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)]
     assert got == reference(model, ps, params)
     assert most["in_flight"] == 2
@@ -143,7 +143,7 @@ def test_the_adaptive_policy_speculates_ahead_and_books_every_token(model, ahead
     ps = prompts(3, seed=5)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (30, 61, 47)]
     eng = make(SpecConfig(spec.steps, spec.topk, spec.draft_tokens, adaptive=True))
-    policy = eng.spec.policy
+    policy = eng.decoder.policy
     policy.window, policy.probe_every = 4, 2  # many windows, both modes, switches between them
     seqs = eng.generate(ps, params)
     assert [(s.output_ids, s.finish_reason) for s in seqs] == reference(model, ps, params)
@@ -151,7 +151,7 @@ def test_the_adaptive_policy_speculates_ahead_and_books_every_token(model, ahead
     assert eng.ahead.flights.sent > 0 and not eng.ahead.active  # and plain windows a step ahead
     assert policy.tokens["speculative"] > 0 and policy.tokens["plain"] > 0
     assert sum(policy.tokens.values()) == sum(len(s.output_ids) - 1 for s in seqs)
-    assert policy.current is None and not eng.spec.ahead.active
+    assert policy.current is None and not eng.decoder.ahead.active
 
 
 def test_plain_steps_ahead_hold_back_what_plain_steps_in_step_do(model, ahead, monkeypatch):
@@ -164,7 +164,7 @@ def test_plain_steps_ahead_hold_back_what_plain_steps_in_step_do(model, ahead, m
     def run(ahead_on: bool):
         monkeypatch.setenv("EYAS_DECODE_AHEAD", "1" if ahead_on else "0")
         eng = make(SPECS[0])
-        eng.spec.policy.forced = False  # plain steps only
+        eng.decoder.policy.forced = False  # plain steps only
         seqs = [eng.add(p, q) for p, q in zip(ps, params)]
         for _ in range(14):
             eng.step()
@@ -200,14 +200,14 @@ def test_a_cycle_is_one_graph_replay_and_decodes_as_the_phase_graphs_do(model, a
     real = ahead_mod._CyclePair.replay
     monkeypatch.setattr(ahead_mod._CyclePair, "replay", lambda self: replays.append(self) or real(self))
     assert [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)] == want
-    assert replays and eng.spec.ahead.pairs and most["in_flight"] == 2  # a pair per bucket as the batch shrinks
+    assert replays and eng.decoder.ahead.pairs and most["in_flight"] == 2  # a pair per bucket as the batch shrinks
     assert not phases & {key[0] for key in eng.runner.graphs.functions.graphs}
 
     monkeypatch.setenv("EYAS_CYCLE_GRAPH", "0")
     replays.clear()
     eng = make(spec)
     assert [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)] == want
-    assert not replays and not eng.spec.ahead.pairs
+    assert not replays and not eng.decoder.ahead.pairs
     assert phases <= {key[0] for key in eng.runner.graphs.functions.graphs}
 
 
@@ -231,7 +231,7 @@ def test_rows_crossing_an_attention_bound_move_to_the_wider_pair_in_flight(model
         return pair
     monkeypatch.setattr(ahead_mod.SpecAhead, "_pair_for", pair_for)
     assert [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)] == want
-    assert {key[1] for key in eng.spec.ahead.pairs} == {40, eng.spec.kv.max_len}
+    assert {key[1] for key in eng.decoder.ahead.pairs} == {40, eng.decoder.kv.max_len}
     assert moves and max(moves) >= 1
 
 
@@ -245,16 +245,16 @@ def test_on_a_gpu_the_tokens_equal_plain_greedy(model, monkeypatch, spec):
     monkeypatch.setenv("EYAS_DECODE_AHEAD", "1")
     eng = Engine(model, dtype="fp32", device="cuda", max_batch=4, max_len=256,
                  draft=random_draft(64, VOCAB, draft_vocab=24), spec=spec)
-    eng.spec.policy.window, eng.spec.policy.probe_every = 4, 2  # adaptive: windows of both modes
+    eng.decoder.policy.window, eng.decoder.policy.probe_every = 4, 2  # adaptive: windows of both modes
     assert [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)] == want
-    assert not eng.spec.ahead.active and eng.spec.ahead.flights.sent > 0  # it ran ahead
+    assert not eng.decoder.ahead.active and eng.decoder.ahead.flights.sent > 0  # it ran ahead
 
 
 def test_a_request_that_fills_the_context_never_writes_past_it(model, ahead):
     """prompt + max_tokens + lookahead == max_len, and every guess right, so the last cycle accepts past
     max_tokens: a cycle enqueued after it would write cache columns past the row's end; none is."""
     make, most = ahead
-    spec = SpecConfig(4, 1)
+    spec = SpecConfig(4, 1, adaptive=False)
     ps = prompts(2, seed=6)
     params = [SamplingParams(max_tokens=256 - len(p) - spec.draft_tokens - 1, ignore_eos=True) for p in ps]
     want = reference(model, ps, params)

@@ -43,7 +43,7 @@ def test_a_draft_for_a_deeper_target_is_refused_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("layers,ok", [(2, False), (3, True)])
 def test_the_default_layers_need_a_target_of_three_layers(layers, ok):
-    from eyas.config import DraftConfig
+    from eyas.draft_config import DraftConfig
 
     cfg = DraftConfig(hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=32,
                       draft_vocab_size=32, target_hidden_size=64)

@@ -204,7 +204,7 @@ def test_warm_up_passes_leave_the_books_empty(tmp_path):
     kernels) booked as prefill or as a mode once made a level's books exceed its wall time."""
     engine = adaptive_engine(tmp_path)
     engine.warm_eager_passes()
-    policy = engine.spec.policy
+    policy = engine.decoder.policy
     assert policy.rates == {} and policy.forced is None
     assert sum(policy.seconds.values()) == 0 and sum(policy.tokens.values()) == 0
 
@@ -223,14 +223,14 @@ class FakeClock:
     def __init__(self, monkeypatch, engine):
         self.t = 0.0
         monkeypatch.setattr(adaptive_steps.time, "perf_counter", lambda: self.t)
-        spec = engine.spec
-        for name, seconds in (("_speculative_cycle", 0.01), ("_plain_step", 0.01), ("_catch_up", 0.1),
-                              ("prefill", 0.0025)):
-            monkeypatch.setattr(spec, name, self.taking(getattr(spec, name), seconds))
+        loop = engine.decoder.step_loop
+        for owner, name, seconds in ((loop, "speculative_cycle", 0.01), (loop, "plain_step", 0.01),
+                                     (loop, "catch_up", 0.1), (engine.decoder, "prefill", 0.0025)):
+            monkeypatch.setattr(owner, name, self.taking(getattr(owner, name), seconds))
 
     def taking(self, fn, seconds):
         def run(seqs, *args):
-            self.t += seconds if seqs else 0.0  # a plain step calls _catch_up with no sequences: no pass
+            self.t += seconds if seqs else 0.0  # a catch-up of no sequences: no pass
             return fn(seqs, *args)
         return run
 
@@ -240,7 +240,7 @@ def test_engine_charges_the_gaps_between_steps_and_sets_prefills_aside(monkeypat
     gaps between steps (in a server, the front end's work) are charged to the mode that ran; a join's
     prefill, the same work in either mode, is booked apart."""
     engine = adaptive_engine(tmp_path)
-    engine.spec.policy.window = 3
+    engine.decoder.policy.window = 3
     fake = FakeClock(monkeypatch, engine)
     engine.add([1, 2, 3], SamplingParams(max_tokens=40))
     for _ in range(3):
@@ -249,9 +249,9 @@ def test_engine_charges_the_gaps_between_steps_and_sets_prefills_aside(monkeypat
     tokens = len(engine.running[0].output_ids) - 1  # the prefill's token is not a step's
     engine.add([4, 5], SamplingParams(max_tokens=40))
     engine.step()  # the join: its prefill, then a step of a new bucket, which closes the first window
-    [(key, rate)] = engine.spec.policy.rates.items()
+    [(key, rate)] = engine.decoder.policy.rates.items()
     assert key == (1, True) and abs(rate - tokens / 0.045) < 1e-6  # 3 cycles and 3 gaps; one sequence
-    assert abs(engine.spec.policy.seconds["prefill"] - 0.005) < 1e-9  # both requests' prefills
+    assert abs(engine.decoder.policy.seconds["prefill"] - 0.005) < 1e-9  # both requests' prefills
 
 
 def test_idle_time_is_charged_to_neither_mode(monkeypatch, tmp_path):
@@ -259,19 +259,19 @@ def test_idle_time_is_charged_to_neither_mode(monkeypatch, tmp_path):
     engine = adaptive_engine(tmp_path)
     fake = FakeClock(monkeypatch, engine)
     [seq] = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=7))
-    [(key, rate)] = engine.spec.policy.rates.items()
+    [(key, rate)] = engine.decoder.policy.rates.items()
     cycles = seq.verify_passes
     assert key == (1, True) and abs(rate - (len(seq.output_ids) - 1) / (0.01 * cycles)) < 1e-6
     fake.t += 100.0  # nobody asks for anything for 100 s
     engine.generate([[4, 5, 6]], SamplingParams(max_tokens=7))
-    assert engine.spec.policy.rates[(1, True)] > rate / 2
+    assert engine.decoder.policy.rates[(1, True)] > rate / 2
 
 
 def test_a_catch_up_is_charged_to_speculation(monkeypatch, tmp_path):
     """Speculating after plain steps first catches the draft up: that pass exists only to speculate, so the
     speculative window pays for it."""
     engine = adaptive_engine(tmp_path)
-    policy = engine.spec.policy
+    policy = engine.decoder.policy
     policy.window = 2
     modes = iter([True, True, False, False, True, True, False])
     monkeypatch.setattr(policy, "speculate", lambda n: next(modes))
@@ -296,14 +296,15 @@ def test_the_gpu_is_settled_at_a_switch_of_mode_and_around_a_prefill(monkeypatch
     work)."""
     engine = adaptive_engine(tmp_path)
     modes = iter([True, True, True, False, False, True, True])
-    monkeypatch.setattr(engine.spec.policy, "speculate", lambda n: next(modes))
+    monkeypatch.setattr(engine.decoder.policy, "speculate", lambda n: next(modes))
     events = []
-    monkeypatch.setattr(engine.spec, "_settle", lambda: events.append("settle"))
-    catch_up = engine.spec._catch_up
-    monkeypatch.setattr(engine.spec, "_catch_up", lambda seqs: (seqs and events.append("catch-up"), catch_up(seqs)))
-    run = engine.spec._speculative_cycle, engine.spec._plain_step
-    monkeypatch.setattr(engine.spec, "_speculative_cycle", lambda seqs: (events.append("spec"), run[0](seqs)))
-    monkeypatch.setattr(engine.spec, "_plain_step", lambda seqs: (events.append("plain"), run[1](seqs)))
+    loop = engine.decoder.step_loop
+    monkeypatch.setattr(loop, "settle", lambda: events.append("settle"))
+    catch_up = loop.catch_up
+    monkeypatch.setattr(loop, "catch_up", lambda seqs: (seqs and events.append("catch-up"), catch_up(seqs)))
+    run = loop.speculative_cycle, loop.plain_step
+    monkeypatch.setattr(loop, "speculative_cycle", lambda seqs: (events.append("spec"), run[0](seqs)))
+    monkeypatch.setattr(loop, "plain_step", lambda seqs: (events.append("plain"), run[1](seqs)))
     engine.add([1, 2, 3], SamplingParams(max_tokens=60))
     for _ in range(7):
         engine.step()
@@ -360,17 +361,18 @@ def test_the_decoder_waits_at_a_boundary_only_when_the_mode_may_change(monkeypat
     """Windows of one mode follow each other without a wait for the GPU (the steps in flight are read in
     the next window), and every produced token is still booked once."""
     engine = adaptive_engine(tmp_path)
-    policy = engine.spec.policy
+    policy = engine.decoder.policy
     policy.window, policy.probe_every = 2, 1000
     policy.rates = {(1, True): 10.0, (1, False): 100.0}  # plain far ahead: plain windows, no probe soon
     policy.sums = {(1, True): (1.0, 0.1), (1, False): (10.0, 0.1)}
     policy.measured = {(1, True): 2, (1, False): 2}
     events = []
-    settle, drain = engine.spec._settle, engine.spec.drain_ahead
-    monkeypatch.setattr(engine.spec, "_settle", lambda: (events.append("settle"), settle()))
-    monkeypatch.setattr(engine.spec, "drain_ahead", lambda: (events.append("drain"), drain()))
-    run = engine.spec._plain_step
-    monkeypatch.setattr(engine.spec, "_plain_step", lambda seqs: (events.append("plain"), run(seqs)))
+    loop = engine.decoder.step_loop
+    settle, drain = loop.settle, loop.drain_ahead
+    monkeypatch.setattr(loop, "settle", lambda: (events.append("settle"), settle()))
+    monkeypatch.setattr(loop, "drain_ahead", lambda: (events.append("drain"), drain()))
+    run = loop.plain_step
+    monkeypatch.setattr(loop, "plain_step", lambda seqs: (events.append("plain"), run(seqs)))
     seq = engine.add([1, 2, 3], SamplingParams(max_tokens=12, ignore_eos=True))
     while engine.has_work():
         engine.step()

@@ -20,7 +20,7 @@ from tests.helpers import random_draft, tiny_llama
 
 def _keys(engine):
     g = engine.runner.graphs
-    cycles = {("cycle",) + key for key in engine.spec.ahead.pairs} if engine.spec else set()
+    cycles = {("cycle",) + key for key in engine.decoder.ahead.pairs} if engine.decoder else set()
     return set(g.graphs) | set(g.functions.graphs) | {("ahead",) + key for key in engine.ahead.pairs} | cycles
 
 

@@ -102,7 +102,7 @@ def test_pdl_gives_the_same_tokens_under_cuda_graphs(tmp_path, monkeypatch, spec
         torch.manual_seed(0)
         draft = random_draft(128, 32, draft_vocab=24, head_dim=32).requires_grad_(False) if spec else None
         engine = Engine(str(tmp_path / "t"), dtype="bf16", device="cuda", max_batch=2, max_len=128, draft=draft,
-                        spec=SpecConfig(*spec) if spec else None)
+                        spec=SpecConfig(*spec, adaptive=False) if spec else None)
         params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (60, 70)]
         return [s.output_ids for s in engine.generate(prompts, params)]
 

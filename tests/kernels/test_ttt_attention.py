@@ -75,7 +75,7 @@ def test_bad_shapes_raise():
                                                                          (64, 96, 16, 20, 4, 2e-5)])
 def test_ttt_loss_and_gradients_are_the_same_with_the_kernels(monkeypatch, device, hidden, inter, head_dim, T,
                                                               steps, grad_atol):
-    from eyas.config import DraftConfig
+    from eyas.draft_config import DraftConfig
     from eyas.models.eagle3 import Eagle3Draft
     from eyas.train.ttt import Teacher, TTTModel
 

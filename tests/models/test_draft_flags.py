@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from eyas.config import DraftConfig
+from eyas.draft_config import DraftConfig
 from eyas.engine.kv_cache import KVCache
 from eyas.errors import EyasError
 from eyas.layers.attention import AttentionBatch

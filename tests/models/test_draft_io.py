@@ -6,7 +6,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eyas.config import DraftConfig, ModelConfig
+from eyas.config import ModelConfig
+from eyas.draft_config import DraftConfig
 from eyas.engine.kv_cache import KVCache
 from eyas.errors import EyasError
 from eyas.layers.attention import AttentionBatch

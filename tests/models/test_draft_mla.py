@@ -10,7 +10,8 @@ import torch.nn.functional as F
 import transformers
 from safetensors.torch import save_file
 
-from eyas.config import DraftConfig, ModelConfig, SpecConfig
+from eyas.config import ModelConfig, SpecConfig
+from eyas.draft_config import DraftConfig
 from eyas.engine.engine import Engine
 from eyas.engine.kv_cache import KVCache
 from eyas.engine.profile import Profiler
@@ -223,7 +224,8 @@ def deepseek_dir(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(3, 1), SpecConfig(4, 3, 8)], ids=["chain", "tree"])
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1, adaptive=False), SpecConfig(4, 3, 8, adaptive=False)],
+                         ids=["chain", "tree"])
 def test_speculative_equals_greedy_on_deepseek_target(deepseek_dir, tmp_path, spec):
     save_draft(mla_draft(vocab=32, draft_vocab=24), tmp_path / "draft", dtype=torch.float32)
     g = torch.Generator().manual_seed(0)
@@ -234,7 +236,7 @@ def test_speculative_equals_greedy_on_deepseek_target(deepseek_dir, tmp_path, sp
     prof = Profiler("cpu")
     engine = Engine(str(deepseek_dir), dtype="fp32", max_batch=3, max_len=256, profiler=prof,
                     draft=str(tmp_path / "draft"), spec=spec)
-    assert engine.spec.kv.shared and engine.spec.kv.k.shape[2:] == (1, engine.spec.kv.max_len, 32 + 8)
+    assert engine.decoder.kv.shared and engine.decoder.kv.k.shape[2:] == (1, engine.decoder.kv.max_len, 32 + 8)
     assert [s.output_ids for s in engine.generate(prompts, params)] == want
     assert max(prof.summary()["accept_histogram"]) > 1  # drafts were accepted, so tree compaction and extend ran
 

@@ -80,7 +80,8 @@ def vllm(demo, draft_dir, prompts, tmp_path_factory):
 
 
 def _eyas(demo, prompts, draft=None):
-    engine = Engine(demo, dtype="fp32", device="cpu", draft=draft, spec=SpecConfig(STEPS, 1) if draft else None,
+    engine = Engine(demo, dtype="fp32", device="cpu", draft=draft,
+                    spec=SpecConfig(STEPS, 1, adaptive=False) if draft else None,
                     max_batch=1, max_len=max(map(len, prompts)) + TOKENS + 2 * STEPS + 8)
     seqs = [engine.generate([ids], SamplingParams(max_tokens=TOKENS, ignore_eos=True))[0] for ids in prompts]
     return [s.output_ids for s in seqs], sum(s.verify_passes for s in seqs)

@@ -24,6 +24,15 @@ def test_no_spec_adaptive_speculates_every_step():
     assert not _config("--draft", "d", "--no-spec-adaptive").spec.adaptive
 
 
+def test_a_server_built_in_code_speculates_as_eyas_serve_does():
+    """ServeConfig and SpecConfig built in code default to what `eyas serve --draft` runs: adaptive."""
+    from eyas.config import SpecConfig
+    from eyas.server.config import ServeConfig
+
+    assert ServeConfig(model="demo", draft="d").spec == SpecConfig() == _config("--draft", "d").spec
+    assert SpecConfig().adaptive
+
+
 def test_no_draft_no_speculation_and_spec_flags_need_a_draft():
     assert _config().spec is None
     with pytest.raises(EyasError, match="need --draft"):

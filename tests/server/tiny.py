@@ -159,7 +159,7 @@ def predictable_pair(target_dir: Path, draft_dir: Path, seed: int = 0) -> tuple[
     import torch
     from safetensors.torch import load_file, save_file
 
-    from eyas.config import DraftConfig
+    from eyas.draft_config import DraftConfig
     from eyas.models.draft_io import save_draft
     from eyas.models.eagle3 import Eagle3Draft
 

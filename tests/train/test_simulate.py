@@ -18,7 +18,8 @@ def test_simulated_chain_equals_the_engines_verify_passes(pair, spec_steps):
     target_dir, draft_dir = pair
     g = torch.Generator().manual_seed(spec_steps)
     prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 17, 40)]
-    engine = Engine(str(target_dir), dtype="fp32", device="cpu", draft=str(draft_dir), spec=SpecConfig(spec_steps, 1),
+    engine = Engine(str(target_dir), dtype="fp32", device="cpu", draft=str(draft_dir),
+                    spec=SpecConfig(spec_steps, 1, adaptive=False),
                     max_batch=3, max_len=256)
     seqs = engine.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True) for n in (33, 50, 21)])
 

@@ -99,7 +99,8 @@ def run(args) -> int:
     prompts = [encode_prompt(tok, q, chat=True) for q in QUESTIONS]
     runs = [("plain", None, None)]
     if draft is not None:
-        runs.append(("EAGLE-3", str(draft), SpecConfig(*SPEC)))
+        # Every step speculates: the comparison below explains a speculative cycle's cost and yield.
+        runs.append(("EAGLE-3", str(draft), SpecConfig(*SPEC, adaptive=False)))
     else:
         print("no bundled draft found in assets/; running the plain target only", file=sys.stderr)
     ModelConfig.from_dir(path)

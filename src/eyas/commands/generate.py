@@ -5,6 +5,7 @@ Usage: eyas generate --model demo --chat --prompt "Name three birds of prey." --
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -32,6 +33,9 @@ def add_arguments(p):
     p.add_argument("--spec-steps", type=int, default=None, help="draft depth (default 3)")
     p.add_argument("--spec-topk", type=int, default=None, help="branching per step (default 1 = chain)")
     p.add_argument("--spec-draft-tokens", type=int, default=None, help="tokens sent to verify, root included")
+    p.add_argument("--spec-adaptive", action=argparse.BooleanOptionalAction, default=None,
+                   help="speculate only where it measures more tokens/s than plain decoding (on by default with "
+                        "--draft, as in eyas serve; --no-spec-adaptive speculates at every step)")
     p.add_argument("--profile", action="store_true", default=os.environ.get("EYAS_PROFILE") == "1",
                    help="time every speculative cycle's phases (also EYAS_PROFILE=1)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run every forward eagerly on CUDA (no graphs)")
@@ -75,10 +79,10 @@ def run(args) -> int:
     text = read_prompt_file(args.prompt_file) if args.prompt_file else args.prompt
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.seed)
-    given = {k: v for k, v in dict(steps=args.spec_steps, topk=args.spec_topk, draft_tokens=args.spec_draft_tokens)
-             .items() if v is not None}  # the others keep SpecConfig's defaults
+    given = {k: v for k, v in dict(steps=args.spec_steps, topk=args.spec_topk, draft_tokens=args.spec_draft_tokens,
+                                   adaptive=args.spec_adaptive).items() if v is not None}  # the others: SpecConfig's
     if given and not args.draft:
-        raise EyasError("--spec-steps/--spec-topk/--spec-draft-tokens need --draft")
+        raise EyasError("--spec-steps/--spec-topk/--spec-draft-tokens/--[no-]spec-adaptive need --draft")
     spec = SpecConfig(**given) if args.draft else None
     check_draft_dir(args.draft)
     model_path = resolve_model_path(args.model)

@@ -1,6 +1,6 @@
 """Start the engine workers with an explicit environment, check what they received, and talk to them.
 
-    group = WorkerGroup(WorkerSpec(model="demo"), tp=2, env={"NCCL_PROTO": "LL"})
+    group = WorkerGroup(WorkerConfig(model="demo"), tp=2, env={"NCCL_PROTO": "LL"})
     info = group.start()            # raises EyasError naming the key and worker if an --env value did not arrive
     group.broadcast(Step()); result = group.receive()
 
@@ -28,7 +28,7 @@ import time
 from eyas.dist import env_report
 from eyas.dist.env_report import EnvReport
 from eyas.dist.messages import EnvReported, ModelInfo, Ready, Shutdown, StepResult, WorkerFailed
-from eyas.dist.worker import WorkerSpec, run_worker
+from eyas.dist.worker import WorkerConfig, run_worker
 from eyas.errors import EyasError
 
 POLL_S = 0.2            # how often a waiting front end checks that every worker is still alive
@@ -67,14 +67,14 @@ def environ_exactly(env: dict[str, str]):
 
 
 class WorkerGroup:
-    def __init__(self, spec: WorkerSpec, tp: int = 1, env: dict[str, str] | None = None, env_check: str = "fail",
+    def __init__(self, config: WorkerConfig, tp: int = 1, env: dict[str, str] | None = None, env_check: str = "fail",
                  log=None):
         if tp < 1:
             raise EyasError(f"--tp must be >= 1, got {tp}")
         if env_check not in ("fail", "warn"):
             raise EyasError(f"--env-check must be fail or warn, got {env_check!r}")
         self.env = dict(env or {})
-        self.spec = dataclasses.replace(spec, env_keys=tuple(self.env))
+        self.config = dataclasses.replace(config, env_keys=tuple(self.env))
         self.size = tp
         self.env_check = env_check
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -109,7 +109,7 @@ class WorkerGroup:
         try:
             for rank in range(self.size):
                 q = self.ctx.Queue()
-                p = self.ctx.Process(target=run_worker, args=(rank, self.size, self.spec, q, self.results),
+                p = self.ctx.Process(target=run_worker, args=(rank, self.size, self.config, q, self.results),
                                      name=f"eyas-worker-{rank}", daemon=True)
                 with environ_exactly(self.child_env(rank, port)):
                     p.start()

@@ -28,7 +28,7 @@ POLICY_EVERY = 32    # steps between snapshots of the adaptive policy's estimate
 
 
 @dataclass(frozen=True)
-class WorkerSpec:
+class WorkerConfig:
     """Everything a worker needs to build its Engine; the same for every rank."""
 
     model: str
@@ -57,7 +57,7 @@ def resolve_device(device: str, rank: int) -> str:
     return device
 
 
-def build_engine(spec: WorkerSpec, rank: int, size: int, device: str):
+def build_engine(config: WorkerConfig, rank: int, size: int, device: str):
     import torch
     import torch.distributed as dist
 
@@ -67,8 +67,8 @@ def build_engine(spec: WorkerSpec, rank: int, size: int, device: str):
     from eyas.engine.profile import Profiler
     from eyas.models.demo import resolve_model_path
 
-    cfg = ModelConfig.from_dir(resolve_model_path(spec.model))
-    max_len = spec.max_model_len or min(cfg.max_position_embeddings, 2048)
+    cfg = ModelConfig.from_dir(resolve_model_path(config.model))
+    max_len = config.max_model_len or min(cfg.max_position_embeddings, 2048)
     if max_len > cfg.max_position_embeddings:
         raise EyasError(f"--max-model-len {max_len} exceeds the model's max_position_embeddings "
                         f"({cfg.max_position_embeddings})")
@@ -80,10 +80,11 @@ def build_engine(spec: WorkerSpec, rank: int, size: int, device: str):
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", init_method="env://",
                                 rank=rank, world_size=size)
         tp = TPContext(rank, size, dist.new_group(list(range(size))))
-    dtype = spec.dtype or ("bf16" if device.startswith("cuda") else "fp32")
-    profiler = Profiler(device) if spec.profile else None
-    engine = Engine(spec.model, dtype=dtype, device=device, draft=spec.draft, spec=spec.spec,
-                    max_batch=spec.max_running, max_len=max_len, tp=tp, cuda_graphs=spec.cuda_graphs, profiler=None)
+    dtype = config.dtype or ("bf16" if device.startswith("cuda") else "fp32")
+    profiler = Profiler(device) if config.profile else None
+    engine = Engine(config.model, dtype=dtype, device=device, draft=config.draft, spec=config.spec,
+                    max_batch=config.max_running, max_len=max_len, tp=tp, cuda_graphs=config.cuda_graphs,
+                    profiler=None)
     engine.warm_up()  # every rank captures the same graphs in the same order (their collectives must pair up)
     engine.profiler = profiler  # the warm-up's steps are not the server's
     return engine, dtype
@@ -107,7 +108,7 @@ def _share_cpu_threads(size: int) -> None:
         torch.set_num_threads(cpu_thread_count(cores, size))
 
 
-def run_worker(rank: int, size: int, spec: WorkerSpec, commands, results) -> None:
+def run_worker(rank: int, size: int, config: WorkerConfig, commands, results) -> None:
     """Process entry point. Reports the environment, builds the engine, then serves commands until Shutdown."""
     # Ctrl-C in a terminal, `timeout`, and systemd signal the whole process group at once. A worker that died of
     # that signal would cut the requests the front end is draining, so workers ignore it: the front end stops them
@@ -116,22 +117,18 @@ def run_worker(rank: int, size: int, spec: WorkerSpec, commands, results) -> Non
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     env_report.apply_test_hook(rank)
     try:
-        device = resolve_device(spec.device, rank)
-        results.put(EnvReported(rank, env_report.collect(rank, device, list(spec.env_keys)).to_dict()))
+        device = resolve_device(config.device, rank)
+        results.put(EnvReported(rank, env_report.collect(rank, device, list(config.env_keys)).to_dict()))
         if device == "cpu":
             _share_cpu_threads(size)
-        engine, dtype = build_engine(spec, rank, size, device)
+        engine, dtype = build_engine(config, rank, size, device)
     except Exception as e:  # any failure must reach the front end as one line, not as a silent exit
         results.put(WorkerFailed(rank, _one_line(e)))
         raise SystemExit(1)
-    margin = engine.spec.lookahead if engine.spec else 1
-    # The target's bytes as loaded (packed, where the checkpoint ships quantized), as models.loader.weight_bytes.
-    tensors = [*engine.target.parameters(), *engine.target.buffers()]
-    results.put(Ready(rank, ModelInfo(max_len=engine.max_len, margin=margin, vocab_size=engine.config.vocab_size,
-                                      eos_token_ids=sorted(engine.eos_ids), device=device, dtype=dtype,
-                                      speculative=engine.spec is not None,
-                                      weight_bytes=sum(t.numel() * t.element_size() for t in tensors),
-                                      kv_cache_bytes=engine.runner.kv.bytes())))
+    results.put(Ready(rank, ModelInfo(max_len=engine.max_len, margin=engine.lookahead,
+                                      vocab_size=engine.config.vocab_size, eos_token_ids=sorted(engine.eos_ids),
+                                      device=device, dtype=dtype, speculative=engine.decoder is not None,
+                                      weight_bytes=engine.weight_bytes(), kv_cache_bytes=engine.kv_cache_bytes())))
     try:
         Lockstep(engine, rank, results).serve(commands)
     except Exception as e:
@@ -199,10 +196,8 @@ class Lockstep:
     def step(self) -> None:
         eng = self.engine
         t0 = time.perf_counter()
-        if eng.spec is not None:
-            eng.spec.last_decision = None
-        eng.last_admitted = 0
-        if eng.has_work():
+        stepped = eng.has_work()
+        if stepped:
             eng.step()
         step_ms = (time.perf_counter() - t0) * 1e3
         updates, self.refused = self.refused, []
@@ -216,15 +211,10 @@ class Lockstep:
                 del self.seqs[rid], self.sent[rid]
         if self.rank != 0:
             return
-        # Slots requests can use are the running ones plus the free ones (the runner keeps a scratch slot aside).
-        slots = len(eng.running) + eng.runner.kv.free_slots
         phases = eng.profiler.drain() if eng.profiler is not None else {}
         self.steps += 1
-        policy = None
-        if eng.spec is not None and eng.spec.policy.adaptive and (self.steps % POLICY_EVERY == 0 or not eng.has_work()):
-            policy = eng.spec.policy.snapshot()
+        policy = eng.policy_snapshot() if self.steps % POLICY_EVERY == 0 or not eng.has_work() else None
         self.results.put(StepResult(updates, running=len(eng.running), waiting=len(eng.waiting),
-                                    kv_usage=len(eng.running) / slots, step_ms=step_ms, joined=eng.last_admitted,
-                                    phase_ms=phases,
-                                    spec_step=eng.spec.last_decision if eng.spec is not None else None,
-                                    spec_policy=policy))
+                                    kv_usage=len(eng.running) / eng.usable_slots(), step_ms=step_ms,
+                                    joined=eng.last_admitted if stepped else 0, phase_ms=phases,
+                                    spec_step=eng.last_decision if stepped else None, spec_policy=policy))

@@ -2,25 +2,42 @@
 the policy's windows fed with the steps' tokens and times, and the waits for the GPU that keep each window's
 books its own: where the mode may change, around prefills, when the engine goes idle.
 
-A mixin of SpeculativeDecoder (speculative.py), which provides what a step runs: `policy`, `ahead` (its cycles
-ahead of the host), `engine`, `target`, `_speculative_cycle`, `_plain_step` and `_catch_up`. The engine calls
-`cycle`, `drain_ahead`, `prefill_started` / `prefill_done` and `idle`.
+Owned by the SpeculativeDecoder (speculative.py), which hands it everything a step runs: the policy, the two
+modes ahead of the host (spec_ahead.py's cycles, decode_ahead.py's plain steps) and the callables of a
+speculative cycle, a plain step and the draft's catch-up. The engine calls `cycle`, `drain_ahead`,
+`prefill_started` / `prefill_done` and `idle`.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
+from eyas.engine.spec_policy import SpecPolicy
+
+StepFn = Callable[[list], None]  # runs one step (or the catch-up) for these sequences
+
 
 class AdaptiveSteps:
-    last_decision = None  # (batch size, speculated) of the last step, for the server's metrics
-    _last_mode = None     # speculated or not, the last step
+    def __init__(self, policy: SpecPolicy, spec_ahead, plain_ahead, *, speculative_cycle: StepFn, plain_step: StepFn,
+                 catch_up: StepFn, agree: Callable[[bool], bool], captured_graphs: Callable[[], int],
+                 device: torch.device):
+        """`spec_ahead` and `plain_ahead` run cycles and plain steps ahead of the host (AheadOfHost); `agree`
+        makes every tensor-parallel rank take rank 0's choice; `captured_graphs` counts the engine's CUDA
+        graphs, so that a step which captured one is not booked."""
+        self.policy = policy
+        self.spec_ahead, self.plain_ahead = spec_ahead, plain_ahead
+        self.speculative_cycle, self.plain_step, self.catch_up = speculative_cycle, plain_step, catch_up
+        self.agree, self.captured_graphs, self.device = agree, captured_graphs, device
+        self.last_decision = None  # (batch size, speculated) of the last step, for the server's metrics
+        self.last_mode = None      # speculated or not, the last step
 
     def cycle(self, seqs):
         """One step for the running batch: a speculative cycle, or a plain step when the policy says so."""
         n, policy = len(seqs), self.policy
+        self.last_decision = None  # until this step decides (a drain may end the batch first)
         settled = policy.boundary(n)
         if settled:
             now = time.perf_counter()
@@ -38,42 +55,42 @@ class AdaptiveSteps:
             if not seqs:  # the window's last cycles ended the batch: the engine releases it, then goes idle
                 return
             n = len(seqs)
-            self._settle()
+            self.settle()
             policy.close(time.perf_counter())
         speculate = policy.speculate(n)
         if policy.adaptive:  # decided from this rank's own measurements: every rank follows rank 0
-            speculate = self.target.tp.agree(speculate)
+            speculate = self.agree(speculate)
         self.last_decision = (n, speculate)
         if policy.adaptive:
-            if speculate != self._last_mode and not settled:
-                self._settle()  # the other mode's last pass may still be running: not this step's work
+            if speculate != self.last_mode and not settled:
+                self.settle()  # the other mode's last pass may still be running: not this step's work
             policy.step_started(n, speculate, time.perf_counter())
-        self._last_mode = speculate
-        if (self.ahead.active and not (speculate and self.ahead.usable(seqs))) or \
-                (speculate and self.engine.ahead.active):
+        self.last_mode = speculate
+        if (self.spec_ahead.active and not (speculate and self.spec_ahead.usable(seqs))) or \
+                (speculate and self.plain_ahead.active):
             self.drain_ahead()  # the host's view of the batch (and the draft's lag) must be current first
             seqs = [s for s in seqs if not s.finished]
             if not seqs:
                 return
-        captured = self.engine.captured_graphs() if policy.adaptive else 0
+        captured = self.captured_graphs() if policy.adaptive else 0
         lagging = [s for s in seqs if s.draft_state.lag_tokens] if speculate else []
         if lagging:  # inside the step, so charged to speculation, the mode that needs it (spec_policy.py)
             started = time.perf_counter()
-            self._catch_up(lagging)
+            self.catch_up(lagging)
             policy.caught_up(time.perf_counter() - started)
-        run = self._speculative_cycle if speculate else self._plain_step
+        run = self.speculative_cycle if speculate else self.plain_step
         if not policy.adaptive:
             run(seqs)
             return
         before = sum(len(s.output_ids) for s in seqs)
         run(seqs)
         # A step that captured a CUDA graph took far longer than its kind does: its window says nothing.
-        policy.step_done(sum(len(s.output_ids) for s in seqs) - before, self.engine.captured_graphs() != captured)
+        policy.step_done(sum(len(s.output_ids) for s in seqs) - before, self.captured_graphs() != captured)
 
     def drain_ahead(self):
         """Read every cycle (spec_ahead.py) or plain step (decode_ahead.py) still in flight; under the
         adaptive policy their tokens go to the open window, whose time they took."""
-        for mode in (self.ahead, self.engine.ahead):
+        for mode in (self.spec_ahead, self.plain_ahead):
             if mode.active:
                 seqs = mode.seqs
                 before = sum(len(s.output_ids) for s in seqs)
@@ -84,22 +101,22 @@ class AdaptiveSteps:
         """The engine is about to prefill joining requests: under the adaptive policy, wait for the GPU so
         that the prefill's time is its own (spec_policy.py books it apart from both modes)."""
         if self.policy.adaptive:
-            self._settle()
+            self.settle()
         return time.perf_counter()
 
     def prefill_done(self, started: float):
         if self.policy.adaptive:
-            self._settle()
+            self.settle()
             self.policy.set_aside(time.perf_counter() - started)
 
     def idle(self):
         """The engine ran out of work: end the policy's window now, so the wait for the next request is
         charged to neither mode."""
         if self.policy.adaptive and self.policy.current is not None:
-            self._settle()
+            self.settle()
             self.policy.close(time.perf_counter())
 
-    def _settle(self):
+    def settle(self):
         """Wait until the GPU has run everything queued so far (a no-op on the CPU, where work is synchronous)."""
-        if self.engine.device.type == "cuda":
-            torch.cuda.synchronize(self.engine.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

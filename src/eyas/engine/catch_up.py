@@ -37,24 +37,24 @@ def hold_back(seqs, features: torch.Tensor, rows):
         s.draft_state.lag_feats.append((features, i))
 
 
-def catch_up(spec, seqs):
-    """Run the draft of `spec` (a SpeculativeDecoder) over the pairs these sequences hold back."""
+def catch_up(decoder, seqs):
+    """Run the draft of `decoder` (a SpeculativeDecoder) over the pairs these sequences hold back."""
     if not seqs:
         return
-    if spec.graphs is not None:
-        in_graphed_passes(spec, seqs)
+    if decoder.graphs is not None:
+        in_graphed_passes(decoder, seqs)
     else:
-        in_one_eager_pass(spec, seqs)
+        in_one_eager_pass(decoder, seqs)
 
 
-def in_graphed_passes(spec, seqs):
+def in_graphed_passes(decoder, seqs):
     """Pass after pass over the pairs j.. of every row that still has some: WIDE of them when a graph for
     that is captured, more than S+1 remain and each row's pass ends inside its cache row, else S+1. Shorter
     pieces are padded at their end as a sampled cycle's accepted path is: the pads write draft cache columns
     past the row's last pair (inside its cache row), which the next draft overwrites before reading. Each
     row keeps the state of the pass that held its last pair."""
-    dev, L, kv = spec.engine.device, spec.spec.steps + 1, spec.kv
-    lags = [list(s.draft_state.lag_tokens) for s in seqs]  # set_states (in _extend) starts each row afresh
+    dev, L, kv = decoder.engine.device, decoder.spec.steps + 1, decoder.kv
+    lags = [list(s.draft_state.lag_tokens) for s in seqs]  # set_states (in extend) starts each row afresh
     passes, j = [], 0
     while True:
         rows = [i for i, t in enumerate(lags) if len(t) > j]
@@ -62,7 +62,7 @@ def in_graphed_passes(spec, seqs):
             break
         first = [seqs[i].cached - len(lags[i]) + j for i in rows]
         wide = (max(len(lags[i]) for i in rows) - j > L and max(first) + WIDE <= kv.max_len
-                and spec.has_graph("extend", len(rows), kv, max(first) + WIDE, extend_shapes(spec, WIDE)))
+                and decoder.has_graph("extend", len(rows), kv, max(first) + WIDE, extend_shapes(decoder, WIDE)))
         width = WIDE if wide else L
         passes.append((j, width, rows, first))
         j += width
@@ -72,46 +72,46 @@ def in_graphed_passes(spec, seqs):
         pieces = [lags[i][j:j + width] for i in rows]
         meta = torch.tensor([p + [0] * (width - len(p)) + [f, s.slot, len(p) - 1]
                              for p, f, s in zip(pieces, first, group)], device=dev)  # one copy
-        spec._extend(group, meta[:, :width], meta[:, width + 2], feats[rows, j:j + width], meta[:, width],
-                     meta[:, width + 1], max(first))
+        decoder.extend(group, meta[:, :width], meta[:, width + 2], feats[rows, j:j + width], meta[:, width],
+                       meta[:, width + 1], max(first))
 
 
-def feature_width(spec) -> int:
+def feature_width(decoder) -> int:
     """Width of a target feature: the captured layers' hidden states side by side (3H for EAGLE-3)."""
-    return len(spec.target.capture_layers) * spec.target.config.hidden_size
+    return len(decoder.target.capture_layers) * decoder.target.config.hidden_size
 
 
-def extend_shapes(spec, width: int) -> list[tuple]:
+def extend_shapes(decoder, width: int) -> list[tuple]:
     """Per-row shapes of an extend pass's inputs over `width` pairs: ids, features, last, starts, slots."""
-    return [(width,), (width, feature_width(spec)), (), (), ()]
+    return [(width,), (width, feature_width(decoder)), (), (), ()]
 
 
-def warm_wide_passes(spec, max_batch: int) -> None:
+def warm_wide_passes(decoder, max_batch: int) -> None:
     """Capture the WIDE-column extend graphs of the catch-up for every batch bucket up to max_batch and every
     kv bound a pass may need (graph_kv_len: two with the slot-attention kernel, doubling buckets without), on
     the pad slot only: dummy rows whose writes land where pad rows' do. Without them the catch-up takes
     S+1-wide passes only."""
-    dev, kv = spec.engine.device, spec.kv
-    scratch, dtype = spec.engine.runner.scratch_slot, next(spec.draft.parameters()).dtype
+    dev, kv = decoder.engine.device, decoder.kv
+    scratch, dtype = decoder.engine.runner.scratch_slot, next(decoder.draft.parameters()).dtype
     needs = {}  # kv bound -> the fewest columns that need it
     for need in range(WIDE, kv.max_len + 1):
         needs.setdefault(graph_kv_len(kv, need), need)
     for b in (b for b in BATCH_BUCKETS if b <= max_batch):
         for need in needs.values():
             ids = torch.zeros(b, WIDE, dtype=torch.long, device=dev)
-            feats = torch.zeros(b, WIDE, feature_width(spec), dtype=dtype, device=dev)
+            feats = torch.zeros(b, WIDE, feature_width(decoder), dtype=dtype, device=dev)
             last = torch.zeros(b, dtype=torch.long, device=dev)
             starts = torch.full((b,), need - WIDE, dtype=torch.long, device=dev)
             slots = torch.full((b,), scratch, dtype=torch.long, device=dev)
-            spec._run("extend", spec.drafter.extend, b, kv, need, [ids, feats, last, starts, slots],
-                      [0, 0, 0, 0, scratch])
+            decoder.run_padded("extend", decoder.drafter.extend, b, kv, need, [ids, feats, last, starts, slots],
+                               [0, 0, 0, 0, scratch])
 
 
-def in_one_eager_pass(spec, seqs):
+def in_one_eager_pass(decoder, seqs):
     """Shorter lags are padded at their end (the pads write draft cache columns past the sequence, which
     nothing reads before the next draft overwrites them). A row whose padding would run past the end of its
     cache row goes in a pass of its own lag length instead."""
-    dev, kv = spec.engine.device, spec.kv
+    dev, kv = decoder.engine.device, decoder.kv
     L = max(len(s.draft_state.lag_tokens) for s in seqs)
     groups: dict[int, list] = {}  # L: padded to the longest lag; -n: exactly n, no padding
     for s in seqs:
@@ -124,5 +124,5 @@ def in_one_eager_pass(spec, seqs):
         feats = lag_features(group, L)
         first = [s.cached - n for s, n in zip(group, lens)]
         meta = torch.tensor([first, [s.slot for s in group], [n - 1 for n in lens]], device=dev)
-        h, scores = spec.drafter.extend(ids, feats, meta[2], meta[0], meta[1], graph_kv_len(kv, max(first) + L))
+        h, scores = decoder.drafter.extend(ids, feats, meta[2], meta[0], meta[1], graph_kv_len(kv, max(first) + L))
         set_states(group, h, scores)

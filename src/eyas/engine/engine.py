@@ -21,7 +21,7 @@ from eyas.engine.runner import ModelRunner
 from eyas.engine.sequence import Sequence
 from eyas.errors import EyasError
 from eyas.layers.sampling import SamplingParams, adjusted_probs, sample_from, token_logprobs, uniform
-from eyas.models.loader import load_model, parse_dtype
+from eyas.models.loader import load_model, parse_dtype, weight_bytes
 
 
 class Engine:
@@ -38,16 +38,17 @@ class Engine:
         self.runner = ModelRunner(self.target, max_batch, max_len, self.device)
         self.eos_ids = set(self.config.eos_token_ids)
         self.profiler = profiler
-        self.last_admitted = 0  # requests the last step prefilled (the server's metrics)
+        self.last_admitted = 0     # requests the last step prefilled (the server's metrics)
+        self.last_decision = None  # (batch size, speculated) of the last step's speculative decision, if it made one
         self._ids = itertools.count()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.spec = None
+        self.decoder = None
         self.ahead = DecodeAhead(self)  # plain greedy steps one ahead of the host (off: EYAS_DECODE_AHEAD=0)
         if draft is not None:
             from eyas.engine.speculative import SpeculativeDecoder
 
-            self.spec = SpeculativeDecoder(self, draft, spec)
+            self.decoder = SpeculativeDecoder(self, draft, spec)
         if cuda_graphs and self.device.type == "cuda":
             from eyas.engine.graphs import enable_cuda_graphs
 
@@ -57,7 +58,7 @@ class Engine:
     def add(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
         if not prompt_ids:
             raise EyasError("the prompt is empty")
-        margin = self.spec.lookahead if self.spec else 1
+        margin = self.lookahead
         if len(prompt_ids) + params.max_tokens + margin > self.max_len:
             raise EyasError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                             f"context of {self.max_len - margin} tokens")
@@ -79,18 +80,42 @@ class Engine:
 
     def _release(self, seq: Sequence) -> None:
         self.runner.kv.free(seq.slot)
-        if self.spec:
-            self.spec.release(seq)
+        if self.decoder:
+            self.decoder.release(seq)
 
     def drain_ahead(self) -> None:
         """Read every step or cycle still in flight ahead of the host (decode_ahead.py, spec_ahead.py)."""
-        if self.spec is not None:
-            self.spec.drain_ahead()  # both modes, booked to the adaptive policy's open window
+        if self.decoder is not None:
+            self.decoder.step_loop.drain_ahead()  # both modes, booked to the adaptive policy's open window
         else:
             self.ahead.drain()
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    @property
+    def lookahead(self) -> int:
+        """Cache columns past a sequence's tokens that one step may write: a cycle's draft tokens + 1, or 1."""
+        return self.decoder.lookahead if self.decoder else 1
+
+    def usable_slots(self) -> int:
+        """Cache slots requests can use: the running ones plus the free ones (the runner keeps a scratch slot
+        aside)."""
+        return len(self.running) + self.runner.kv.free_slots
+
+    def weight_bytes(self) -> int:
+        """Bytes of the target's weights as loaded on this rank (packed, where the checkpoint ships quantized)."""
+        return weight_bytes(self.target)
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the target's KV cache on this rank."""
+        return self.runner.kv.bytes()
+
+    def policy_snapshot(self) -> dict | None:
+        """The adaptive speculation policy's estimates (SpecPolicy.snapshot), or None without one."""
+        if self.decoder is None or not self.decoder.policy.adaptive:
+            return None
+        return self.decoder.policy.snapshot()
 
     def step(self) -> list[Sequence]:
         """Admit waiting requests, run one decode step or speculative cycle; returns finished sequences."""
@@ -103,26 +128,28 @@ class Engine:
                 admitted.append(seq)
         prof = self.profiler or NullProfiler()
         if admitted:
-            started = self.spec.prefill_started() if self.spec else None
+            started = self.decoder.step_loop.prefill_started() if self.decoder else None
             with prof.phase("prefill"):
                 for group in prefill_groups(admitted, PREFILL_TOKENS):
                     self._prefill(group)
-            if self.spec:
-                self.spec.prefill_done(started)
+            if self.decoder:
+                self.decoder.step_loop.prefill_done(started)
         self.last_admitted = len(admitted)
         self.running.extend(admitted)
         live = [s for s in self.running if not s.finished]
-        if live and self.spec:
-            self.spec.cycle(live)
+        self.last_decision = None
+        if live and self.decoder:
+            self.decoder.step_loop.cycle(live)
+            self.last_decision = self.decoder.step_loop.last_decision
         elif live:
             with prof.phase("decode"):
-                self._decode(live)
+                self.decode(live)
         done = [s for s in self.running if s.finished]
         for s in done:
             self._release(s)
         self.running = [s for s in self.running if not s.finished]
-        if self.spec and not self.running and not self.waiting:
-            self.spec.idle()
+        if self.decoder and not self.running and not self.waiting:
+            self.decoder.step_loop.idle()
         return done
 
     def warm_up(self) -> int:
@@ -137,7 +164,7 @@ class Engine:
         from eyas.layers.attention import kernel_reads_cache
 
         before = self.captured_graphs()
-        lookahead = self.spec.lookahead if self.spec else 1
+        lookahead = self.lookahead
         params = SamplingParams(max_tokens=4 * lookahead + 2, ignore_eos=True)  # a few steps per mode and bucket
         kernel = kernel_reads_cache(self.runner.kv)
         # Graphs over the slot-attention kernel come in two widths: rows up to SHORT_ROWS columns, and longer.
@@ -149,22 +176,22 @@ class Engine:
         # on the device, sampled ones step in step with it and accept on the host (extend graphs), in both
         # modes.
         sampled = SamplingParams(max_tokens=params.max_tokens, ignore_eos=True, temperature=0.8)
-        passes = [(True, params), (False, params), (True, sampled), (False, sampled)] if self.spec \
+        passes = [(True, params), (False, params), (True, sampled), (False, sampled)] if self.decoder \
             else [(None, params), (None, sampled)]
         for forced, pass_params in passes:
-            if self.spec:
-                self.spec.policy.forced = forced
+            if self.decoder:
+                self.decoder.policy.forced = forced
             try:
                 for n in lengths:
                     for b in (b for b in BATCH_BUCKETS if b <= graphs.max_batch):
                         self.generate([[0] * n] * b, pass_params)
             finally:
-                if self.spec:
-                    self.spec.policy.forced = None
-        if self.spec:  # the draft's catch-up after plain steps, in wide passes (catch_up.py)
+                if self.decoder:
+                    self.decoder.policy.forced = None
+        if self.decoder:  # the draft's catch-up after plain steps, in wide passes (catch_up.py)
             from eyas.engine.catch_up import warm_wide_passes
 
-            warm_wide_passes(self.spec, graphs.max_batch)
+            warm_wide_passes(self.decoder, graphs.max_batch)
         if kernel:
             self.warm_eager_passes(long_rows=len(lengths) > 1)
         return self.captured_graphs() - before
@@ -175,7 +202,7 @@ class Engine:
         g = self.runner.graphs
         if g is None:
             return 0
-        pairs = len(self.ahead.pairs) + (len(self.spec.ahead.pairs) if self.spec else 0)
+        pairs = len(self.ahead.pairs) + (len(self.decoder.ahead.pairs) if self.decoder else 0)
         return len(g.graphs) + len(g.functions.graphs) + 2 * pairs
 
     def warm_eager_passes(self, long_rows: bool = True):
@@ -190,19 +217,19 @@ class Engine:
 
         query_lengths = (2, 8, 12, 16)  # prompt lengths of the prefills, lag lengths of the catch-ups
         chunked, self.runner.chunked_prefill = self.runner.chunked_prefill, False  # eager: large groups' path
-        if self.spec is not None:
-            self.spec.policy.forced = True  # dummy prompts: the adaptive policy books nothing
+        if self.decoder is not None:
+            self.decoder.policy.forced = True  # dummy prompts: the adaptive policy books nothing
         try:
             for n in query_lengths:
                 self.generate([[0] * n], SamplingParams(max_tokens=1, ignore_eos=True))
         finally:
             self.runner.chunked_prefill = chunked
-            if self.spec is not None:
-                self.spec.policy.forced = None
-        if self.spec is None:
+            if self.decoder is not None:
+                self.decoder.policy.forced = None
+        if self.decoder is None:
             return
-        policy = self.spec.policy
-        lookahead = self.spec.lookahead
+        policy = self.decoder.policy
+        lookahead = self.decoder.lookahead
         starts = [8] + ([SHORT_ROWS + 8] if long_rows else [])
         try:
             for n in starts:
@@ -254,10 +281,10 @@ class Engine:
         for s, t, lp in zip(seqs, tokens, self.step_logprobs(seqs, logits, tokens)):
             s.cached = len(s.prompt_ids)
             s.append([t], self.eos_ids, lp)
-        if self.spec:
-            self.spec.prefill(seqs, out.aux_hidden, lens)
+        if self.decoder:
+            self.decoder.prefill(seqs, out.aux_hidden, lens)
 
-    def _decode(self, seqs: list[Sequence]):
+    def decode(self, seqs: list[Sequence]):
         """One plain decode step; returns the target's output (the speculative decoder reads its features),
         or None when it ran ahead of the host (decode_ahead.py) or a drain left nothing to decode."""
         if self.ahead.active and not self.ahead.usable(seqs):

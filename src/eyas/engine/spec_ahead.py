@@ -65,10 +65,10 @@ class _CyclePair:
     times): the verify pass rewrites every cache column that the compaction then moves. Against a graph per
     phase this saves the copies of each phase's inputs into its graph's buffers and two graph launches per cycle."""
 
-    def __init__(self, spec, bucket: int, kv_draft: int, kv_target: int, hidden: torch.Tensor, scores: torch.Tensor,
+    def __init__(self, decoder, bucket: int, kv_draft: int, kv_target: int, hidden: torch.Tensor, scores: torch.Tensor,
                  pool):
         dev = hidden.device
-        scratch = spec.engine.runner.scratch_slot
+        scratch = decoder.engine.runner.scratch_slot
 
         def state():
             return _State(torch.zeros(bucket, dtype=torch.long, device=dev), torch.zeros(bucket, dtype=torch.long,
@@ -81,12 +81,12 @@ class _CyclePair:
         self.active = torch.zeros(bucket, dtype=torch.long, device=dev)  # 1 for the batch's rows
 
         def body(src: _State, dst: _State):
-            tokens, parents, depth, mask = spec.draft_fn(src.scores, src.hidden, src.root, src.c_t, self.slots,
-                                                         kv_draft)
-            argmax, _, aux = spec._verify_fn(tokens, depth, mask, src.c_t, self.slots, kv_target)
-            new, accepted, sel, h, scores_next = spec._commit_fn(tokens, parents, depth, argmax, aux, src.c_t,
-                                                                 self.slots, kv_draft)
-            spec._compact_paths(self.slots, src.c_t, sel, accepted)
+            tokens, parents, depth, mask = decoder.draft_fn(src.scores, src.hidden, src.root, src.c_t, self.slots,
+                                                            kv_draft)
+            argmax, _, aux = decoder.verify_body(tokens, depth, mask, src.c_t, self.slots, kv_target)
+            new, accepted, sel, h, scores_next = decoder.commit_body(tokens, parents, depth, argmax, aux, src.c_t,
+                                                                     self.slots, kv_draft)
+            decoder.compact_paths(self.slots, src.c_t, sel, accepted)
             dst.hidden.copy_(h)
             dst.scores.copy_(scores_next)
             dst.root.copy_(new.gather(1, accepted[:, None])[:, 0])
@@ -118,9 +118,9 @@ class _CyclePair:
 
 
 class SpecAhead(AheadOfHost):
-    def __init__(self, spec):
+    def __init__(self, decoder):
         super().__init__()
-        self.spec = spec  # the SpeculativeDecoder
+        self.decoder = decoder  # the SpeculativeDecoder whose cycles run here
         self.whole_cycles = cycle_graph_on()  # read once: an engine keeps its mode (benchmarks build both)
         self.pairs: dict[tuple, _CyclePair] = {}
         self.pair: _CyclePair | None = None
@@ -139,8 +139,8 @@ class SpecAhead(AheadOfHost):
 
     def usable(self, seqs) -> bool:
         """Whether this cycle of `seqs` may run here: the batch this mode holds, or one it may start on."""
-        spec = self.spec
-        if not spec.accept_on_device or not may_run_ahead(spec.engine, seqs):
+        decoder = self.decoder
+        if not decoder.accept_on_device or not may_run_ahead(decoder.engine, seqs):
             return False
         if any(s.draft_state.lag_tokens for s in seqs):
             return False
@@ -150,23 +150,23 @@ class SpecAhead(AheadOfHost):
         """The pair of whole-cycle graphs for `bucket` rows whose longest holds at most c cached tokens. One
         attention bound for the cycle's passes (its largest need), so that a row crossing a bound never needs
         a pair of mixed bounds, which the warm-up would not have captured."""
-        spec = self.spec
-        need = c + max(spec.reach.values())
-        key = (bucket, graph_kv_len(spec.kv, need), graph_kv_len(spec.engine.runner.kv, need))
+        decoder = self.decoder
+        need = c + max(decoder.reach.values())
+        key = (bucket, graph_kv_len(decoder.kv, need), graph_kv_len(decoder.engine.runner.kv, need))
         pair = self.pairs.get(key)
         if pair is None:
-            pair = self.pairs[key] = _CyclePair(spec, bucket, key[1], key[2], hidden, scores,
-                                                spec.engine.runner.graphs.pool)
+            pair = self.pairs[key] = _CyclePair(decoder, bucket, key[1], key[2], hidden, scores,
+                                                decoder.engine.runner.graphs.pool)
         return pair
 
     def _start(self, seqs):
-        spec = self.spec
-        dev, B = spec.engine.device, len(seqs)
+        decoder = self.decoder
+        dev, B = decoder.engine.device, len(seqs)
         Bp = next(b for b in BATCH_BUCKETS if b >= B)
         pad = Bp - B
         hidden, scores = gather_states(seqs)
         rows = torch.tensor([[s.output_ids[-1] for s in seqs] + [0] * pad, [s.cached for s in seqs] + [0] * pad,
-                             [s.slot for s in seqs] + [spec.engine.runner.scratch_slot] * pad,
+                             [s.slot for s in seqs] + [decoder.engine.runner.scratch_slot] * pad,
                              [1] * B + [0] * pad], device=dev)  # one host-to-device copy
         root, c_t, slots_t, active = rows[0], rows[1], rows[2], rows[3]
         hidden = torch.cat([hidden, hidden.new_zeros((pad,) + hidden.shape[1:])]) if pad else hidden
@@ -188,7 +188,7 @@ class SpecAhead(AheadOfHost):
 
     def _in_flight(self) -> int:
         """The most tokens the cycles in flight may add to a row: each may accept all it drafted."""
-        return len(self.flights) * (self.spec.spec.steps + 1)
+        return len(self.flights) * (self.decoder.spec.steps + 1)
 
     def _longest(self) -> int:
         """The most cached tokens a row may hold when the cycle to enqueue runs."""
@@ -198,12 +198,13 @@ class SpecAhead(AheadOfHost):
         if self.whole_cycles:
             self._enqueue_whole()
             return
-        spec = self.spec
+        decoder = self.decoder
         B, c_t, slots_t = len(self.seqs), self._c_t, self.slots_t
         c = self._longest()
-        tokens, parents, depth, mask = spec._draft(B, c, self.scores, self.hidden, self._root, c_t, slots_t)
-        argmax, _, aux = spec._verify(B, c, tokens, depth, mask, c_t, slots_t, padded=True)
-        new, accepted, h, scores = spec._commit(B, c, tokens, parents, depth, argmax, aux, c_t, slots_t, padded=True)
+        tokens, parents, depth, mask = decoder.draft_pass(B, c, self.scores, self.hidden, self._root, c_t, slots_t)
+        argmax, _, aux = decoder.verify_pass(B, c, tokens, depth, mask, c_t, slots_t, padded=True)
+        new, accepted, h, scores = decoder.commit_pass(B, c, tokens, parents, depth, argmax, aux, c_t, slots_t,
+                                                       padded=True)
         # The next cycle's inputs, computed on the device (copies: the graphs' outputs are overwritten
         # by their next replay).
         self.hidden, self.scores = h.clone(), scores.clone()
@@ -224,7 +225,7 @@ class SpecAhead(AheadOfHost):
     def _consume(self):
         rows = self.flights.pop().read(len(self.seqs))
         live = [(s, row) for s, row in zip(self.seqs, rows) if not s.finished]  # a stop learned a cycle late
-        self.spec._advance([s for s, _ in live], [row[:row[-1] + 1] for _, row in live], [row[-1] for _, row in live])
+        self.decoder.advance([s for s, _ in live], [row[:row[-1] + 1] for _, row in live], [row[-1] for _, row in live])
 
     def drain(self):
         """Read every cycle in flight, give each sequence its draft state back and leave this mode."""

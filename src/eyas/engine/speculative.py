@@ -42,7 +42,7 @@ from eyas.models.draft_io import load_draft
 from eyas.models.eagle3 import Eagle3Draft
 
 
-class SpeculativeDecoder(AdaptiveSteps):
+class SpeculativeDecoder:
     def __init__(self, engine, draft_path, spec: SpecConfig | None):
         self.engine = engine
         self.spec = spec or SpecConfig()
@@ -69,6 +69,11 @@ class SpeculativeDecoder(AdaptiveSteps):
         # the draft's tree writes (steps - 1) * topk, the verify pass draft_tokens, the extend pass steps + 1.
         self.reach = {"tree": (s - 1) * k, "verify": self.spec.draft_tokens, "commit": s + 1}
         self.ahead = SpecAhead(self)  # greedy cycles one ahead of the host (off: EYAS_DECODE_AHEAD=0)
+        # Which of the two modes each step runs, and the policy's books.
+        self.step_loop = AdaptiveSteps(self.policy, self.ahead, engine.ahead,
+                                       speculative_cycle=self.speculative_cycle, plain_step=self.plain_step,
+                                       catch_up=self.catch_up, agree=self.target.tp.agree,
+                                       captured_graphs=engine.captured_graphs, device=engine.device)
 
     @property
     def lookahead(self) -> int:
@@ -86,15 +91,15 @@ class SpeculativeDecoder(AdaptiveSteps):
     def release(self, seq):
         seq.draft_state = None
 
-    def _verify_fn(self, tokens, depth, mask, c_t, slots, kv_len):
+    def verify_body(self, tokens, depth, mask, c_t, slots, kv_len):
         """The target over the drafted tree at columns c..c+N-1; returns its greedy tokens, logits and features."""
         batch = AttentionBatch(kv=self.engine.runner.kv, slots=slots, starts=c_t, kv_len=kv_len, new_mask=mask)
         out = self.target(tokens, c_t[:, None] + depth, batch)
         logits = self.target.logits(out.hidden)
         return logits.argmax(-1), logits, out.aux_hidden
 
-    def _commit_fn(self, tokens, parents, depth, argmax, aux, c_t, slots, kv_len):
-        """Greedy acceptance of a verified tree and the draft run over the accepted pairs (see _extend).
+    def commit_body(self, tokens, parents, depth, argmax, aux, c_t, slots, kv_len):
+        """Greedy acceptance of a verified tree and the draft run over the accepted pairs (see extend).
         Pure or idempotent, as a graph's body must be: capturing one runs it more than once."""
         if self.spec.topk == 1:
             sel, accepted, new = accept_greedy_chain(tokens, argmax)
@@ -104,9 +109,9 @@ class SpeculativeDecoder(AdaptiveSteps):
         h, scores = self.drafter.extend(new, feats, accepted, c_t, slots, kv_len)
         return new, accepted, sel, h, scores
 
-    def _run(self, name, fn, B, kv, kv_need, inputs, pads, padded=False):
+    def run_padded(self, name, fn, B, kv, kv_need, inputs, pads, padded=False):
         """Run `fn` on inputs padded to a batch bucket; replayed from a CUDA graph when the engine has them.
-        Inputs may arrive already padded (another _run's outputs); `padded` returns the outputs unsliced."""
+        Inputs may arrive already padded (another run_padded's outputs); `padded` returns the outputs unsliced."""
         graphs = self.graphs
         key = None if graphs is None else self._graph_key(name, B, kv, kv_need, [x.shape[1:] for x in inputs])
         Bp, kv_len = (B, graph_kv_len(kv, kv_need)) if key is None else key[1:3]
@@ -120,21 +125,21 @@ class SpeculativeDecoder(AdaptiveSteps):
         return outs if padded else [o[:B] for o in outs]
 
     def _graph_key(self, name, B, kv, kv_need, shapes) -> tuple:
-        """The key of _run's graph for B rows of inputs of these per-row shapes: (name, batch bucket, kv
+        """The key of run_padded's graph for B rows of inputs of these per-row shapes: (name, batch bucket, kv
         bound, shapes)."""
         Bp = next((b for b in BATCH_BUCKETS if b >= B), B)
         return name, Bp, graph_kv_len(kv, kv_need), tuple(tuple(s) for s in shapes)
 
     def has_graph(self, name, B, kv, kv_need, shapes) -> bool:
-        """Whether _run would replay a graph captured already (never capture one) for these inputs."""
+        """Whether run_padded would replay a graph captured already (never capture one) for these inputs."""
         return self.graphs is not None and self._graph_key(name, B, kv, kv_need, shapes) in self.graphs.graphs
 
-    def _extend(self, seqs, ids: torch.Tensor, last: torch.Tensor, feats: torch.Tensor, starts: torch.Tensor,
+    def extend(self, seqs, ids: torch.Tensor, last: torch.Tensor, feats: torch.Tensor, starts: torch.Tensor,
                 slots: torch.Tensor, max_start: int):
         """Run the draft over accepted pairs (ids, feats [B, L], padded to a fixed length) at columns
         starts..; keep its output at `last` per sequence."""
-        h, scores = self._run("extend", self.drafter.extend, len(seqs), self.kv, max_start + feats.shape[1],
-                              [ids, feats, last, starts, slots], [0, 0, 0, 0, self.engine.runner.scratch_slot])
+        h, scores = self.run_padded("extend", self.drafter.extend, len(seqs), self.kv, max_start + feats.shape[1],
+                                    [ids, feats, last, starts, slots], [0, 0, 0, 0, self.engine.runner.scratch_slot])
         # Copies: under CUDA graphs h and scores are static buffers that the next replay overwrites.
         set_states(seqs, h.clone(), scores.clone())
 
@@ -169,9 +174,10 @@ class SpeculativeDecoder(AdaptiveSteps):
         h = scores = None
         for start in range(0, T, C):
             starts = torch.full((B,), start, dtype=torch.long, device=ids.device)
-            hc, lc = self._run("extend", self.drafter.extend, B, self.kv, start + C,
-                               [ids[:, start:start + C], features[:, start:start + C], (last - start).clamp(0, C - 1),
-                                starts, slots], [0, 0, 0, 0, self.engine.runner.scratch_slot])
+            hc, lc = self.run_padded("extend", self.drafter.extend, B, self.kv, start + C,
+                                     [ids[:, start:start + C], features[:, start:start + C],
+                                      (last - start).clamp(0, C - 1), starts, slots],
+                                     [0, 0, 0, 0, self.engine.runner.scratch_slot])
             if h is None:  # copies: under CUDA graphs hc and lc are buffers the next replay overwrites
                 h, scores = hc.clone(), lc.clone()
             else:
@@ -179,8 +185,10 @@ class SpeculativeDecoder(AdaptiveSteps):
                 h, scores = torch.where(here, hc, h), torch.where(here, lc, scores)
         return h, scores
 
-    def _speculative_cycle(self, seqs):
-        # Log-probabilities need the verify pass's rows on the host: those sequences accept there.
+    def speculative_cycle(self, seqs):
+        """One draft -> verify -> accept -> commit cycle for the batch: on the device for greedy batches (ahead of
+        the host where it may), on the host where a sequence samples. Log-probabilities need the verify pass's
+        rows on the host: those sequences accept there too."""
         if self.accept_on_device and all(s.params.greedy and not s.wants_logprobs for s in seqs):
             self._greedy_cycle(seqs)
         else:
@@ -198,14 +206,14 @@ class SpeculativeDecoder(AdaptiveSteps):
         c = [s.cached for s in seqs]
         tokens, parents, depth, argmax, _, aux, c_t, slots_t = self._draft_and_verify(seqs, c)
         with prof.phase("commit"):
-            new, accepted, h, scores = self._commit(B, max(c), tokens[:B], parents[:B], depth[:B], argmax, aux,
-                                                    c_t, slots_t)
+            new, accepted, h, scores = self.commit_pass(B, max(c), tokens[:B], parents[:B], depth[:B], argmax,
+                                                        aux, c_t, slots_t)
             set_states(seqs, h.clone(), scores.clone())  # graph outputs: the next replay overwrites them
         with prof.phase("accept"):
             host = torch.cat([new, accepted[:, None]], dim=1).tolist()  # the cycle's one sync
-            self._advance(seqs, [row[:row[-1] + 1] for row in host], [row[-1] for row in host])
+            self.advance(seqs, [row[:row[-1] + 1] for row in host], [row[-1] for row in host])
 
-    def _compact_paths(self, slots_t, c_t, sel, accepted):
+    def compact_paths(self, slots_t, c_t, sel, accepted):
         """A tree's accepted path may skip nodes: move its target KV from columns c + sel to c, c+1, ...
         (on the device; past the path, column c onto itself). A chain's path never skips a node."""
         if self.spec.topk == 1:
@@ -214,7 +222,7 @@ class SpeculativeDecoder(AdaptiveSteps):
         order = torch.where(cols <= accepted[:, None], cols, 0)
         self.engine.runner.kv.compact(slots_t, c_t[:, None] + sel, c_t[:, None] + order)
 
-    def _advance(self, seqs, new_tokens: list[list[int]], accepted: list[int], logprobs: list | None = None):
+    def advance(self, seqs, new_tokens: list[list[int]], accepted: list[int], logprobs: list | None = None):
         """The host's side of a commit: each sequence takes its accepted tokens and the bonus token (and
         their log-probabilities, where it asked for them)."""
         for i, (s, tokens, m) in enumerate(zip(seqs, new_tokens, accepted)):
@@ -252,15 +260,15 @@ class SpeculativeDecoder(AdaptiveSteps):
             # The k-th new token was accepted (or drawn) against the target's row at the k-th node of the path.
             logprobs = [token_logprobs(logits[i, paths[i]], new_tokens[i], s.params.logprobs)
                         if s.wants_logprobs else None for i, s in enumerate(seqs)]
-            self._advance(seqs, new_tokens, [len(path) - 1 for path in paths], logprobs)
+            self.advance(seqs, new_tokens, [len(path) - 1 for path in paths], logprobs)
             # One host-to-device copy: accepted nodes, the extend pass's tokens and its last valid index
             # (which is also the number of drafted nodes accepted).
             meta = torch.tensor([sel[i] + t + [t[-1]] * (L - len(t)) + [len(t) - 1]
                                  for i, t in enumerate(new_tokens)], device=dev)
             sel_t, ids, last = meta[:, :L], meta[:, L:2 * L], meta[:, 2 * L]
             feats = aux[:B].gather(1, sel_t[..., None].expand(-1, -1, aux.shape[-1]))
-            self._compact_paths(slots_t, c_t, sel_t, last)
-            self._extend(seqs, ids, last, feats, c_t, slots_t, max(c))
+            self.compact_paths(slots_t, c_t, sel_t, last)
+            self.extend(seqs, ids, last, feats, c_t, slots_t, max(c))
 
     def _draft_and_verify(self, seqs, c: list[int]):
         """Draft a tree for every sequence from its draft state, and verify it with the target."""
@@ -268,54 +276,57 @@ class SpeculativeDecoder(AdaptiveSteps):
             hidden0, scores0 = gather_states(seqs)
             root, c_t, slots_t = torch.tensor([[s.output_ids[-1] for s in seqs], c, [s.slot for s in seqs]],
                                               device=self.engine.device)  # one host-to-device copy for the inputs
-            tokens, parents, depth, mask = self._draft(len(seqs), max(c), scores0, hidden0, root, c_t, slots_t)
+            tokens, parents, depth, mask = self.draft_pass(len(seqs), max(c), scores0, hidden0, root, c_t, slots_t)
         with self.profiler.phase("verify"):
-            argmax, logits, aux = self._verify(len(seqs), max(c), tokens, depth, mask, c_t, slots_t)
+            argmax, logits, aux = self.verify_pass(len(seqs), max(c), tokens, depth, mask, c_t, slots_t)
         return tokens, parents, depth, argmax, logits, aux, c_t, slots_t
 
     # The passes of a cycle as graphs, for B sequences whose longest holds at most `c` cached tokens; inputs may
     # come padded to the batch bucket, padding rows at the scratch slot (spec_ahead.py keeps them so).
-    def _draft(self, B, c, scores0, hidden0, root, c_t, slots_t):
+    def draft_pass(self, B, c, scores0, hidden0, root, c_t, slots_t):
         """The drafted tree (tokens, parents, depth, mask), rows padded to the batch bucket."""
-        tokens, parents, depth, mask = self._run("tree", self.draft_fn, B, self.kv, c + self.reach["tree"],
-                                                 [scores0, hidden0, root, c_t, slots_t],
-                                                 [0, 0, 0, 0, self.engine.runner.scratch_slot], padded=True)
+        tokens, parents, depth, mask = self.run_padded("tree", self.draft_fn, B, self.kv, c + self.reach["tree"],
+                                                       [scores0, hidden0, root, c_t, slots_t],
+                                                       [0, 0, 0, 0, self.engine.runner.scratch_slot], padded=True)
         # Read after the verify graph replays, which may keep its temporaries where these live (graphs.py):
         # a chain's verify pass crosses a length bucket two columns before its draft does, so its graph is
         # captured first and the draft's is then free to reuse that memory. Copies, outside the pool.
         return tokens.clone(), parents.clone(), depth.clone(), mask
 
-    def _verify(self, B, c, tokens, depth, mask, c_t, slots_t, padded=False):
+    def verify_pass(self, B, c, tokens, depth, mask, c_t, slots_t, padded=False):
         """The target's greedy tokens, logits and features over the tree. The tree's outputs go straight in,
         padding rows included (they write only the scratch row)."""
         runner = self.engine.runner
-        return self._run("verify", self._verify_fn, B, runner.kv, c + self.reach["verify"],
-                         [tokens, depth, mask, c_t, slots_t], [0, 0, True, 0, runner.scratch_slot], padded=padded)
+        return self.run_padded("verify", self.verify_body, B, runner.kv, c + self.reach["verify"],
+                               [tokens, depth, mask, c_t, slots_t], [0, 0, True, 0, runner.scratch_slot],
+                               padded=padded)
 
-    def _commit(self, B, c, tokens, parents, depth, argmax, aux, c_t, slots_t, padded=False):
+    def commit_pass(self, B, c, tokens, parents, depth, argmax, aux, c_t, slots_t, padded=False):
         """Greedy acceptance and the draft's extend pass (one graph), then a tree's KV compaction (eager:
         moving columns is not idempotent). Returns new tokens, accepted counts and the draft's output."""
-        new, accepted, sel, h, scores = self._run("commit", self._commit_fn, B, self.kv, c + self.reach["commit"],
-                                                  [tokens, parents, depth, argmax, aux, c_t, slots_t],
-                                                  [0, 0, 0, 0, 0, 0, self.engine.runner.scratch_slot], padded=padded)
-        self._compact_paths(slots_t, c_t, sel, accepted)
+        new, accepted, sel, h, scores = self.run_padded("commit", self.commit_body, B, self.kv,
+                                                        c + self.reach["commit"],
+                                                        [tokens, parents, depth, argmax, aux, c_t, slots_t],
+                                                        [0, 0, 0, 0, 0, 0, self.engine.runner.scratch_slot],
+                                                        padded=padded)
+        self.compact_paths(slots_t, c_t, sel, accepted)
         return new, accepted, h, scores
 
-    def _plain_step(self, seqs):
+    def plain_step(self, seqs):
         """One plain decode step; the draft catches up later (see the module docstring), so speculation
         can resume on any later step. Greedy batches decode ahead of the host (decode_ahead.py), which
         holds each step's pair back as it reads the step's tokens."""
         eng, prof = self.engine, self.profiler
         with prof.phase("verify"):
-            out = eng._decode(seqs)  # samples and appends too
+            out = eng.decode(seqs)  # samples and appends too
         with prof.phase("commit"):
             if out is not None:  # in step with the host
                 # A CUDA graph's output buffer is overwritten next replay: copied.
                 lag.hold_back(seqs, out.aux_hidden[:, 0].clone(), range(len(seqs)))
                 for _ in seqs:
                     prof.record_accept(0, 0)
-            self._catch_up([s for s in seqs if len(s.draft_state.lag_tokens) >= lag.LAG_FLUSH and not s.finished])
+            self.catch_up([s for s in seqs if len(s.draft_state.lag_tokens) >= lag.LAG_FLUSH and not s.finished])
 
-    def _catch_up(self, seqs):
+    def catch_up(self, seqs):
         """Catch the draft up on the pairs these sequences hold back (catch_up.py)."""
         lag.catch_up(self, seqs)

@@ -78,7 +78,7 @@ def max_k() -> int:
 
 
 @triton.jit
-def _residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA: tl.constexpr):
+def residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA: tl.constexpr):
     """fp32 values of h = x + delta (rounded as torch's add) at [rows, cols] of the [M, K] inputs, and the mask."""
     mask = (rows < M)[:, None] & (cols < K)[None, :]
     offs = rows[:, None] * K + cols[None, :]
@@ -107,7 +107,7 @@ def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, 
         if HAS_NORM:
             nw = tl.load(nw_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         wait_for_previous(USE_PDL)
-        h, offs, mask = _residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA)
+        h, offs, mask = residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA)
         if HAS_DELTA:
             if pid_n == 0:
                 tl.store(h_ptr + offs, h.to(dtype), mask=mask)
@@ -124,7 +124,7 @@ def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, 
         if HAS_NORM:  # the plain projection (HAS_NORM False) takes no delta: nothing to sum or store first
             sum_sq = tl.zeros([BLOCK_M], tl.float32)
             for k0 in range(0, K, CHUNK_K):
-                h, offs, mask = _residual_chunk(x_ptr, d_ptr, rows, k0 + cols, M, K, HAS_DELTA)
+                h, offs, mask = residual_chunk(x_ptr, d_ptr, rows, k0 + cols, M, K, HAS_DELTA)
                 if HAS_DELTA:
                     if pid_n == 0:
                         tl.store(h_ptr + offs, h.to(dtype), mask=mask)
@@ -132,7 +132,7 @@ def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, 
             inv_rms = tl.rsqrt(sum_sq / K + eps)
         y = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, K, CHUNK_K):
-            h, offs, mask = _residual_chunk(x_ptr, d_ptr, rows, k0 + cols, M, K, HAS_DELTA)
+            h, offs, mask = residual_chunk(x_ptr, d_ptr, rows, k0 + cols, M, K, HAS_DELTA)
             if HAS_NORM:
                 nw = tl.load(nw_ptr + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
                 xn = rounded(nw[None, :] * rounded(h * inv_rms[:, None], dtype), dtype)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from eyas.kernels import tile_choice
-from eyas.kernels.fused_linear import KERNEL_ROWS, MAX_K, _residual_chunk, product_limit
+from eyas.kernels.fused_linear import KERNEL_ROWS, MAX_K, residual_chunk, product_limit
 from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
 from eyas.kernels.rounding import rounded
 from eyas.options import get as option
@@ -50,7 +50,7 @@ def _norm_qkv_rotary_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, q_ptr, k_
     nw = tl.load(nw_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
     wait_for_previous(USE_PDL)
     rows = tl.arange(0, BLOCK_M)
-    h, offs, mask = _residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA)
+    h, offs, mask = residual_chunk(x_ptr, d_ptr, rows, cols, M, K, HAS_DELTA)
     if HAS_DELTA:
         if pid == 0:
             tl.store(h_ptr + offs, h.to(dtype), mask=mask)

@@ -69,7 +69,7 @@ KERNEL_TOKENS = 64  # new tokens per row up to which the slot-attention kernel r
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: AttentionBatch, scale: float):
     """q: [B, T, H, D]; k, v: [B, T, Hkv, D] for the new tokens. Returns [B, T, H*D]."""
-    if _kernel_fits(q, batch):
+    if slot_kernel_fits(q, batch):
         from eyas.kernels.slot_attention import store_kv
 
         store_kv(batch.kv.k[layer], batch.kv.v[layer], batch.slots, batch.write_pos, k, v)
@@ -102,7 +102,7 @@ def rotate_and_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positio
     """Rotary embedding of q and k, then `attend`. On the kernel path the rotation and the cache write are
     one launch (eyas.kernels.rotary.rotate_and_store), the same bits, or the attention kernel does both
     itself, one launch fewer per layer (`rotary_in_attention`)."""
-    if _kernel_fits(q, batch) and enabled(k, v) and q.dtype == k.dtype == v.dtype == batch.kv.k.dtype:
+    if slot_kernel_fits(q, batch) and enabled(k, v) and q.dtype == k.dtype == v.dtype == batch.kv.k.dtype:
         from eyas.kernels.rotary import rotate_and_store
 
         if rotary_in_attention(q):
@@ -143,7 +143,9 @@ def rotary_in_attention_at(width: int) -> bool:
     return width >= ROTARY_IN_ATTENTION_MIN_WIDTH
 
 
-def _kernel_fits(q: torch.Tensor, batch: AttentionBatch) -> bool:
+def slot_kernel_fits(q: torch.Tensor, batch: AttentionBatch) -> bool:
+    """Whether the slot-attention kernel takes these queries [B, T, ...] over the batch's cache: at most
+    KERNEL_TOKENS per row, on a device and dtype it runs on, over a cache it reads (kernel_reads_cache)."""
     return q.shape[1] <= KERNEL_TOKENS and enabled(q) and kernel_reads_cache(batch.kv)
 
 

@@ -24,7 +24,8 @@ from eyas.layers.linear import dense
 from eyas.layers.norm import RMSNorm
 
 
-def _fits(x: torch.Tensor, features: int, *tensors: torch.Tensor | None, outputs: int | None = None) -> bool:
+def fused_kernel_fits(x: torch.Tensor, features: int, *tensors: torch.Tensor | None,
+                      outputs: int | None = None) -> bool:
     """Whether the kernel takes x, whose projection reads `features` inputs per row (for SiLU-and-mul, half
     of x's width: gate_up holds gate and up side by side). A projection that names its `outputs` may take
     up to narrow_rows() rows when they are at most NARROW_N, else up to max_rows()."""
@@ -43,7 +44,8 @@ def norm_linear(norm: RMSNorm, linear, h: torch.Tensor,
                 delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(h + delta, linear(norm(h + delta))); with delta None, (h, linear(norm(h))). `linear` is a
     column-parallel linear (weight [N, K], optional bias): its output needs no all-reduce."""
-    if _fits(h, h.shape[-1], delta, norm.weight, linear.weight, linear.bias, outputs=linear.weight.shape[0]):
+    if fused_kernel_fits(h, h.shape[-1], delta, norm.weight, linear.weight, linear.bias,
+                         outputs=linear.weight.shape[0]):
         from eyas.kernels.fused_linear import norm_linear as fused
 
         return fused(h, delta, norm.weight, norm.eps, linear.weight, linear.bias)
@@ -61,8 +63,8 @@ def project_rows(linear, x: torch.Tensor) -> torch.Tensor:
     from eyas.kernels.fused_linear import MAX_K
 
     wide = x.shape[-1] > MAX_K
-    if (wide or os.environ.get("EYAS_FUSED_O_PROJ") != "0") and _fits(x, x.shape[-1], linear.weight,
-                                                                        outputs=linear.weight.shape[0]):
+    if (wide or os.environ.get("EYAS_FUSED_O_PROJ") != "0") and fused_kernel_fits(x, x.shape[-1], linear.weight,
+                                                                                  outputs=linear.weight.shape[0]):
         from eyas.kernels.fused_linear import linear_rows
 
         return linear.finish(linear_rows(x, linear.weight))
@@ -71,7 +73,7 @@ def project_rows(linear, x: torch.Tensor) -> torch.Tensor:
 
 def silu_mul_linear(linear, gate_up: torch.Tensor) -> torch.Tensor:
     """linear(silu(gate) * up) for a row-parallel `linear` (its all-reduce and bias applied after)."""
-    if _fits(gate_up, gate_up.shape[-1] // 2, linear.weight):
+    if fused_kernel_fits(gate_up, gate_up.shape[-1] // 2, linear.weight):
         from eyas.kernels.fused_linear import silu_mul_linear as fused
 
         return linear.finish(fused(gate_up, linear.weight))
@@ -81,7 +83,7 @@ def silu_mul_linear(linear, gate_up: torch.Tensor) -> torch.Tensor:
 def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """F.linear(x, weight) for a plain weight (the EAGLE-3 draft's fused q/k/v), through the kernels' tiles
     at decode, where the draft's steps are launch-bound; otherwise cuBLAS."""
-    if _fits(x, x.shape[-1], weight, outputs=weight.shape[0]):
+    if fused_kernel_fits(x, x.shape[-1], weight, outputs=weight.shape[0]):
         from eyas.kernels.fused_linear import linear_rows as fused
 
         return fused(x, weight)
@@ -91,7 +93,7 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def add_silu_mul_linear(residual: torch.Tensor, weight: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
     """residual + F.linear(silu(gate) * up, weight) for a plain weight (the EAGLE-3 draft's MLP and the residual
     add after it), the add inside the kernel at decode."""
-    if _fits(gate_up, gate_up.shape[-1] // 2, weight, residual):
+    if fused_kernel_fits(gate_up, gate_up.shape[-1] // 2, weight, residual):
         from eyas.kernels.fused_linear import silu_mul_linear as fused
 
         return fused(gate_up, weight, residual)

@@ -31,11 +31,14 @@ def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = Non
             and (bias is None or bias.dtype == x.dtype)
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                                   or (bias is not None and bias.requires_grad)))):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        # torch registers this oneDNN op under a private name only (no public alias).
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")  # noqa: SLF001
     return F.linear(x, weight, bias)
 
 
-def _copy(dst: torch.Tensor, src: torch.Tensor, what: str):
+def copy_weight(dst: torch.Tensor, src: torch.Tensor, what: str):
+    """Copy a checkpoint tensor (or this rank's slice of it) into a parameter, refusing a shape mismatch with
+    a one-line error that names the weight (`what`)."""
     if dst.shape != src.shape:
         raise EyasError(f"weight {what} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
     dst.copy_(src)
@@ -63,7 +66,7 @@ class ColumnParallelLinear(nn.Module):
         key = 0 if shard is None else shard
         n, off = self.local[key], self.offsets[key]
         part = tensor.narrow(0, self.tp.rank * n, n)
-        _copy(getattr(self, param).data.narrow(0, off, n), part, f"{param}[{key}]")
+        copy_weight(getattr(self, param).data.narrow(0, off, n), part, f"{param}[{key}]")
 
 
 class RowParallelLinear(nn.Module):
@@ -85,9 +88,9 @@ class RowParallelLinear(nn.Module):
 
     def load(self, param: str, tensor: torch.Tensor, shard=None):
         if param == "bias":
-            return _copy(self.bias.data, tensor, "bias")
+            return copy_weight(self.bias.data, tensor, "bias")
         n = self.weight.shape[1]
-        _copy(self.weight.data, tensor.narrow(1, self.tp.rank * n, n), "weight")
+        copy_weight(self.weight.data, tensor.narrow(1, self.tp.rank * n, n), "weight")
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -109,7 +112,7 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(out)
 
     def load(self, param: str, tensor: torch.Tensor, shard=None):
-        _copy(self.weight.data, tensor.narrow(0, self.start, self.per_rank), "embedding")
+        copy_weight(self.weight.data, tensor.narrow(0, self.start, self.per_rank), "embedding")
 
 
 class ParallelLMHead(VocabParallelEmbedding):

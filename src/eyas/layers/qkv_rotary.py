@@ -18,8 +18,8 @@ import os
 import torch
 
 from eyas.kernels import enabled
-from eyas.layers.attention import AttentionBatch, _kernel_fits, attend_cached, rotary_in_attention_at
-from eyas.layers.fused_linear import _fits, norm_linear, project_rows
+from eyas.layers.attention import AttentionBatch, attend_cached, rotary_in_attention_at, slot_kernel_fits
+from eyas.layers.fused_linear import fused_kernel_fits, norm_linear, project_rows
 
 DEFAULT_ROWS = 2  # rows up to which the kernel runs unless EYAS_QKV_ROTARY says otherwise (see above)
 
@@ -46,8 +46,8 @@ def fused(attn, h: torch.Tensor, delta: torch.Tensor | None, norm, batch: Attent
     w = attn.qkv_proj.weight
     return (h.numel() <= max_rows() * h.shape[-1] and not attn.qk_norm and h.shape[-1] <= MAX_K
             and not rotary_in_attention_at(attn.heads * attn.head_dim)
-            and _fits(h, h.shape[-1], delta, norm.weight, w, attn.qkv_proj.bias, outputs=w.shape[0])
-            and _kernel_fits(h, batch) and h.dtype == batch.kv.k.dtype)
+            and fused_kernel_fits(h, h.shape[-1], delta, norm.weight, w, attn.qkv_proj.bias, outputs=w.shape[0])
+            and slot_kernel_fits(h, batch) and h.dtype == batch.kv.k.dtype)
 
 
 def norm_qkv_attend(attn, norm, h: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eyas.config import DraftConfig, ModelConfig, read_config_json
+from eyas.config import ModelConfig, read_config_json
+from eyas.draft_config import DraftConfig
 from eyas.errors import EyasError
 
 ENGINES = ("eyas", "sglang", "vllm", "speculators", "eagle")

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from eyas.config import MLA_DRAFT_ARCHITECTURES, DraftConfig, read_config_json
+from eyas.config import read_config_json
+from eyas.draft_config import MLA_DRAFT_ARCHITECTURES, DraftConfig
 from eyas.errors import EyasError
 from eyas.models.eagle3 import Eagle3Draft
 from eyas.models.tensor_file import save_tensors

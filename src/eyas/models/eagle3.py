@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eyas.config import DraftConfig
 from eyas.dist.parallel import SINGLE
+from eyas.draft_config import DraftConfig
 from eyas.kernels import enabled
 from eyas.layers.attention import AttentionBatch, rotate_and_attend
 from eyas.layers.fused_linear import add_silu_mul_linear, linear_rows, norm_linear, silu_mul_linear

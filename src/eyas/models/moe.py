@@ -23,7 +23,7 @@ from torch import nn
 
 from eyas.config import ModelConfig
 from eyas.dist.parallel import TPContext
-from eyas.layers.linear import _copy
+from eyas.layers.linear import copy_weight
 
 # Public from torch 2.10; older releases have only the private op, the oldest neither (then: the reference path).
 GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
@@ -84,12 +84,12 @@ class Experts(nn.Module):
                 tensor = torch.cat([tensor[:, r * n:(r + 1) * n], tensor[:, half + r * n:half + (r + 1) * n]], 1)
             else:
                 tensor = tensor[:, :, r * n:(r + 1) * n]
-            return _copy(getattr(self, param).data, tensor, param)
+            return copy_weight(getattr(self, param).data, tensor, param)
         if param == "gate_up_proj":
             expert, part = shard
-            return _copy(self.gate_up_proj.data[expert, part * n:(part + 1) * n], tensor.narrow(0, r * n, n),
-                         f"expert {expert} {'up' if part else 'gate'}")
-        _copy(self.down_proj.data[shard], tensor.narrow(1, r * n, n), f"expert {shard} down")
+            return copy_weight(self.gate_up_proj.data[expert, part * n:(part + 1) * n], tensor.narrow(0, r * n, n),
+                               f"expert {expert} {'up' if part else 'gate'}")
+        copy_weight(self.down_proj.data[shard], tensor.narrow(1, r * n, n), f"expert {shard} down")
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         grouped = self.grouped

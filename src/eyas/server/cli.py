@@ -60,11 +60,9 @@ def add_arguments(p) -> None:
 
 def config_from_args(args) -> ServeConfig:
     given = {k: v for k, v in dict(steps=args.spec_steps, topk=args.spec_topk, draft_tokens=args.spec_draft_tokens,
-                                   max_batch=args.spec_max_batch).items() if v is not None}  # the others: SpecConfig's
-    spec = None
-    if args.draft or given or args.spec_adaptive is not None:
-        # Adaptive by default: speculation must never make serving slower than plain decoding.
-        spec = SpecConfig(**given, adaptive=args.spec_adaptive is not False)
+                                   max_batch=args.spec_max_batch, adaptive=args.spec_adaptive).items()
+             if v is not None}  # the others: SpecConfig's defaults (adaptive among them)
+    spec = SpecConfig(**given) if args.draft or given else None
     return ServeConfig(model=args.model, draft=args.draft, spec=spec, tp=args.tp, env=parse_env_pairs(args.env),
                        env_check=args.env_check, host=args.host, port=args.port, api_key=args.api_key,
                        max_running=args.max_running, max_queue=args.max_queue, max_model_len=args.max_model_len,
@@ -107,7 +105,7 @@ def run(args) -> int:
     config.port = listener.getsockname()[1]  # --port 0: the port the system chose
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as load_tokenizer sets it, and before the workers inherit
     recorder = _recorder(args, config)
-    group = WorkerGroup(config.worker_spec(), tp=config.tp, env=config.env, env_check=config.env_check, log=log)
+    group = WorkerGroup(config.worker_config(), tp=config.tp, env=config.env, env_check=config.env_check, log=log)
     try:
         group.spawn()
         tokenizer = load_tokenizer(path)

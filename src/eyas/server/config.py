@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from eyas.config import SpecConfig
-from eyas.dist.worker import WorkerSpec
+from eyas.dist.worker import WorkerConfig
 from eyas.errors import EyasError
 
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -66,10 +66,10 @@ class ServeConfig:
         if self.api_key == "":
             raise EyasError("--api-key must not be empty")
 
-    def worker_spec(self) -> WorkerSpec:
-        return WorkerSpec(model=self.model, dtype=self.dtype, device=self.device, draft=self.draft, spec=self.spec,
-                          max_running=self.max_running, max_model_len=self.max_model_len, profile=self.profile,
-                          cuda_graphs=self.cuda_graphs, env_keys=tuple(self.env))
+    def worker_config(self) -> WorkerConfig:
+        return WorkerConfig(model=self.model, dtype=self.dtype, device=self.device, draft=self.draft, spec=self.spec,
+                            max_running=self.max_running, max_model_len=self.max_model_len, profile=self.profile,
+                            cuda_graphs=self.cuda_graphs, env_keys=tuple(self.env))
 
     def public(self) -> dict:
         """For /server_info and the ledger: everything except the API key itself."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save
 
-from eyas.config import DraftConfig
+from eyas.draft_config import DraftConfig
 from eyas.errors import EyasError
 from eyas.models.eagle3 import Eagle3Draft
 from eyas.train import atomic

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from eyas.config import DraftConfig, ModelConfig
+from eyas.config import ModelConfig
+from eyas.draft_config import DraftConfig
 from eyas.errors import EyasError
 from eyas.models.draft_io import load_draft
 from eyas.models.eagle3 import Eagle3Draft

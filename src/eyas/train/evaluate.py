@@ -34,7 +34,7 @@ class AcceptanceEval:
         self.target, self.prompts, self.device, self.dtype = target, prompts, device, dtype
         self.params = SamplingParams(max_tokens=max_tokens, stop_token_ids=() if ignore_eos else tuple(stop_ids),
                                      ignore_eos=ignore_eos)
-        self.spec = SpecConfig(spec_steps, 1)
+        self.spec = SpecConfig(spec_steps, 1, adaptive=False)  # acceptance is measured on every step
         self.batch = min(batch, len(prompts))
         self.max_len = max(len(p) for p in prompts) + max_tokens + 2 * spec_steps + 8
         self.engine: Engine | None = None
@@ -47,7 +47,7 @@ class AcceptanceEval:
             self.engine = Engine(self.target, dtype=self.dtype, device=self.device, draft=mine, spec=self.spec,
                                  max_batch=self.batch, max_len=self.max_len)
         else:
-            self.engine.spec.draft.load_state_dict(draft.state_dict())
+            self.engine.decoder.draft.load_state_dict(draft.state_dict())
         t0 = time.perf_counter()
         seqs = self.engine.generate(self.prompts, self.params)
         generated = sum(len(s.output_ids) - 1 for s in seqs)
@@ -60,7 +60,7 @@ class AcceptanceEval:
     def _accuracy(self, seqs) -> list[float]:
         from eyas.train.simulate import draft_predictions, teacher_forced_accuracy
 
-        target, draft, steps = self.engine.target, self.engine.spec.draft, self.spec.steps
+        target, draft, steps = self.engine.target, self.engine.decoder.draft, self.spec.steps
         right, total = [0] * steps, [0] * steps
         for prompt, seq in zip(self.prompts, seqs):
             ids = torch.tensor(prompt + seq.output_ids, device=self.engine.device)

@@ -70,10 +70,6 @@ def prompt_id(conv_id: str) -> str:
     return base if sep and copy.isdigit() else conv_id
 
 
-def engine_margin(engine) -> int:
-    return engine.spec.lookahead if engine.spec else 1
-
-
 def plan_jobs(recipe, prompts: list[Conversation], rank: int, world: int):
     """(this rank's output file, the prompts, its (prompt index, copy) jobs not yet done, fresh stats): the
     same split whichever engine writes the replies, so a run resumes across engines."""
@@ -137,7 +133,7 @@ class _Regen:
             return self._finish(conv)
         cfg = self.recipe.regen
         ids = encode_messages(self.tokenizer, conv.messages[: users[turn] + 1])
-        if len(ids) + cfg.max_tokens + engine_margin(self.engine) > self.engine.max_len:
+        if len(ids) + cfg.max_tokens + self.engine.lookahead > self.engine.max_len:
             conv.messages = conv.messages[: users[turn]]  # no room for this turn: the conversation ends before it
             return self._finish(conv)
         # The seed depends on the conversation, turn and copy only, not on what else shares the batch. Copy 0
