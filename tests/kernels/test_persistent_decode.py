@@ -1,0 +1,84 @@
+"""The persistent decoder step (one launch, W=1 in Triton's interpreter) equals eyas's model and HF: logits,
+KV-cache rows and tokens for a plain step and a 4-row verify, with every counter at the schedule's target."""
+
+import dataclasses
+
+import pytest
+import torch
+import transformers
+
+from eyas.engine.runner import ModelRunner
+from eyas.kernels.persistent_decode import PersistentStep, expected_counts, item_table, pack_llama
+from eyas.kernels.persistent_schedule import Tiles, build_schedule
+from eyas.models.loader import load_model
+
+TILES = Tiles(o_proj=16, gate_up=32, down=16, lm_head=64)  # several tiles per op at this size
+PROMPT = 10
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                   rope_theta=100000.0, tie_word_embeddings=True)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    path = tmp_path_factory.mktemp("tiny-llama")
+    hf.save_pretrained(path)
+    model = load_model(path, "fp32", "cpu")
+    ids = torch.randint(0, 256, (1, PROMPT + 8), generator=torch.Generator().manual_seed(1))
+    return hf, model, ids
+
+
+def run_both(model, ids, rows):
+    """(persistent logits, tokens, its cache, eyas's logits, eyas's cache, the step) after a shared prefill."""
+    runner = ModelRunner(model, num_slots=1, max_len=64, device="cpu")
+    runner.forward(ids[:, :PROMPT], torch.arange(PROMPT)[None], [0], [0])
+    k, v = runner.kv.k.clone(), runner.kv.v.clone()
+    out = runner.forward(ids[:, PROMPT:PROMPT + rows], torch.arange(PROMPT, PROMPT + rows)[None], [0], [PROMPT])
+    want = model.logits(out.hidden)[0]
+    step = PersistentStep(pack_llama(model), rows, programs=1, tiles=TILES, block_n=16, block_k=32, block_t=16)
+    logits, tokens = step(ids[0, PROMPT:PROMPT + rows].to(torch.int32), PROMPT, k[:, 0], v[:, 0])
+    return logits, tokens, (k, v), want, (runner.kv.k, runner.kv.v), step
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows):
+    hf, model, ids = tiny
+    logits, tokens, (k, v), want, (k_want, v_want), step = run_both(model, ids, rows)
+    scale = want.abs().max()
+    assert (logits - want).abs().max() <= 1e-4 * scale
+    assert torch.equal(tokens.long(), want.argmax(-1))
+    with torch.no_grad():
+        hf_logits = hf(ids[:, :PROMPT + rows]).logits[0, PROMPT:]
+    assert (logits - hf_logits).abs().max() <= 1e-4 * scale
+    # Every cache row: the step's new rows equal eyas's, and the prompt's rows are untouched.
+    assert (k - k_want).abs().max() <= 1e-5 and (v - v_want).abs().max() <= 1e-5
+    assert not torch.equal(k[:, 0, :, PROMPT:PROMPT + rows], torch.zeros_like(k[:, 0, :, PROMPT:PROMPT + rows]))
+    assert step.counters_complete()
+    assert step.counters.tolist() == expected_counts(step.schedule)
+
+
+def test_item_table_and_counter_targets_are_the_schedules(tiny):
+    _, model, _ = tiny
+    schedule = build_schedule(pack_llama(model).shape, TILES)
+    table = item_table(schedule, "cpu")
+    assert table.shape == (len(schedule.items), 8)
+    counts = expected_counts(schedule)
+    for item, row in zip(schedule.items, table.tolist()):
+        assert row[5:] == [-1 if item.wait is None else item.wait, item.wait_count, item.signal]
+        # A target no item can reach would spin forever on a GPU: every wait is satisfiable.
+        assert item.wait is None or item.wait_count == counts[item.wait]
+
+
+def test_an_unfinished_step_fails_the_counter_check(tiny):
+    _, model, ids = tiny
+    step = PersistentStep(pack_llama(model), 1, programs=1, tiles=TILES, block_n=16, block_k=32, block_t=16)
+    # Dropping the argmax item from the table (a step that stops early) leaves its counter short.
+    step.schedule = dataclasses.replace(step.schedule, items=step.schedule.items[:-1])
+    step.table = step.table[:-1].contiguous()
+    kv = torch.zeros(2, 2, 64, 16)
+    step(ids[0, :1].to(torch.int32), 0, kv, kv.clone())
+    assert not step.counters_complete()
+    with pytest.raises(ValueError, match="1..8 rows"):
+        PersistentStep(pack_llama(model), 9, programs=1)
