@@ -1,0 +1,192 @@
+"""The persistent decoder step (eyas.kernels.persistent_decode) vs eyas's CUDA-graph plain step, on SmolLM2-135M.
+
+Usage: python benchmarks/bench_persistent.py [--random] [--programs N] [--rows 1,2,4,8] [--device cpu --tiny]
+
+In one child process (killed after --timeout seconds, so a deadlocked kernel ends with a message instead of
+holding the GPU; each first launch is also polled against a deadline):
+  (a) correctness: after a ~100-token prompt prefilled by eyas's engine path, the persistent step's logits vs
+      eyas's plain forward at 1 and 4 rows (max abs diff, argmax equal), cache rows included;
+  (b) timing (CUDA events, median of --reps): the persistent step, captured in a CUDA graph, at each of --rows
+      rows vs eyas's own graphed decode step / verify forward of as many rows (as bench_smollm2's phases time
+      them), and the weight-read bound: weight bytes / measured device copy bandwidth.
+Prints a markdown table last. --device cpu --tiny --random smoke-tests the script (W=1, Triton's interpreter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+
+PROMPT = 100
+
+
+def random_model(tiny: bool) -> str:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    if tiny:
+        cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                       rope_theta=100000.0, tie_word_embeddings=True)
+    else:  # SmolLM2-135M's shape
+        cfg = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                                       rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
+    path = tempfile.mkdtemp(prefix="eyas-bench-persistent-")
+    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def wait_or_die(event, deadline_s: float, what: str) -> None:
+    """Poll a recorded CUDA event; exit the process with a clear message if it is not done by the deadline."""
+    t0 = time.time()
+    while not event.query():
+        if time.time() - t0 > deadline_s:
+            print(f"HANG: {what} did not finish within {deadline_s:.0f} s (a counter never reached its target); "
+                  "exiting", flush=True)
+            os._exit(3)
+        time.sleep(0.01)
+
+
+def run(args) -> None:
+    import torch
+
+    from eyas.engine.engine import Engine
+    from eyas.kernels.persistent_decode import PersistentStep, pack_llama
+    from eyas.kernels.persistent_schedule import Tiles
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from timing import median_ms  # benchmarks/timing.py
+
+    cuda = args.device == "cuda"
+    if args.random:
+        path = random_model(args.tiny)
+    else:
+        from eyas.models.demo import demo_model_path
+        path = str(demo_model_path())
+    dtype = "bf16" if cuda else "fp32"
+    eng = Engine(path, dtype=dtype, device=args.device, max_batch=1, max_len=512)
+    if cuda:
+        eng.warm_up()
+    model, runner, dev = eng.target, eng.runner, args.device
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (1, PROMPT), generator=g).to(dev)
+    runner.prefill(prompt, [0])
+    packed = pack_llama(model)
+    programs = args.programs or (torch.cuda.get_device_properties(0).multi_processor_count if cuda else 1)
+    tiles = Tiles(o_proj=16, gate_up=32, down=16, lm_head=64) if args.tiny else Tiles()
+    print(f"model {path} ({dtype}), prompt {PROMPT} tokens, programs {programs}, tiles {tiles}", flush=True)
+    steps = {R: PersistentStep(packed, R, programs, tiles) for R in sorted(set(args.rows) | {1, 4})}
+    kv = runner.kv
+
+    def plain(ids, R):
+        pos = torch.arange(PROMPT, PROMPT + R, device=dev)[None]
+        mask = None if R == 1 else torch.tril(torch.ones(R, R, dtype=torch.bool, device=dev))[None]
+        return model.logits(runner.forward(ids, pos, [0], [PROMPT], new_mask=mask).hidden)[0]
+
+    def persistent(ids, R):
+        return steps[R](ids[0].to(torch.int32), PROMPT, kv.k[:, 0], kv.v[:, 0])
+
+    rows_out = {}
+    for R in (1, 4):  # (a) correctness
+        ids = torch.randint(0, vocab, (1, R), generator=g).to(dev)
+        k0, v0 = kv.k.clone(), kv.v.clone()
+        want = plain(ids, R).float()
+        k_want, v_want = kv.k.clone(), kv.v.clone()
+        kv.k.copy_(k0)
+        kv.v.copy_(v0)
+        logits, tokens = persistent(ids, R)
+        if cuda:
+            done = torch.cuda.Event()
+            done.record()
+            wait_or_die(done, args.deadline, f"the first persistent launch of {R} rows")
+        diff = (logits - want).abs().max().item()
+        cache = max((kv.k - k_want).abs().max().item(), (kv.v - v_want).abs().max().item())
+        same = bool(torch.equal(tokens.long(), want.argmax(-1)))
+        print(f"R={R}: max |logits diff| {diff:.3e} (max |logit| {want.abs().max().item():.2f}), cache diff "
+              f"{cache:.3e}, argmax equal {same}, counters complete {steps[R].counters_complete()}", flush=True)
+        rows_out[R] = dict(diff=diff, argmax=same)
+
+    # (b) timing
+    table = []
+    for R in args.rows:
+        ids = torch.randint(0, vocab, (1, R), generator=g).to(dev)
+        step = steps[R]
+        launch = lambda: persistent(ids, R)  # noqa: E731
+        if cuda:
+            launch()
+            done = torch.cuda.Event()
+            done.record()
+            wait_or_die(done, args.deadline, f"the persistent launch of {R} rows")
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                launch()
+            graph.replay()
+            done.record()
+            wait_or_die(done, args.deadline, f"the graphed persistent step of {R} rows")
+            launch = graph.replay
+        ours = median_ms(launch, reps=args.reps, cuda=cuda)
+        if not step.counters_complete():
+            print(f"R={R}: counters did not reach the schedule's totals", flush=True)
+        theirs = median_ms(lambda: plain(ids, R), reps=args.reps, cuda=cuda)
+        table.append((R, ours, theirs))
+        print(f"R={R}: persistent {ours:.4f} ms, eyas plain {theirs:.4f} ms", flush=True)
+
+    weights = sum(t.numel() * t.element_size() for t in (packed.attn_norm, packed.wqkv, packed.wo, packed.mlp_norm,
+                                                          packed.w_gate_up, packed.w_down, packed.final_norm,
+                                                          packed.lm_head))
+    bound = None
+    if cuda:
+        src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+        dst = torch.empty_like(src)
+        copy_ms = median_ms(lambda: dst.copy_(src), reps=20, cuda=True)
+        bandwidth = 2 * src.numel() / (copy_ms * 1e-3)  # bytes read + written per second
+        bound = weights / bandwidth * 1e3
+        print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s, weights {weights / 1e6:.1f} MB", flush=True)
+    print("\n| rows | persistent step ms (graph replay) | eyas forward ms (its CUDA graph where it has one) | speed-up | weight-read bound ms |")
+    print("| --- | --- | --- | --- | --- |")
+    for R, ours, theirs in table:
+        b = f"{bound:.4f}" if bound is not None else "n/a (cpu)"
+        print(f"| {R} | {ours:.4f} | {theirs:.4f} | {theirs / ours:.2f}x | {b} |")
+    print("\n| rows | max abs logits diff | argmax equal |\n| --- | --- | --- |")
+    for R, r in rows_out.items():
+        print(f"| {R} | {r['diff']:.3e} | {r['argmax']} |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--random", action="store_true", help="random weights of SmolLM2's shape")
+    ap.add_argument("--tiny", action="store_true", help="a tiny random model (with --random; CPU smoke test)")
+    ap.add_argument("--programs", type=int, default=0, help="persistent programs (default: the SM count; 1 on cpu)")
+    ap.add_argument("--rows", default="1,2,4,8")
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--deadline", type=float, default=60.0, help="seconds a first launch may take")
+    ap.add_argument("--timeout", type=float, default=280.0, help="seconds before the child is killed")
+    args = ap.parse_args()
+    args.rows = [int(r) for r in args.rows.split(",")]
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        args.reps = min(args.reps, 3)
+    ctx = mp.get_context("spawn")
+    child = ctx.Process(target=run, args=(args,))
+    t0 = time.time()
+    child.start()
+    child.join(args.timeout)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        print(f"HANG: the benchmark did not finish within {args.timeout:.0f} s; killed it", flush=True)
+        sys.exit(3)
+    print(f"done in {time.time() - t0:.0f} s", flush=True)
+    sys.exit(child.exitcode)
+
+
+if __name__ == "__main__":
+    main()
