@@ -1,6 +1,7 @@
 """The persistent decoder step (eyas.kernels.persistent_decode) vs eyas's CUDA-graph plain step, on SmolLM2-135M.
 
-Usage: python benchmarks/bench_persistent.py [--random] [--programs N] [--rows 1,2,4,8] [--device cpu --tiny]
+Usage: python benchmarks/bench_persistent.py [--random] [--programs N] [--rows 1,2,4,8] [--tiles o,gu,down,lm]
+       [--device cpu --tiny]
 
 In one child process (killed after --timeout seconds, so a deadlocked kernel ends with a message instead of
 holding the GPU; each first launch is also polled against a deadline):
@@ -80,7 +81,8 @@ def run(args) -> None:
     runner.prefill(prompt, [0])
     packed = pack_llama(model)
     programs = args.programs or (torch.cuda.get_device_properties(0).multi_processor_count if cuda else 1)
-    tiles = Tiles(o_proj=16, gate_up=32, down=16, lm_head=64) if args.tiny else Tiles()
+    o, gu, down, lm = args.tiles
+    tiles = Tiles(o_proj=o, gate_up=gu, down=down, lm_head=lm)
     print(f"model {path} ({dtype}), prompt {PROMPT} tokens, programs {programs}, tiles {tiles}", flush=True)
     steps = {R: PersistentStep(packed, R, programs, tiles) for R in sorted(set(args.rows) | {1, 4})}
     kv = runner.kv
@@ -166,11 +168,17 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="a tiny random model (with --random; CPU smoke test)")
     ap.add_argument("--programs", type=int, default=0, help="persistent programs (default: the SM count; 1 on cpu)")
     ap.add_argument("--rows", default="1,2,4,8")
+    ap.add_argument("--tiles", default="16,32,16,384",
+                    help="output columns per item of o_proj, gate_up, down, lm_head (small tiles spread each "
+                         "layer's weights and the 57 MB LM head over every SM)")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--deadline", type=float, default=60.0, help="seconds a first launch may take")
     ap.add_argument("--timeout", type=float, default=280.0, help="seconds before the child is killed")
     args = ap.parse_args()
     args.rows = [int(r) for r in args.rows.split(",")]
+    args.tiles = [int(t) for t in args.tiles.split(",")]
+    if args.tiny:
+        args.tiles[3] = min(args.tiles[3], 64)
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
         args.reps = min(args.reps, 3)
