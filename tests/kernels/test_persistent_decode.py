@@ -30,22 +30,23 @@ def tiny(tmp_path_factory):
     return hf, model, ids
 
 
-def run_both(model, ids, rows):
+def run_both(model, ids, rows, prefetch=False):
     """(persistent logits, tokens, its cache, eyas's logits, eyas's cache, the step) after a shared prefill."""
     runner = ModelRunner(model, num_slots=1, max_len=64, device="cpu")
     runner.forward(ids[:, :PROMPT], torch.arange(PROMPT)[None], [0], [0])
     k, v = runner.kv.k.clone(), runner.kv.v.clone()
     out = runner.forward(ids[:, PROMPT:PROMPT + rows], torch.arange(PROMPT, PROMPT + rows)[None], [0], [PROMPT])
     want = model.logits(out.hidden)[0]
-    step = PersistentStep(pack_llama(model), rows, programs=1, tiles=TILES, block_n=16, block_k=32, block_t=16)
+    step = PersistentStep(pack_llama(model), rows, programs=1, tiles=TILES, block_n=16, block_k=32, block_t=16,
+                          prefetch=prefetch)
     logits, tokens = step(ids[0, PROMPT:PROMPT + rows].to(torch.int32), PROMPT, k[:, 0], v[:, 0])
     return logits, tokens, (k, v), want, (runner.kv.k, runner.kv.v), step
 
 
-@pytest.mark.parametrize("rows", [1, 4])
-def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows):
+@pytest.mark.parametrize("rows,prefetch", [(1, False), (4, True)])
+def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows, prefetch):
     hf, model, ids = tiny
-    logits, tokens, (k, v), want, (k_want, v_want), step = run_both(model, ids, rows)
+    logits, tokens, (k, v), want, (k_want, v_want), step = run_both(model, ids, rows, prefetch)
     scale = want.abs().max()
     assert (logits - want).abs().max() <= 1e-4 * scale
     assert torch.equal(tokens.long(), want.argmax(-1))

@@ -82,6 +82,23 @@ def _rows_times(x_ptr, x_stride, w_ptr, w_stride, n0, n_end, K, R: tl.constexpr,
 
 
 @triton.jit
+def _touch(w, stride, r0, r1, K, sink, BN: tl.constexpr, BK: tl.constexpr):
+    """Load rows r0..r1 of W [*, K] and discard them (a store that never happens keeps the loads): they are
+    then in L2 when the item, after its wait, reads them for its product."""
+    rn = tl.arange(0, BN)
+    ks = tl.arange(0, BK)
+    total = tl.zeros((BN, BK), dtype=tl.float32)
+    for n0 in range(r0, r1, BN):
+        for k0 in range(0, K, BK):
+            n = n0 + rn
+            k = k0 + ks
+            total += tl.load(w + n[:, None] * stride + k[None, :], mask=(n[:, None] < r1) & (k[None, :] < K),
+                             other=0.0).to(tl.float32)
+    s = tl.sum(tl.sum(total, axis=1), axis=0)
+    tl.store(sink, s, mask=s != s)  # only a NaN weight would be written
+
+
+@triton.jit
 def _norm_rows(src, dst, weight, eps, H, R: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
     rows = tl.arange(0, BR)
     cols = tl.arange(0, BH)
@@ -97,11 +114,11 @@ def persistent_step_kernel(
         table, n_items, counters, ids, pos,
         embed, attn_norm_w, wqkv, wo, mlp_norm_w, wgu, wd, final_norm_w, lm_head,
         cos, sin, k_cache, v_cache, c_layer, c_head, c_pos,
-        h_buf, x_buf, raw_buf, q_buf, attn_buf, act_buf, logits, tokens,
+        h_buf, x_buf, raw_buf, q_buf, attn_buf, act_buf, logits, tokens, sink,
         eps, scale, L, H, I, V,
         R: tl.constexpr, NH: tl.constexpr, KV: tl.constexpr, D: tl.constexpr,
         BR: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
-        BV: tl.constexpr):
+        BV: tl.constexpr, PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
     W = tl.num_programs(0)
     REP: tl.constexpr = NH // KV
@@ -117,6 +134,21 @@ def persistent_step_kernel(
         part = tl.load(e + 2)
         a = tl.load(e + 3)
         b = tl.load(e + 4)
+        if PREFETCH:  # read the item's weights now, while its producers may still run: they land in L2
+            if op == 1:
+                wl = wqkv + layer.to(tl.int64) * QKVW * H
+                _touch(wl, H, part * REP * D, (part + 1) * REP * D, H, sink, BN, BK)
+                _touch(wl, H, QW + part * D, QW + part * D + D, H, sink, BN, BK)
+                _touch(wl, H, QW + KV * D + part * D, QW + KV * D + part * D + D, H, sink, BN, BK)
+            elif op == 3:
+                _touch(wo + layer.to(tl.int64) * H * QW, QW, a, b, QW, sink, BN, BK)
+            elif op == 5:
+                _touch(wgu + layer.to(tl.int64) * 2 * I * H, H, a, b, H, sink, BN, BK)
+                _touch(wgu + layer.to(tl.int64) * 2 * I * H, H, I + a, I + b, H, sink, BN, BK)
+            elif op == 6:
+                _touch(wd + layer.to(tl.int64) * H * I, I, a, b, I, sink, BN, BK)
+            elif op == 8:
+                _touch(lm_head, H, a, b, H, sink, BN, BK)
         _wait(counters, tl.load(e + 5), tl.load(e + 6))
         hl = h_buf + layer * 2 * R * H          # h[2l]: the stream entering layer l
         xl = x_buf + layer * 2 * R * H
@@ -304,7 +336,7 @@ class PersistentStep:
     allocated once so that the launch can be captured in a CUDA graph."""
 
     def __init__(self, packed: PackedDecoder, rows: int, programs: int, tiles: Tiles = Tiles(),
-                 block_n: int = 32, block_k: int = 64, block_t: int = 32):
+                 block_n: int = 32, block_k: int = 64, block_t: int = 32, prefetch: bool = False):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"a persistent step takes 1..{MAX_ROWS} rows, not {rows}")
         s, dev = packed.shape, packed.embed.device
@@ -323,6 +355,8 @@ class PersistentStep:
         self.act = torch.zeros(s.layers, rows, s.intermediate, **f32)
         self.logits = torch.zeros(rows, s.vocab, **f32)
         self.tokens = torch.zeros(rows, dtype=torch.int32, device=dev)
+        self.sink = torch.zeros(1, **f32)
+        self.prefetch = prefetch
         self.blocks = dict(BR=BLOCK_ROWS, BH=triton.next_power_of_2(s.hidden), BN=block_n, BK=block_k, BT=block_t,
                            BV=1024)
         if s.head_dim < 16 or s.head_dim & (s.head_dim - 1):
@@ -342,9 +376,10 @@ class PersistentStep:
             self.table, len(self.schedule.items), self.counters, ids, pos,
             p.embed, p.attn_norm, p.wqkv, p.wo, p.mlp_norm, p.w_gate_up, p.w_down, p.final_norm, p.lm_head,
             p.cos, p.sin, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            self.h, self.x, self.raw, self.q, self.attn, self.act, self.logits, self.tokens,
+            self.h, self.x, self.raw, self.q, self.attn, self.act, self.logits, self.tokens, self.sink,
             p.eps, p.scale, s.layers, s.hidden, s.intermediate, s.vocab,
-            R=self.rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, **self.blocks, num_warps=4)
+            R=self.rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, **self.blocks, PREFETCH=self.prefetch,
+            num_warps=4)
         return self.logits, self.tokens
 
     def counters_complete(self) -> bool:
