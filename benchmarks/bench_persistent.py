@@ -84,8 +84,9 @@ def run(args) -> None:
     o, gu, down, lm = args.tiles
     tiles = Tiles(o_proj=o, gate_up=gu, down=down, lm_head=lm)
     print(f"model {path} ({dtype}), prompt {PROMPT} tokens, programs {programs}, tiles {tiles}", flush=True)
-    steps = {(R, pf): PersistentStep(packed, R, programs, tiles, prefetch=pf)
-             for R in sorted(set(args.rows) | {1, 4}) for pf in (False, True)}
+    variants = [(pf, w) for w in args.warps for pf in (False, True)]  # (prefetch, warps per program)
+    steps = {(R, v): PersistentStep(packed, R, programs, tiles, prefetch=v[0], num_warps=v[1])
+             for R in sorted(set(args.rows) | {1, 4}) for v in variants}
     kv = runner.kv
 
     def plain(ids, R):
@@ -93,11 +94,11 @@ def run(args) -> None:
         mask = None if R == 1 else torch.tril(torch.ones(R, R, dtype=torch.bool, device=dev))[None]
         return model.logits(runner.forward(ids, pos, [0], [PROMPT], new_mask=mask).hidden)[0]
 
-    def persistent(ids, R, prefetch=False):
-        return steps[R, prefetch](ids[0].to(torch.int32), PROMPT, kv.k[:, 0], kv.v[:, 0])
+    def persistent(ids, R, variant):
+        return steps[R, variant](ids[0].to(torch.int32), PROMPT, kv.k[:, 0], kv.v[:, 0])
 
     rows_out = {}
-    for R, pf in ((1, False), (4, False), (1, True), (4, True)):  # (a) correctness
+    for R, pf in [(R, v) for v in variants for R in (1, 4)]:  # (a) correctness (pf: a variant)
         ids = torch.randint(0, vocab, (1, R), generator=g).to(dev)
         k0, v0 = kv.k.clone(), kv.v.clone()
         want = plain(ids, R).float()
@@ -106,15 +107,15 @@ def run(args) -> None:
         kv.v.copy_(v0)
         t0 = time.time()
         logits, tokens = persistent(ids, R, pf)
-        print(f"R={R} prefetch {pf}: compiled and launched in {time.time() - t0:.1f} s", flush=True)
+        print(f"R={R} (prefetch, warps) {pf}: compiled and launched in {time.time() - t0:.1f} s", flush=True)
         if cuda:
             done = torch.cuda.Event()
             done.record()
-            wait_or_die(done, args.deadline, f"the first persistent launch of {R} rows (prefetch {pf})")
+            wait_or_die(done, args.deadline, f"the first persistent launch of {R} rows (prefetch, warps {pf})")
         diff = (logits - want).abs().max().item()
         cache = max((kv.k - k_want).abs().max().item(), (kv.v - v_want).abs().max().item())
         same = bool(torch.equal(tokens.long(), want.argmax(-1)))
-        print(f"R={R} prefetch {pf}: max |logits diff| {diff:.3e} (max |logit| {want.abs().max().item():.2f}), "
+        print(f"R={R} (prefetch, warps) {pf}: max |logits diff| {diff:.3e} (max |logit| {want.abs().max().item():.2f}), "
               f"cache diff {cache:.3e}, argmax equal {same}, counters complete "
               f"{steps[R, pf].counters_complete()}", flush=True)
         rows_out[R, pf] = dict(diff=diff, argmax=same)
@@ -126,27 +127,26 @@ def run(args) -> None:
             launch()
             done = torch.cuda.Event()
             done.record()
-            wait_or_die(done, args.deadline, f"the persistent launch of {R} rows (prefetch {pf})")
+            wait_or_die(done, args.deadline, f"the persistent launch of {R} rows (prefetch, warps {pf})")
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 launch()
             graph.replay()
             done.record()
-            wait_or_die(done, args.deadline, f"the graphed persistent step of {R} rows (prefetch {pf})")
+            wait_or_die(done, args.deadline, f"the graphed persistent step of {R} rows (prefetch, warps {pf})")
             launch = graph.replay
         ms = median_ms(launch, reps=args.reps, cuda=cuda)
         if not steps[R, pf].counters_complete():
-            print(f"R={R} prefetch {pf}: counters did not reach the schedule's totals", flush=True)
+            print(f"R={R} (prefetch, warps) {pf}: counters did not reach the schedule's totals", flush=True)
         return ms
 
     table = []
     for R in args.rows:
         ids = torch.randint(0, vocab, (1, R), generator=g).to(dev)
-        plain_ms, fetched_ms = timed_step(ids, R, False), timed_step(ids, R, True)
+        ours = [timed_step(ids, R, v) for v in variants]
         theirs = median_ms(lambda: plain(ids, R), reps=args.reps, cuda=cuda)
-        table.append((R, plain_ms, fetched_ms, theirs))
-        print(f"R={R}: persistent {plain_ms:.4f} ms, with prefetch {fetched_ms:.4f} ms, eyas {theirs:.4f} ms",
-              flush=True)
+        table.append((R, ours, theirs))
+        print(f"R={R}: persistent {', '.join(f'{t:.4f}' for t in ours)} ms, eyas {theirs:.4f} ms", flush=True)
 
     weights = sum(t.numel() * t.element_size() for t in (packed.attn_norm, packed.wqkv, packed.wo, packed.mlp_norm,
                                                           packed.w_gate_up, packed.w_down, packed.final_norm,
@@ -159,15 +159,16 @@ def run(args) -> None:
         bandwidth = 2 * src.numel() / (copy_ms * 1e-3)  # bytes read + written per second
         bound = weights / bandwidth * 1e3
         print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s, weights {weights / 1e6:.1f} MB", flush=True)
-    print("\n| rows | persistent ms | persistent + prefetch ms | eyas forward ms (its CUDA graph where it has one) "
-          "| best speed-up | weight-read bound ms |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    names = [f"persistent{' + prefetch' if pf else ''}, {w} warps ms" for pf, w in variants]
+    print(f"\n| rows | {' | '.join(names)} | eyas forward ms (its CUDA graph where it has one) | best speed-up "
+          "| weight-read bound ms |")
+    print("|" + " --- |" * (len(names) + 4))
     b = f"{bound:.4f}" if bound is not None else "n/a (cpu)"
-    for R, ours, fetched, theirs in table:
-        print(f"| {R} | {ours:.4f} | {fetched:.4f} | {theirs:.4f} | {theirs / min(ours, fetched):.2f}x | {b} |")
-    print("\n| rows | prefetch | max abs logits diff | argmax equal |\n| --- | --- | --- | --- |")
-    for (R, pf), r in rows_out.items():
-        print(f"| {R} | {pf} | {r['diff']:.3e} | {r['argmax']} |")
+    for R, ours, theirs in table:
+        print(f"| {R} | {' | '.join(f'{t:.4f}' for t in ours)} | {theirs:.4f} | {theirs / min(ours):.2f}x | {b} |")
+    print("\n| rows | prefetch | warps | max abs logits diff | argmax equal |\n| --- | --- | --- | --- | --- |")
+    for (R, (pf, w)), r in rows_out.items():
+        print(f"| {R} | {pf} | {w} | {r['diff']:.3e} | {r['argmax']} |")
 
 
 def main():
@@ -181,11 +182,13 @@ def main():
                     help="output columns per item of o_proj, gate_up, down, lm_head (small tiles spread each "
                          "layer's weights and the 57 MB LM head over every SM)")
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--warps", default="4,8", help="warps per program, each timed with and without prefetch")
     ap.add_argument("--deadline", type=float, default=60.0, help="seconds a first launch may take")
     ap.add_argument("--timeout", type=float, default=280.0, help="seconds before the child is killed")
     args = ap.parse_args()
     args.rows = [int(r) for r in args.rows.split(",")]
     args.tiles = [int(t) for t in args.tiles.split(",")]
+    args.warps = [int(w) for w in args.warps.split(",")]
     if args.tiny:
         args.tiles[3] = min(args.tiles[3], 64)
     if args.device == "cpu":

@@ -99,14 +99,15 @@ def _touch(w, stride, r0, r1, K, sink, BN: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
-def _norm_rows(src, dst, weight, eps, H, R: tl.constexpr, BR: tl.constexpr, BH: tl.constexpr):
-    rows = tl.arange(0, BR)
+def _norm_rows(src, dst, weight, eps, H, R: tl.constexpr, BH: tl.constexpr):
+    """dst[r] = rmsnorm(src[r]) * weight for each of R rows of width H (one row at a time: few registers)."""
     cols = tl.arange(0, BH)
-    mask = (rows[:, None] < R) & (cols[None, :] < H)
-    h = tl.load(src + rows[:, None] * H + cols[None, :], mask=mask, other=0.0, cache_modifier=".cg")
-    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=1) / H + eps)
-    w = tl.load(weight + cols, mask=cols < H, other=0.0).to(tl.float32)
-    tl.store(dst + rows[:, None] * H + cols[None, :], h * rstd[:, None] * w[None, :], mask=mask)
+    cm = cols < H
+    w = tl.load(weight + cols, mask=cm, other=0.0).to(tl.float32)
+    for r in tl.static_range(R):
+        h = tl.load(src + r * H + cols, mask=cm, other=0.0, cache_modifier=".cg")
+        rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / H + eps)
+        tl.store(dst + r * H + cols, h * rstd * w, mask=cm)
 
 
 @triton.jit
@@ -155,12 +156,12 @@ def persistent_step_kernel(
         if op == 0:  # attn_norm; layer 0 first gathers the embeddings into h[0]
             if layer == 0:
                 cols = tl.arange(0, BH)
-                tok = tl.load(ids + rows, mask=rmask, other=0)
-                m = rmask[:, None] & (cols[None, :] < H)
-                emb = tl.load(embed + tok[:, None].to(tl.int64) * H + cols[None, :], mask=m, other=0.0)
-                tl.store(h_buf + rows[:, None] * H + cols[None, :], emb.to(tl.float32), mask=m)
+                for r in tl.static_range(R):
+                    tok = tl.load(ids + r).to(tl.int64)
+                    emb = tl.load(embed + tok * H + cols, mask=cols < H, other=0.0)
+                    tl.store(h_buf + r * H + cols, emb.to(tl.float32), mask=cols < H)
                 tl.debug_barrier()
-            _norm_rows(hl, xl, attn_norm_w + layer * H, eps, H, R, BR, BH)
+            _norm_rows(hl, xl, attn_norm_w + layer * H, eps, H, R, BH)
         elif op == 1:  # qkv of group `part`: projections, rotary, cache write
             wl = wqkv + layer.to(tl.int64) * QKVW * H
             raw = raw_buf + (layer * R * QKVW)
@@ -214,7 +215,7 @@ def persistent_step_kernel(
             _project_add(attn_buf + layer * R * QW, QW, wo + layer.to(tl.int64) * H * QW, hl, hl + R * H,
                          a, b, QW, H, R, BR, BN, BK)
         elif op == 4:  # mlp_norm
-            _norm_rows(hl + R * H, xl + R * H, mlp_norm_w + layer * H, eps, H, R, BR, BH)
+            _norm_rows(hl + R * H, xl + R * H, mlp_norm_w + layer * H, eps, H, R, BH)
         elif op == 5:  # gate_up tile [a, b): act = silu(x Wg^T) * (x Wu^T)
             wl = wgu + layer.to(tl.int64) * 2 * I * H
             cn = tl.arange(0, BN)
@@ -229,7 +230,7 @@ def persistent_step_kernel(
             _project_add(act_buf + layer * R * I, I, wd + layer.to(tl.int64) * H * I, hl + R * H, hl + 2 * R * H,
                          a, b, I, H, R, BR, BN, BK)
         elif op == 7:  # final_norm of h[2L]
-            _norm_rows(h_buf + 2 * L * R * H, x_buf + 2 * L * R * H, final_norm_w, eps, H, R, BR, BH)
+            _norm_rows(h_buf + 2 * L * R * H, x_buf + 2 * L * R * H, final_norm_w, eps, H, R, BH)
         elif op == 8:  # lm_head tile [a, b)
             cn = tl.arange(0, BN)
             for n0 in range(a, b, BN):
@@ -336,7 +337,8 @@ class PersistentStep:
     allocated once so that the launch can be captured in a CUDA graph."""
 
     def __init__(self, packed: PackedDecoder, rows: int, programs: int, tiles: Tiles = Tiles(),
-                 block_n: int = 32, block_k: int = 64, block_t: int = 32, prefetch: bool = False):
+                 block_n: int = 32, block_k: int = 64, block_t: int = 32, prefetch: bool = False,
+                 num_warps: int = 4):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"a persistent step takes 1..{MAX_ROWS} rows, not {rows}")
         s, dev = packed.shape, packed.embed.device
@@ -356,9 +358,9 @@ class PersistentStep:
         self.logits = torch.zeros(rows, s.vocab, **f32)
         self.tokens = torch.zeros(rows, dtype=torch.int32, device=dev)
         self.sink = torch.zeros(1, **f32)
-        self.prefetch = prefetch
+        self.prefetch, self.num_warps = prefetch, num_warps
         self.blocks = dict(BR=BLOCK_ROWS, BH=triton.next_power_of_2(s.hidden), BN=block_n, BK=block_k, BT=block_t,
-                           BV=1024)
+                           BV=256)
         if s.head_dim < 16 or s.head_dim & (s.head_dim - 1):
             raise ValueError(f"head_dim {s.head_dim} must be a power of two of at least 16")
 
@@ -379,7 +381,7 @@ class PersistentStep:
             self.h, self.x, self.raw, self.q, self.attn, self.act, self.logits, self.tokens, self.sink,
             p.eps, p.scale, s.layers, s.hidden, s.intermediate, s.vocab,
             R=self.rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, **self.blocks, PREFETCH=self.prefetch,
-            num_warps=4)
+            num_warps=self.num_warps)
         return self.logits, self.tokens
 
     def counters_complete(self) -> bool:
