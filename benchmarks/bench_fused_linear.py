@@ -13,7 +13,7 @@ the fused kernel's timing picked.
     python3 benchmarks/bench_fused_linear.py --shape smollm2 --rows 1,2 --out fused_linear.json
 
 Projections wider than MAX_K (every one of the 8B shape) run the kernels' wide chunked tiles, which the
-layers use only with EYAS_FUSED_WIDE=1; wider than WIDE_MAX_K, they are listed as skipped. The copy bandwidth
+layers leave to cuBLAS (they lost there); wider than WIDE_MAX_K, they are listed as skipped. The copy bandwidth
 measured at the start puts the weight bytes per µs in proportion.
 """
 

@@ -680,11 +680,6 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--pdl", action="store_true",
                     help="speed: also each eyas engine without programmatic dependent launch (EYAS_PDL=0), beside it")
-    ap.add_argument("--rotary-in-attention", action="store_true",
-                    help="speed: also each eyas engine with the rotary and cache write inside the attention kernel "
-                         "(EYAS_ROTARY_IN_ATTENTION=1; by default only from a query width of 2,048), beside it")
-    ap.add_argument("--verify-fused", action="store_true",
-                    help="speed: also chain and tree with their verify's projections fused (EYAS_FUSED_MAX_ROWS 4, 8)")
     ap.add_argument("--in-step", action="store_true",
                     help="plain, chain, tree and --also-specs also with the host in step with the GPU "
                          "(EYAS_DECODE_AHEAD=0), each beside its twin; says whether the tokens matched")
@@ -749,8 +744,6 @@ def main():
         speed("eyas_plain")
         if args.pdl:  # each engine beside its twin without programmatic dependent launch (eyas.kernels.pdl)
             speed("eyas_plain_pdl_off", env=("EYAS_PDL", "0"))
-        if args.rotary_in_attention:  # one launch fewer per layer (eyas.kernels.slot_attention, rotary=)
-            speed("eyas_plain_rot", env=("EYAS_ROTARY_IN_ATTENTION", "1"))
         speed("eyas_chain", draft, CHAIN)
         if args.in_step:  # not a step or cycle ahead of the host (eyas.engine.decode_ahead, spec_ahead)
             speed("eyas_plain_in_step", env=IN_STEP)
@@ -760,10 +753,6 @@ def main():
             speed("eyas_chain_old_step", draft, CHAIN, env=OLD_STEP)
         if args.pdl:
             speed("eyas_chain_pdl_off", draft, CHAIN, env=("EYAS_PDL", "0"))
-        if args.rotary_in_attention:
-            speed("eyas_chain_rot", draft, CHAIN, env=("EYAS_ROTARY_IN_ATTENTION", "1"))
-        if args.verify_fused:  # the chain's 4-token verify through the fused projections too
-            speed("eyas_chain_fused4", draft, CHAIN, env=("EYAS_FUSED_MAX_ROWS", "4"))
         # the same two engines without the fused norm/activation + projection kernels
         speed("eyas_plain_unfused", env=("EYAS_FUSED_LINEAR", "0"))
         speed("eyas_chain_unfused", draft, CHAIN, env=("EYAS_FUSED_LINEAR", "0"))
@@ -772,10 +761,6 @@ def main():
             speed("eyas_tree_in_step", draft, TREE, env=IN_STEP)
         if args.pdl:
             speed("eyas_tree_pdl_off", draft, TREE, env=("EYAS_PDL", "0"))
-        if args.rotary_in_attention:
-            speed("eyas_tree_rot", draft, TREE, env=("EYAS_ROTARY_IN_ATTENTION", "1"))
-        if args.verify_fused:
-            speed("eyas_tree_fused8", draft, TREE, env=("EYAS_FUSED_MAX_ROWS", "8"))
         for spec in also_specs:  # e.g. the sweep's fastest chain and tree
             speed(f"eyas_{spec_name(spec)}", draft, spec)
             if args.in_step:

@@ -10,7 +10,7 @@ first variant. `step` is the runner's forward and the logits as the engine calls
 the GPU waits for it at batch 1), `replay` the forward's CUDA graph replayed back to back (the GPU's time).
 
     python3 benchmarks/bench_step_ab.py --shape smollm2 --context 300 \\
-        --variants "default:;rot:EYAS_ROTARY_IN_ATTENTION=1;cublas_o:EYAS_FUSED_O_PROJ=0" --out step_ab.json
+        --variants "default:;pdl_off:EYAS_PDL=0;cublas_o:EYAS_FUSED_O_PROJ=0" --out step_ab.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 NCCL settings, against the memory-bandwidth bound measured in the same run.
 
 Usage: python benchmarks/bench_tp.py --tp 1,2 --out tp.json [--no-graphs] [--pdl] [--merge-in-kernel] [--fused-wide]
-       [--rotary-in-attention] [--fused-o-proj] [--shape llama-8b|smollm2] [--markdown FILE]
+       [--fused-o-proj] [--shape llama-8b|smollm2] [--markdown FILE]
 
 `decode_ms` is one step (graph replay and logits) timed from an idle GPU, the host's launch included;
 `decode_steady_ms` is a step among 20 queued back to back, as an engine decoding ahead of the host runs them.
@@ -30,7 +30,6 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from eyas.layers.attention import ROTARY_IN_ATTENTION_MIN_WIDTH
 from md_tables import run_header, table, writable  # benchmarks/md_tables.py
 from timing import kernel_table, median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
@@ -242,9 +241,6 @@ def main():
     ap.add_argument("--merge-in-kernel", action="store_true",
                     help="each TP size with the split merge in the attention kernel and without "
                          "(EYAS_MERGE_IN_KERNEL=0), twice")
-    ap.add_argument("--rotary-in-attention", action="store_true",
-                    help="each TP size also with the rotary and cache write placed the other way than the "
-                         "default for its query width (EYAS_ROTARY_IN_ATTENTION=0 from 2,048 on, else 1), twice")
     ap.add_argument("--fused-o-proj", action="store_true",
                     help="each TP size also with a small model's attention output projection through cuBLAS instead "
                          "of the fused kernels' tiles at 1-2 rows (EYAS_FUSED_O_PROJ=0), twice")
@@ -252,9 +248,6 @@ def main():
                     help="each TP size also with rows of up to 512 columns attended in one pass "
                          "(EYAS_SHORT_ROW_SPLITS=0), twice")
     ap.add_argument("--shape", choices=("llama-8b", "smollm2"), default="llama-8b")
-    ap.add_argument("--fused-wide", action="store_true",
-                    help="each TP size also with the norm / activation fused into the wide projections "
-                         "(EYAS_FUSED_WIDE=1), twice")
     ap.add_argument("--context", type=int, default=CONTEXT,
                     help="cached tokens before the timed steps (default 512: past the attention's short-row bound, "
                          "512 columns)")
@@ -278,13 +271,6 @@ def main():
             + ([("merge_kernel", {"EYAS_MERGE_IN_KERNEL": "0"})] if args.merge_in_kernel else [])
         if args.pdl and args.merge_in_kernel:
             switches.append(("pdl_off+merge_kernel", {**switches[0][1], **switches[1][1]}))
-        if args.fused_wide:
-            switches.append(("fused_wide", {"EYAS_FUSED_WIDE": "1"}))
-        if args.rotary_in_attention:  # the default follows the query width per rank (rotary_in_attention())
-            width = shape["hidden_size"] // tp
-            switches.append(("rotary_separate", {"EYAS_ROTARY_IN_ATTENTION": "0"})
-                            if width >= ROTARY_IN_ATTENTION_MIN_WIDTH else
-                            ("rotary_in_attention", {"EYAS_ROTARY_IN_ATTENTION": "1"}))
         if args.short_row_splits:
             switches.append(("short_rows_one_pass", {"EYAS_SHORT_ROW_SPLITS": "0"}))
         if args.fused_o_proj:

@@ -4,8 +4,8 @@ A switch is declared here with what it is for; `get` refuses a name that is not 
 appear elsewhere unseen. Each switch has a kind:
 - "user": what a user needs (where files live, the torch fallback, the demo's paths, the server's queue depth);
 - "ablation": switches a shipped default off, so a benchmark can time it side by side with the default;
-- "experiment": an optimisation that lost or is partial, off unless asked for, deleted when its experiment
-  closes;
+- "experiment": an optimisation under trial, off unless asked for, deleted when its experiment closes (none
+  open now: a closed one leaves its decision as a constant where it is made);
 - "tile": a kernel's tile or split parameter, for timing;
 - "test": a hook the test suite uses;
 - "internal": set by eyas for a process it starts, never by hand.
@@ -57,15 +57,6 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("EYAS_ACCEPT_KERNEL", "ablation", "1", "0: a chain's greedy acceptance as torch ops"),
     Switch("EYAS_QKV_ROTARY", "ablation", "up to 2 rows", "0: never the one q/k/v + rotary kernel; 1: at every "
            "row count it takes"),
-    Switch("EYAS_QKV_ROTARY_ROWS", "experiment", "2", "N: the q/k/v + rotary kernel up to N rows"),
-    Switch("EYAS_FUSED_MAX_ROWS", "experiment", "2", "N: every projection fused up to N rows (a verify's)"),
-    Switch("EYAS_FUSED_NARROW_ROWS", "experiment", "8", "N: narrow projections fused up to N rows"),
-    Switch("EYAS_FUSED_WIDE", "experiment", "0", "1: large models' decode projections through the fused kernels"),
-    Switch("EYAS_PDL_SIGNAL", "experiment", "late", "early: PDL kernels signal as they start, not after their wait"),
-    Switch("EYAS_ROTARY_IN_ATTENTION", "experiment", "by query width", "1 or 0: force the rotary inside the "
-           "attention kernel either way"),
-    Switch("EYAS_MERGE_UNROLL", "experiment", "by register budget", "1 or 0: load split attention's partial "
-           "results at once, or one after the other"),
     Switch("EYAS_ATTN_BLOCK_N", "tile", "64 (32 past head dim 128)", "cache columns per attention loop step"),
     Switch("EYAS_SPLIT_COLUMNS", "tile", "64", "least cache columns per attention split"),
     Switch("EYAS_ONE_PASS_COLUMNS", "tile", "by head dim", "columns up to which a row attends in one pass"),

@@ -73,15 +73,17 @@ def test_kernels_over_the_cache_give_the_reference_tokens(wide_target_dir, monke
 
 
 def test_rotary_inside_attention_gives_the_reference_tokens(wide_target_dir, monkeypatch):
-    """EYAS_ROTARY_IN_ATTENTION=1: the attention kernel rotates q and k and writes the cache itself, in the
+    """From ROTARY_IN_ATTENTION_MIN_WIDTH on (lowered here to take the tiny model's width) the attention kernel
+    rotates q and k and writes the cache itself, in the
     target (prefill, tree verify) and the draft (prefill, tree steps, extend); rotate_and_store never runs.
     A chain's causal verify is the kernel test's (tests/kernels/test_slot_attention.py)."""
     import eyas.kernels.rotary as rotary
+    import eyas.layers.attention as attention
 
     reference = _generate(wide_target_dir, "0", monkeypatch, **WIDE)
     calls = []
     monkeypatch.setattr(rotary, "rotate_and_store", lambda *args: calls.append(1))
-    monkeypatch.setenv("EYAS_ROTARY_IN_ATTENTION", "1")
+    monkeypatch.setattr(attention, "ROTARY_IN_ATTENTION_MIN_WIDTH", 1)
     assert _generate(wide_target_dir, "force", monkeypatch, SpecConfig(3, 2, 5, adaptive=False), **WIDE) == reference
     assert not calls
 
@@ -102,20 +104,15 @@ def test_norm_qkv_and_rotary_in_one_kernel_give_the_reference_tokens(wide_target
     assert calls or CUDA  # graph replays make no Python calls
 
 
-def test_rotary_moves_into_attention_from_wide_queries_unless_forced(monkeypatch):
-    """By default the attention kernel rotates q and k itself from ROTARY_IN_ATTENTION_MIN_WIDTH on (an 8B
-    model's 32 x 128), not at SmolLM2's 9 x 64; EYAS_ROTARY_IN_ATTENTION=0 or 1 forces either way."""
+def test_rotary_moves_into_attention_from_wide_queries():
+    """The attention kernel rotates q and k itself from ROTARY_IN_ATTENTION_MIN_WIDTH on (an 8B model's
+    32 x 128), not at SmolLM2's 9 x 64."""
     from eyas.layers.attention import ROTARY_IN_ATTENTION_MIN_WIDTH, rotary_in_attention
 
     smollm2, llama_8b = torch.zeros(1, 1, 9, 64), torch.zeros(1, 1, 32, 128)
     at, below = ROTARY_IN_ATTENTION_MIN_WIDTH // 64, ROTARY_IN_ATTENTION_MIN_WIDTH // 64 - 1
-    monkeypatch.delenv("EYAS_ROTARY_IN_ATTENTION", raising=False)
     assert rotary_in_attention(llama_8b) and not rotary_in_attention(smollm2)
     assert rotary_in_attention(torch.zeros(1, 4, at, 64)) and not rotary_in_attention(torch.zeros(1, 4, below, 64))
-    monkeypatch.setenv("EYAS_ROTARY_IN_ATTENTION", "0")
-    assert not rotary_in_attention(llama_8b)
-    monkeypatch.setenv("EYAS_ROTARY_IN_ATTENTION", "1")
-    assert rotary_in_attention(smollm2)
 
 
 def test_kernels_run_when_forced(monkeypatch):
@@ -145,6 +142,7 @@ def test_residual_adds_and_cache_writes_have_no_launches_of_their_own(wide_targe
     import eyas.kernels.norm as norms
     import eyas.kernels.qkv_rotary as qkv_rotary
     import eyas.kernels.rotary as rotary
+    import eyas.layers.attention as attention
     import eyas.kernels.slot_attention as slot_attention
 
     calls = {}

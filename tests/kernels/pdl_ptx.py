@@ -1,6 +1,6 @@
 """Compile the decode path's kernels for sm_90 with PDL on or off, without a GPU; print what the PTX holds.
 
-Usage: TRITON_INTERPRET=0 python tests/kernels/pdl_ptx.py late|early|off   -> one JSON object per line
+Usage: TRITON_INTERPRET=0 python tests/kernels/pdl_ptx.py on|off   -> one JSON object per line
 
 Run in a subprocess by test_pdl.py: the tests' own process runs Triton's interpreter, whose kernels do not
 compile. For each kernel: the number of griddepcontrol.launch_dependents and griddepcontrol.wait
@@ -88,7 +88,7 @@ def signature(kernel, pointers: dict, constexprs: dict) -> dict:
 
 def inspect(name: str, mode: str) -> dict:
     kernel, pointers, constexprs = KERNELS[name]
-    constexprs = dict(constexprs, USE_PDL={"off": pdl.OFF, "early": pdl.EARLY, "late": pdl.LATE}[mode])
+    constexprs = dict(constexprs, USE_PDL={"off": pdl.OFF, "on": pdl.ON}[mode])
     src = ASTSource(kernel, signature(kernel, pointers, constexprs), constexprs=constexprs)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"launch_pdl": mode != "off"}).asm["ptx"]
     lines = [line.strip() for line in ptx.splitlines()]

@@ -137,10 +137,10 @@ def _layers(device):
 
 
 @pytest.mark.parametrize("tokens,max_k,max_rows,fused_expected", [
-    (2, 2048, None, 2), (3, 2048, None, 0), (2, 64, None, 0), (4, 2048, "4", 2), (5, 2048, "4", 0),
-    (8, 2048, "16", 2), (2, INTER, None, 1)])
+    (2, 2048, None, 2), (3, 2048, None, 0), (2, 64, None, 0), (4, 2048, 4, 2), (5, 2048, 4, 0),
+    (8, 2048, 8, 2), (2, INTER, None, 1)])
 def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, max_k, max_rows, fused_expected):
-    """The layer functions run the kernels for at most max_rows() tokens (MAX_ROWS, or EYAS_FUSED_MAX_ROWS up to
+    """The layer functions run the kernels for at most MAX_ROWS tokens (2, or as patched here up to
     KERNEL_ROWS) whose projection reads at most MAX_K features: K for the norm's, the intermediate size (half
     of gate_up's width) for SiLU-and-mul's, which a check of gate_up's own width had kept unfused on SmolLM2
     (1,536 of 3,072). Either way they give the unfused result (the row-parallel bias is added after the
@@ -148,13 +148,9 @@ def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, max_k, max_
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "MAX_K", max_k)
-    monkeypatch.setattr(kernels, "NARROW_N", 0)  # no projection counts as narrow (narrow_rows' own test)
-    monkeypatch.delenv("EYAS_FUSED_WIDE", raising=False)
-    monkeypatch.delenv("EYAS_FUSED_NARROW_ROWS", raising=False)
-    if max_rows is None:
-        monkeypatch.delenv("EYAS_FUSED_MAX_ROWS", raising=False)
-    else:
-        monkeypatch.setenv("EYAS_FUSED_MAX_ROWS", max_rows)
+    monkeypatch.setattr(kernels, "NARROW_N", 0)  # no projection counts as narrow (NARROW_ROWS' own test)
+    if max_rows is not None:
+        monkeypatch.setattr(kernels, "MAX_ROWS", max_rows)
 
     norm, col, row = _layers(device)
     x, delta, gate_up = (rand((1, tokens, n), torch.float32, device, s) for s, n in ((5, K), (6, K), (7, 2 * INTER)))
@@ -180,19 +176,17 @@ def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, max_k, max_
 
 
 @pytest.mark.parametrize("narrow_rows,n_out,rows,fused_expected",
-                         [(None, N, 4, 1), (None, N, 8, 1), ("4", N, 4, 1), ("4", N, 8, 0), ("4", 4096, 4, 0),
-                          ("2", N, 4, 0), (None, 4096, 4, 0)])
+                         [(None, N, 4, 1), (None, N, 8, 1), (4, N, 4, 1), (4, N, 8, 0), (4, 4096, 4, 0),
+                          (2, N, 4, 0), (None, 4096, 4, 0)])
 def test_narrow_projections_fuse_up_to_narrow_rows(device, monkeypatch, narrow_rows, n_out, rows, fused_expected):
-    """Past max_rows() a projection of at most NARROW_N outputs runs the kernel by default up to 8 rows (NARROW_ROWS,
-    a tree's verify) or up to the rows EYAS_FUSED_NARROW_ROWS allows; a wider one, or more rows than the setting,
-    keeps the unfused pair. The result is the unfused one either way."""
+    """Past MAX_ROWS a projection of at most NARROW_N outputs runs the kernel up to NARROW_ROWS (8 by default, a
+    tree's verify; patched here); a wider one, or more rows than that, keeps the unfused pair. The result is the unfused one either way."""
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "NARROW_N", 2 * N)
-    for name in ("EYAS_FUSED_WIDE", "EYAS_FUSED_MAX_ROWS", "EYAS_FUSED_LINEAR", "EYAS_FUSED_NARROW_ROWS"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("EYAS_FUSED_LINEAR", raising=False)
     if narrow_rows is not None:
-        monkeypatch.setenv("EYAS_FUSED_NARROW_ROWS", narrow_rows)
+        monkeypatch.setattr(kernels, "NARROW_ROWS", narrow_rows)
     norm = RMSNorm(K, EPS).to(device)
     norm.weight.data = rand((K,), torch.float32, device, 11, 0.1) + 1
     col = ColumnParallelLinear(K, [n_out], False).to(device)
@@ -286,9 +280,9 @@ def test_wide_rows_in_chunks(device, dtype, monkeypatch):
     assert_product_close(silu_mul_linear(gate_up, w2), F.silu(gate) * up, w2)
 
 
-def test_layers_fuse_wide_rows_when_asked(device, monkeypatch):
-    """EYAS_FUSED_WIDE=1: the layers fuse projections past MAX_K too, the output projection (a plain GEMV)
-    included; the row-parallel bias is added after the kernel."""
+def test_layers_keep_cublas_for_wide_rows(device, monkeypatch):
+    """Past MAX_K input features (a large model) none of the layer functions runs the kernels, the output
+    projection included."""
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "MAX_K", 64)  # K = 96 and INTER = 80 are then wide
@@ -296,30 +290,21 @@ def test_layers_fuse_wide_rows_when_asked(device, monkeypatch):
     norm, col, row = _layers(device)
     x, gate_up = rand((1, 1, K), torch.float32, device, 5), rand((1, 1, 2 * INTER), torch.float32, device, 7)
     attn_out = rand((1, 1, INTER), torch.float32, device, 8)
-    with torch.no_grad():
-        ref = row(attn_out)
     calls = []
     for name in ("norm_linear", "silu_mul_linear", "linear_rows"):
         monkeypatch.setattr(kernels, name, lambda *a, _f=getattr(kernels, name): calls.append(1) or _f(*a))
     monkeypatch.setenv("EYAS_KERNELS", "force")
     with torch.no_grad():
-        monkeypatch.delenv("EYAS_FUSED_WIDE", raising=False)
         layer.norm_linear(norm, col, x, None), layer.silu_mul_linear(row, gate_up), layer.project_rows(row, attn_out)
         assert not calls
-        monkeypatch.setenv("EYAS_FUSED_WIDE", "1")
-        layer.norm_linear(norm, col, x, None), layer.silu_mul_linear(row, gate_up)
-        out = layer.project_rows(row, attn_out)
-        assert len(calls) == 3
-        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
-        monkeypatch.setattr(kernels, "MAX_K", 2048)  # not wide: the output projection keeps cuBLAS ...
-        monkeypatch.setenv("EYAS_FUSED_O_PROJ", "0")  # ... when the narrow one's fusion is off
-        layer.project_rows(row, attn_out)
+        monkeypatch.setattr(kernels, "MAX_K", 2048)  # not wide: the same calls run the kernels
+        layer.norm_linear(norm, col, x, None), layer.silu_mul_linear(row, gate_up), layer.project_rows(row, attn_out)
         assert len(calls) == 3
 
 
 def test_narrow_output_projection_fuses_unless_told_not_to(device, monkeypatch):
     """A small model's output projection (K <= MAX_K) runs the GEMV tiles at 1-2 rows, bias added after;
-    with EYAS_FUSED_O_PROJ=0, or at more rows than max_rows(), cuBLAS (narrow projections' extra rows off)."""
+    with EYAS_FUSED_O_PROJ=0, or at more rows than MAX_ROWS, cuBLAS (narrow projections' extra rows off)."""
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", 0)
@@ -328,8 +313,7 @@ def test_narrow_output_projection_fuses_unless_told_not_to(device, monkeypatch):
     calls = []
     monkeypatch.setattr(kernels, "linear_rows", lambda *a, _f=kernels.linear_rows: calls.append(1) or _f(*a))
     monkeypatch.setenv("EYAS_KERNELS", "force")
-    for name in ("EYAS_FUSED_WIDE", "EYAS_FUSED_MAX_ROWS", "EYAS_FUSED_LINEAR", "EYAS_FUSED_NARROW_ROWS"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("EYAS_FUSED_LINEAR", raising=False)
     attn_out = rand((1, 2, INTER), torch.float32, device, 8)
     with torch.no_grad():
         ref = row(attn_out)
@@ -340,5 +324,5 @@ def test_narrow_output_projection_fuses_unless_told_not_to(device, monkeypatch):
         out = layer.project_rows(row, attn_out)
         assert len(calls) == 1
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
-        layer.project_rows(row, rand((1, 3, INTER), torch.float32, device, 9))  # 3 rows: past max_rows()
+        layer.project_rows(row, rand((1, 3, INTER), torch.float32, device, 9))  # 3 rows: past MAX_ROWS
         assert len(calls) == 1

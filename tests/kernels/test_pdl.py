@@ -1,8 +1,7 @@
 """Programmatic dependent launch (eyas.kernels.pdl), and the attention kernel's in-kernel split merge.
 
 On the CPU: the decode kernels compile for sm_90 (in a subprocess, outside Triton's interpreter) with one
-griddepcontrol.wait then one griddepcontrol.launch_dependents when PDL is on (the signal first with
-EYAS_PDL_SIGNAL=early) and none when it is off, and only
+griddepcontrol.wait then one griddepcontrol.launch_dependents when PDL is on and none when it is off, and only
 the fused projections read memory (their weights) before the wait; the merging attention kernel has its
 atomics and L2 reads. On a GPU (EYAS_TEST_CUDA=1, sm_90 or later): the engine's greedy tokens with PDL on
 equal those with it off, plain, chain and tree, in bf16 and through CUDA graphs."""
@@ -34,8 +33,8 @@ def _ptx_facts(mode: str, *kernels: str) -> dict:
 
 
 def test_with_pdl_each_decode_kernel_waits_once_before_its_data_then_signals():
-    """The default (LATE): one wait, then one signal; only the projections read (their weights) before the wait."""
-    facts = _ptx_facts("late")
+    """One wait, then one signal; only the projections read (their weights) before the wait."""
+    facts = _ptx_facts("on")
     assert len(facts) == 18
     for name, f in facts.items():
         assert (f["launch_dependents"], f["wait"], f["signal_after_wait"]) == (1, 1, True), f
@@ -43,12 +42,6 @@ def test_with_pdl_each_decode_kernel_waits_once_before_its_data_then_signals():
             assert 0 < f["loads_before_wait"] < f["loads"], f  # weights before, the rows after
         else:
             assert f["loads_before_wait"] == 0, f
-
-
-def test_early_signal_comes_before_the_wait():
-    """EYAS_PDL_SIGNAL=early: the signal as the kernel starts, before its wait."""
-    for f in _ptx_facts("early", "norm_linear", "add_rms_norm", "slot_attention").values():
-        assert (f["launch_dependents"], f["wait"], f["signal_after_wait"]) == (1, 1, False), f
 
 
 def test_without_pdl_no_grid_dependency_instructions():
@@ -79,10 +72,7 @@ def test_pdl_is_on_for_sm90_unless_switched_off_and_never_on_the_cpu(monkeypatch
     monkeypatch.delenv("EYAS_PDL")
     assert not pdl_on(cuda)
     monkeypatch.setattr(pdl, "pdl_on", lambda t: True)
-    monkeypatch.delenv("EYAS_PDL_SIGNAL", raising=False)
-    assert pdl.pdl_args(x) == {"USE_PDL": pdl.LATE, "launch_pdl": True}  # each kernel signals after its wait
-    monkeypatch.setenv("EYAS_PDL_SIGNAL", "early")
-    assert pdl.pdl_args(x) == {"USE_PDL": pdl.EARLY, "launch_pdl": True}
+    assert pdl.pdl_args(x) == {"USE_PDL": pdl.ON, "launch_pdl": True}
 
 
 @pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] < 9, reason="needs an sm_90+ GPU")

@@ -91,34 +91,28 @@ def test_bad_shapes_are_refused(device):
 @pytest.mark.parametrize("change, expected", [
     ({}, True), ({"switch": None}, False), ({"switch": None, "rows": 1}, True), ({"switch": None, "rows": 2}, True),
     ({"switch": None, "rows": 3}, False), ({"switch": "0", "rows": 1}, False),
-    ({"switch": None, "env_rows": "4"}, True), ({"switch": None, "env_rows": "3"}, False),
-    ({"switch": "0", "env_rows": "4"}, False), ({"qk_norm": True}, False), ({"rows": 9}, False),
-    ({"rotary_in_attention": "1"}, False), ({"kernels": "0"}, False), ({"K": 4096}, False)])
+    ({"qk_norm": True}, False), ({"rows": 9}, False), ({"rotary_in_attention": True}, False), ({"kernels": "0"}, False), ({"K": 4096}, False)])
 def test_the_layer_takes_the_kernel_only_where_both_kernels_it_replaces_would_run(monkeypatch, change, expected):
-    """eyas.layers.qkv_rotary.fused: the switch on (by default up to two rows; EYAS_QKV_ROTARY_ROWS sets the
-    rows unless EYAS_QKV_ROTARY does), no q/k norm, the fused projection's rows and features, the
+    """eyas.layers.qkv_rotary.fused: the switch on (by default up to two rows), no q/k norm, the fused projection's rows and features, the
     slot-attention kernel's cache, and the rotary not inside the attention kernel."""
     from types import SimpleNamespace
 
     from eyas.engine.kv_cache import KVCache
+    import eyas.layers.attention as attention
     from eyas.layers.attention import AttentionBatch
     from eyas.layers.linear import ColumnParallelLinear
     from eyas.layers.norm import RMSNorm
     from eyas.layers.qkv_rotary import fused
 
     K, H, Hk, D = change.get("K", 128), 4, 2, 32
-    for name in ("EYAS_FUSED_LINEAR", "EYAS_FUSED_WIDE", "EYAS_FUSED_MAX_ROWS", "EYAS_FUSED_NARROW_ROWS",
-                 "EYAS_ROTARY_IN_ATTENTION", "EYAS_QKV_ROTARY_ROWS"):
-        monkeypatch.delenv(name, raising=False)
-    if "env_rows" in change:
-        monkeypatch.setenv("EYAS_QKV_ROTARY_ROWS", change["env_rows"])
+    monkeypatch.delenv("EYAS_FUSED_LINEAR", raising=False)
     monkeypatch.setenv("EYAS_KERNELS", change.get("kernels", "force"))
     if change.get("switch", "1") is None:
         monkeypatch.delenv("EYAS_QKV_ROTARY", raising=False)
     else:
         monkeypatch.setenv("EYAS_QKV_ROTARY", change.get("switch", "1"))
-    if "rotary_in_attention" in change:
-        monkeypatch.setenv("EYAS_ROTARY_IN_ATTENTION", change["rotary_in_attention"])
+    if change.get("rotary_in_attention"):  # as at a query width past the threshold
+        monkeypatch.setattr(attention, "ROTARY_IN_ATTENTION_MIN_WIDTH", H * D)
     proj = ColumnParallelLinear(K, {"q": H * D, "k": Hk * D, "v": Hk * D}, False).requires_grad_(False)
     attn = SimpleNamespace(qk_norm=change.get("qk_norm", False), heads=H, kv_heads=Hk, head_dim=D, qkv_proj=proj)
     norm = RMSNorm(K, EPS).requires_grad_(False)

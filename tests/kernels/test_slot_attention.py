@@ -146,7 +146,9 @@ def test_split_merge_inside_the_kernel(device, monkeypatch, mode):
     """The default: the last split program of each row block merges; the same output as the merge
     kernel's, bit for bit (the same arithmetic), the counters back at zero after every launch, and a second
     launch over them right. A short row in the same launch runs one pass, as a launch without splits would.
-    The merge's loops unrolled or not (EYAS_MERGE_UNROLL), in either kernel, add the same sums in the same order."""
+    The merge's loops unrolled or not (MERGE_UNROLL_VALUES patched), in either kernel, add the same sums in the
+    same order."""
+    import eyas.kernels.attention_splits as attention_splits
     import eyas.kernels.slot_attention as kernels
 
     gen = torch.Generator().manual_seed(7)
@@ -167,32 +169,27 @@ def test_split_merge_inside_the_kernel(device, monkeypatch, mode):
     reference = attention(splits=1)
     monkeypatch.setenv("EYAS_MERGE_IN_KERNEL", "0")  # the merge kernel
     merged = []
-    for unroll in ("1", "0"):
-        monkeypatch.setenv("EYAS_MERGE_UNROLL", unroll)
+    for unroll in (1 << 30, 0):  # every merge unrolled, then none
+        monkeypatch.setattr(attention_splits, "MERGE_UNROLL_VALUES", unroll)
         merged.append(attention()[0])
     assert torch.equal(merged[0], merged[1])
     reference[0] = merged[0]
     monkeypatch.delenv("EYAS_MERGE_IN_KERNEL")
     monkeypatch.setattr(kernels, "_counters", {})
     monkeypatch.setattr(kernels, "_combine_splits_kernel", None)  # the second kernel must not run
-    for unroll in ("1", "0"):
-        monkeypatch.setenv("EYAS_MERGE_UNROLL", unroll)
+    for unroll in (1 << 30, 0):
+        monkeypatch.setattr(attention_splits, "MERGE_UNROLL_VALUES", unroll)
         for _ in range(2):
             assert torch.equal(attention(), reference), unroll
             counters = kernels._counters[q.device]
             assert counters.numel() >= B * KV_HEADS * 2 and not counters.any()
 
 
-def test_merge_unrolled_while_the_partials_fit_in_registers(monkeypatch):
+def test_merge_unrolled_while_the_partials_fit_in_registers():
     """SmolLM2's steps (up to 16 splits of 16 rows at head dim 64) and the 8B decode and 4-token verify (16 x 16
     x 128) unroll; an 8B verify of 8 tokens (16 x 32 x 128) does not."""
     assert merge_unrolled(16, 16, 64) and merge_unrolled(16, 16, 128)
     assert not merge_unrolled(16, 32, 128) and merge_unrolled(8, 32, 128)
-    monkeypatch.setenv("EYAS_MERGE_UNROLL", "1")
-    assert merge_unrolled(16, 64, 128)
-    monkeypatch.setenv("EYAS_MERGE_UNROLL", "yes")
-    with pytest.raises(ValueError, match="EYAS_MERGE_UNROLL"):
-        merge_unrolled(2, 16, 64)
 
 
 def test_outgrown_counters_stay_allocated(monkeypatch):

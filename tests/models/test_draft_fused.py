@@ -1,6 +1,6 @@
 """The EAGLE-3 draft's decode steps through the fused projection kernels (eyas.layers.fused_linear): q/k/v,
 post-attention norm + gate/up, SiLU-and-mul + down and final norm + lm_head give what torch's ops give, the
-kernels really run at one row, and more rows than max_rows() or a draft that trains keep torch's ops.
+kernels really run at one row, and more rows than MAX_ROWS or a draft that trains keep torch's ops.
 
 EYAS_KERNELS=force runs the kernels on the CPU through Triton's interpreter (tests/conftest.py), so both
 sides of each comparison run the same norm, rotary and attention kernels and differ only in the projections.
@@ -26,13 +26,12 @@ DEVICE = "cuda" if os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_ava
 @pytest.fixture
 def kernel_calls(monkeypatch):
     """Forces the kernels on and counts the fused projection kernels' calls, by name. The tiny draft's
-    projections are all narrow: NARROW_ROWS is set to 0 so that max_rows() alone decides, as these tests say."""
+    projections are all narrow: NARROW_ROWS is set to 0 so that MAX_ROWS alone decides, as these tests say."""
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "NARROW_ROWS", 0)
 
-    for name in ("EYAS_FUSED_LINEAR", "EYAS_FUSED_MAX_ROWS", "EYAS_FUSED_WIDE", "EYAS_FUSED_NARROW_ROWS"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("EYAS_FUSED_LINEAR", raising=False)
     monkeypatch.setenv("EYAS_KERNELS", "force")
     calls = dict.fromkeys(FUSED, 0)
     for name in FUSED:

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
+from eyas.kernels.pdl import pdl_args, wait_for_previous
 from eyas.kernels.rounding import rounded
 
 _BLOCK = 1024
@@ -22,7 +22,6 @@ _BLOCK = 1024
 
 @triton.jit
 def _silu_mul_kernel(gate_up_ptr, out_ptr, row_stride, inter, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
-    signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

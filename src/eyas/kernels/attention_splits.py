@@ -70,10 +70,5 @@ def merge_unrolled(splits: int, block_m: int, head_dim: int) -> bool:
     """Whether the split merge loads every split's partials at once (its loops unrolled) rather than one
     split after the other. At once is faster while they fit in registers: for the 8B shape it shortened a
     decode and a 4-token verify step (16 splits x 16 rows x 128 = 32,768 values) and lengthened an 8-token
-    verify (16 x 32 x 128) by 8% (bench_step_ab.py). EYAS_MERGE_UNROLL=0 / 1 forces it, for timing."""
-    forced = option("EYAS_MERGE_UNROLL")
-    if forced:
-        if forced not in ("0", "1"):
-            raise ValueError(f"EYAS_MERGE_UNROLL={forced!r} is not 0 or 1")
-        return forced == "1"
+    verify (16 x 32 x 128) by 8% (bench_step_ab.py)."""
     return splits * block_m * head_dim <= MERGE_UNROLL_VALUES

@@ -12,13 +12,12 @@ import torch
 import triton
 import triton.language as tl
 
-from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
+from eyas.kernels.pdl import pdl_args, wait_for_previous
 
 
 @triton.jit
 def _chain_accept_kernel(tokens_ptr, argmax_ptr, sel_ptr, accepted_ptr, new_ptr, L, BLOCK: tl.constexpr,
                          USE_PDL: tl.constexpr):
-    signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     row = tl.program_id(0).to(tl.int64) * L
     cols = tl.arange(0, BLOCK)

@@ -12,12 +12,11 @@ import torch
 import triton
 import triton.language as tl
 
-from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
+from eyas.kernels.pdl import pdl_args, wait_for_previous
 
 
 @triton.jit
 def _draft_embed_kernel(ids_ptr, d2t_ptr, table_ptr, out_ptr, H, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
-    signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     i = tl.program_id(0).to(tl.int64)
     draft_id = tl.load(ids_ptr + i)

@@ -30,11 +30,11 @@ Wide projections (K > MAX_K: an 8B model's 4,096 and 14,336) take only chunked t
 (WIDE_CONFIGS), so that each program keeps tens of KB of weights in flight: there cuBLAS reads at 73-98% of
 the copy bandwidth, and the fusion would save the norm's and the activation's launches and cuBLAS's split-K
 reduces. They lost all the same (the 8B-shaped decode step 16-18% slower: docs/kernels.md), so the layers
-fuse them only with EYAS_FUSED_WIDE=1 (max_k()).
+fuse only up to MAX_K; benchmarks/bench_fused_linear.py times the wide tiles directly.
 
-The kernels take up to KERNEL_ROWS rows; the layers fuse up to max_rows() (MAX_ROWS unless
-EYAS_FUSED_MAX_ROWS says more): at 4 and 8 rows of SmolLM2's shapes the timing still chose whole-row
-tiles, which lost to cuBLAS on gate/up and down, and a tree fell 18% with 8 rows fused.
+The kernels take up to KERNEL_ROWS rows; the layers fuse up to MAX_ROWS (NARROW_ROWS for narrow
+projections): at 4 and 8 rows of SmolLM2's shapes the timing still chose whole-row tiles, which lost to
+cuBLAS on gate/up and down, and a tree fell 18% with 8 rows fused.
 """
 
 from __future__ import annotations
@@ -44,37 +44,16 @@ import triton
 import triton.language as tl
 
 from eyas.kernels import tile_choice
-from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
+from eyas.kernels.pdl import pdl_args, wait_for_previous
 from eyas.kernels.rounding import rounded
 from eyas.options import get as option
 
 KERNEL_ROWS = 8  # rows (tokens) the kernels take: up to a tree verify's 8
-MAX_ROWS = 2     # rows up to which the layers fuse unless EYAS_FUSED_MAX_ROWS says otherwise (max_rows())
-MAX_K = 2048     # input features up to which the layers fuse by default (and whole-row tiles are timed)
-NARROW_N = 1024  # output features up to which a projection counts as narrow for narrow_rows()
-NARROW_ROWS = 8  # rows up to which narrow projections fuse unless EYAS_FUSED_NARROW_ROWS says otherwise
+MAX_ROWS = 2     # rows up to which the layers fuse every projection: a verify's 4-8 rows fused lost (above)
+MAX_K = 2048     # input features up to which the layers fuse (and whole-row tiles are timed)
+NARROW_N = 1024  # output features up to which a projection counts as narrow (a small model's q/k/v, o_proj)
+NARROW_ROWS = 8  # rows up to which narrow projections fuse: a verify of 4, 5, 8 rows replayed 5.5-8.5% faster
 WIDE_MAX_K = 32768  # input features up to which the kernels run, in wide chunks past MAX_K
-
-
-def max_rows() -> int:
-    """Rows up to which the layers use these kernels: EYAS_FUSED_MAX_ROWS (at most KERNEL_ROWS), else
-    MAX_ROWS. Read per call, so a benchmark can time a verify's rows both ways in one process."""
-    value = option("EYAS_FUSED_MAX_ROWS")
-    return min(int(value), KERNEL_ROWS) if value and value.isdigit() else MAX_ROWS
-
-
-def narrow_rows() -> int:
-    """Rows up to which narrow projections (at most NARROW_N outputs: a small model's q/k/v and attention
-    output) use these kernels: EYAS_FUSED_NARROW_ROWS (at most KERNEL_ROWS), else the larger of max_rows() and
-    NARROW_ROWS: fused so, a verify of 4, 5 and 8 rows replayed 5.5-8.5% faster (docs/kernels.md), while
-    gate/up and down stay unfused."""
-    value = option("EYAS_FUSED_NARROW_ROWS")
-    return min(int(value), KERNEL_ROWS) if value and value.isdigit() else max(max_rows(), NARROW_ROWS)
-
-
-def max_k() -> int:
-    """Input features up to which the layers use these kernels: WIDE_MAX_K with EYAS_FUSED_WIDE=1, else MAX_K."""
-    return WIDE_MAX_K if option("EYAS_FUSED_WIDE") == "1" else MAX_K
 
 
 @triton.jit
@@ -93,7 +72,6 @@ def _norm_linear_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, y_ptr, M, N, 
                         HAS_NORM: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr,
                         USE_PDL: tl.constexpr):
-    signal_dependents(USE_PDL)
     dtype: tl.constexpr = x_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     n_idx = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
@@ -162,7 +140,6 @@ def _silu_mul_chunk(gu_ptr, rows, cols, M, I):
 def _silu_mul_linear_kernel(gu_ptr, w_ptr, y_ptr, r_ptr, M, N, I, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                             USE_PDL: tl.constexpr):
-    signal_dependents(USE_PDL)
     n_idx = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
     rows = tl.arange(0, BLOCK_M)
     n_ok = n_idx < N

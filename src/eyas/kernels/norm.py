@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
+from eyas.kernels.pdl import pdl_args, wait_for_previous
 from eyas.kernels.rounding import rounded
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -38,7 +38,6 @@ def _normalise(x32, dtype: tl.constexpr, w_ptr, y_ptr, cols, mask, n_cols, eps):
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, inner_rows, x_outer_stride, x_inner_stride, n_cols, eps,
                      BLOCK: tl.constexpr, SAVE_RSTD: tl.constexpr, USE_PDL: tl.constexpr):
-    signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + (row // inner_rows) * x_outer_stride + (row % inner_rows) * x_inner_stride
@@ -80,7 +79,6 @@ def _rms_norm_bwd_kernel(x_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dw_ptr, n_rows,
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, d_ptr, w_ptr, h_ptr, y_ptr, inner_rows, x_outer_stride, x_inner_stride,
                          d_outer_stride, d_inner_stride, n_cols, eps, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
-    signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     outer, inner = row // inner_rows, row % inner_rows
@@ -98,7 +96,6 @@ def _rms_norm_pair_kernel(a_ptr, b_ptr, wa_ptr, wb_ptr, y_ptr, n_cols, eps, BLOC
                           USE_PDL: tl.constexpr):
     """Row `row` of cat([RMSNorm_a(a), RMSNorm_b(b)], -1): program (row, 0) norms a's row into the first half,
     (row, 1) b's into the second."""
-    signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)

@@ -1,7 +1,7 @@
 """Programmatic dependent launch (PDL): a decode kernel may start while the kernel before it finishes.
 
 Usage: kernel[grid](..., **pdl_args(x))
-       # in the kernel: signal_dependents(USE_PDL); <loads of weights>; wait_for_previous(USE_PDL); <the rest>
+       # in the kernel: <loads of weights>; wait_for_previous(USE_PDL); <the rest>
 
 At batch 1 a decode step is a row of ~180 small kernels, and much of each one's time is its launch and
 ramp. On Hopper (compute capability 9.0) and later, a kernel launched with `launch_pdl` may start once every
@@ -13,11 +13,9 @@ fused projections load their weight tile before they wait, so that load overlaps
 Launches captured in a CUDA graph keep these programmatic edges. A kernel that follows a cuBLAS or torch
 kernel (which never signal) starts when that kernel ends, as before.
 
-Our kernels signal once their own wait has returned (LATE), so that one kernel at most waits ahead of the
-one running. Signalling as they start (EARLY, EYAS_PDL_SIGNAL=early, a bench switch) lets a row of waiting
-kernels launch ahead of the running one, each holding its SM room and, for the projections, its weight
-tile: LATE replays SmolLM2's decode step 11% faster than EARLY and the 8B-shaped step as fast
-(bench_step_ab.py side by side; docs/kernels.md).
+Our kernels signal once their own wait has returned, so that one kernel at most waits ahead of the one
+running: signalling as they start instead let a row of waiting kernels hold SM room and weight tiles, and
+replayed SmolLM2's decode step 11% slower (bench_step_ab.py side by side; docs/kernels.md).
 
 It is on for CUDA devices of compute capability 9.0 and up; EYAS_PDL=0 switches it off.
 """
@@ -47,29 +45,20 @@ def pdl_on(x: torch.Tensor) -> bool:
     return _capable(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 
-OFF, EARLY, LATE = 0, 1, 2  # USE_PDL: no PDL; signal as the kernel starts; signal after its wait
+OFF, ON = 0, 1  # USE_PDL: no PDL; wait for the previous kernel, then signal the next
 
 
 def pdl_args(x: torch.Tensor) -> dict:
-    """A decode kernel's launch keywords for x's device: its USE_PDL meta-parameter (OFF; LATE, or EARLY with
-    EYAS_PDL_SIGNAL=early) and, when on, Triton's launch_pdl option (never when off: Triton's interpreter takes
-    no such option)."""
+    """A decode kernel's launch keywords for x's device: its USE_PDL meta-parameter (OFF or ON) and, when on,
+    Triton's launch_pdl option (never when off: Triton's interpreter takes no such option)."""
     if not pdl_on(x):
         return {"USE_PDL": OFF}
-    return {"USE_PDL": EARLY if option("EYAS_PDL_SIGNAL") == "early" else LATE, "launch_pdl": True}
-
-
-@triton.jit
-def signal_dependents(USE_PDL: tl.constexpr):
-    """Let the next kernel launch now (EARLY); it still waits for this one's end before it touches its data."""
-    if USE_PDL == 1:
-        tl.extra.cuda.gdc_launch_dependents()
+    return {"USE_PDL": ON, "launch_pdl": True}
 
 
 @triton.jit
 def wait_for_previous(USE_PDL: tl.constexpr):
-    """Block until the previous kernel has ended and its writes are visible; LATE signals the next kernel here."""
+    """Block until the previous kernel has ended and its writes are visible, then let the next kernel launch."""
     if USE_PDL != 0:
         tl.extra.cuda.gdc_wait()
-    if USE_PDL == 2:
         tl.extra.cuda.gdc_launch_dependents()

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from eyas.kernels import tile_choice
 from eyas.kernels.fused_linear import KERNEL_ROWS, MAX_K, residual_chunk, product_limit
-from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
+from eyas.kernels.pdl import pdl_args, wait_for_previous
 from eyas.kernels.rounding import rounded
 from eyas.options import get as option
 
@@ -35,7 +35,6 @@ def _norm_qkv_rotary_kernel(x_ptr, d_ptr, nw_ptr, w_ptr, b_ptr, h_ptr, q_ptr, k_
                             vc_s, vc_h, vc_c, table_stride, HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
                             USE_PDL: tl.constexpr):
-    signal_dependents(USE_PDL)
     dtype: tl.constexpr = x_ptr.dtype.element_ty
     pid = tl.program_id(0)
     pair = (pid * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)  # (head, d) with d < half, head-major

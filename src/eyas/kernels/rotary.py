@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
+from eyas.kernels.pdl import pdl_args, wait_for_previous
 from eyas.kernels.rounding import rounded
 
 
@@ -61,7 +61,6 @@ def _rotary_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, pos_ptr
                    USE_PDL: tl.constexpr):
     """One token per program, all of its q and k heads as [heads, half] tiles: at prefill and training
     shapes one program per (token, head) meant hundreds of thousands of one-warp programs."""
-    signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     token, b, t, cos_row, sin_row, offs, mask = _token_rows(cos_ptr, sin_ptr, pos_ptr, seq_len, pos_sb, pos_st,
                                                             table_stride, half, HALF_BLOCK)
@@ -111,7 +110,6 @@ def _rotary_store_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache, v_cache, slots
                          pos_ptr, seq_len, q_heads, q_sb, q_st, q_sh, q_sd, k_sb, k_st, k_sh, k_sd,
                          v_sb, v_st, v_sh, v_sd, kc_s, kc_h, kc_c, vc_s, vc_h, vc_c, wp_sb, wp_st,
                          pos_sb, pos_st, table_stride, half, HALF_BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
-    signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     token, b, t, cos_row, sin_row, offs, mask = _token_rows(cos_ptr, sin_ptr, pos_ptr, seq_len, pos_sb, pos_st,
                                                             table_stride, half, HALF_BLOCK)

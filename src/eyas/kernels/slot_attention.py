@@ -31,7 +31,7 @@ import triton.language as tl
 
 from eyas.kernels.attention_splits import attention_block_n, choose_splits, merge_unrolled, one_pass_columns, \
     split_columns
-from eyas.kernels.pdl import pdl_args, signal_dependents, wait_for_previous
+from eyas.kernels.pdl import pdl_args, wait_for_previous
 from eyas.kernels.rounding import rounded
 from eyas.options import get as option
 
@@ -46,7 +46,6 @@ def _store_kv_kernel(k_cache, v_cache, slots, write_pos, k, v, T, KV_HEADS,
                      s_kcs, s_kch, s_kcc, s_kcd, s_vcs, s_vch, s_vcc, s_vcd,
                      s_wb, s_wt, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
                      D, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
-    signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     bt = tl.program_id(0)
     b = bt // T
@@ -91,7 +90,6 @@ def _slot_attention_kernel(q, k_cache, v_cache, slots, starts, visible, new_mask
                            DOT_F32: tl.constexpr, MERGE: tl.constexpr, ROTARY: tl.constexpr,
                            ONE_PASS_COLS: tl.constexpr, SPLIT_COLS: tl.constexpr, UNROLL: tl.constexpr,
                            USE_PDL: tl.constexpr):
-    signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     b = tl.program_id(0)
     hk = tl.program_id(1)
@@ -280,7 +278,6 @@ def _merge_one(part_m, part_l, part_acc, row, ok, m_use, l_g, acc, offs_d, D: tl
 def _combine_splits_kernel(out, part_m, part_l, part_acc, T, M_PAD, SPLITS: tl.constexpr,
                            KV_HEADS: tl.constexpr, G: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
                            UNROLL: tl.constexpr, USE_PDL: tl.constexpr):
-    signal_dependents(USE_PDL)
     wait_for_previous(USE_PDL)
     _merge_splits(out, part_m, part_l, part_acc, tl.program_id(0), tl.program_id(1), tl.program_id(2), T, SPLITS,
                   M_PAD, SPLITS, KV_HEADS, G, D, BLOCK_M, "", UNROLL)

@@ -11,7 +11,6 @@ the rotary embedding into the kernel that writes the cache.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -130,16 +129,13 @@ ROTARY_IN_ATTENTION_MIN_WIDTH = 2048
 
 
 def rotary_in_attention(q: torch.Tensor) -> bool:
-    """Whether the attention kernel rotates q and k and writes the cache itself: EYAS_ROTARY_IN_ATTENTION=1
-    or 0 forces it; by default, from ROTARY_IN_ATTENTION_MIN_WIDTH on. q: [B, T, H, D]."""
+    """Whether the attention kernel rotates q and k and writes the cache itself: from
+    ROTARY_IN_ATTENTION_MIN_WIDTH on. q: [B, T, H, D]."""
     return rotary_in_attention_at(q.shape[-2] * q.shape[-1])
 
 
 def rotary_in_attention_at(width: int) -> bool:
     """rotary_in_attention for a query of this width (heads x head dim, per rank)."""
-    forced = os.environ.get("EYAS_ROTARY_IN_ATTENTION")
-    if forced in ("0", "1"):
-        return forced == "1"
     return width >= ROTARY_IN_ATTENTION_MIN_WIDTH
 
 

@@ -2,11 +2,11 @@
 
 The torch meaning of each function is its fallback, written out below: the residual add and RMSNorm
 (`RMSNorm.residual`) then the linear; SiLU-and-mul then the linear. The fused kernel runs when the kernels
-are enabled for these tensors (CUDA, no autograd), there are at most max_rows() tokens (by default decode
-steps of one or two sequences: verify passes and prefills keep cuBLAS; projections of at most NARROW_N outputs
-up to narrow_rows()) of at most max_k() features (MAX_K: small models, where launches dominate; large ones
-keep cuBLAS unless EYAS_FUSED_WIDE=1), everything shares one dtype, and EYAS_FUSED_LINEAR is not "0" (the
-switch that benchmarks flip to measure the fusion).
+are enabled for these tensors (CUDA, no autograd), there are at most MAX_ROWS tokens (decode steps of one or
+two sequences: verify passes and prefills keep cuBLAS; projections of at most NARROW_N outputs up to
+NARROW_ROWS) of at most MAX_K features (small models, where launches dominate; large ones keep cuBLAS),
+everything shares one dtype, and EYAS_FUSED_LINEAR is not "0" (the switch that benchmarks flip to measure
+the fusion).
 The target's layers take column- and row-parallel linears; the EAGLE-3 draft's steps (models/eagle3.py) take
 plain weights through `linear_rows` and `add_silu_mul_linear` (the residual add after its MLP in the down
 projection's kernel), and `norm_linear` / `silu_mul_linear` through eagle3.FusedLinear.
@@ -14,28 +14,27 @@ projection's kernel), and `norm_linear` / `silu_mul_linear` through eagle3.Fused
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from eyas.kernels import enabled
 from eyas.layers.activation import silu_mul
 from eyas.layers.linear import dense
 from eyas.layers.norm import RMSNorm
+from eyas.options import off
 
 
 def fused_kernel_fits(x: torch.Tensor, features: int, *tensors: torch.Tensor | None,
                       outputs: int | None = None) -> bool:
     """Whether the kernel takes x, whose projection reads `features` inputs per row (for SiLU-and-mul, half
     of x's width: gate_up holds gate and up side by side). A projection that names its `outputs` may take
-    up to narrow_rows() rows when they are at most NARROW_N, else up to max_rows()."""
+    up to NARROW_ROWS rows (MAX_ROWS if more) when they are at most NARROW_N, else up to MAX_ROWS."""
     present = [t for t in tensors if t is not None]
     if not enabled(x, *present):  # first: the kernel module imports Triton, which a CPU install may lack
         return False
-    from eyas.kernels.fused_linear import NARROW_N, max_k, max_rows, narrow_rows
+    from eyas.kernels.fused_linear import MAX_K, MAX_ROWS, NARROW_N, NARROW_ROWS
 
-    rows = narrow_rows() if outputs is not None and outputs <= NARROW_N else max_rows()
-    return (os.environ.get("EYAS_FUSED_LINEAR", "1") != "0" and features <= max_k()
+    rows = max(MAX_ROWS, NARROW_ROWS) if outputs is not None and outputs <= NARROW_N else MAX_ROWS
+    return (not off("EYAS_FUSED_LINEAR") and features <= MAX_K
             and x.numel() <= rows * x.shape[-1] and enabled(x, *present)
             and all(t.dtype == x.dtype for t in present))
 
@@ -54,17 +53,12 @@ def norm_linear(norm: RMSNorm, linear, h: torch.Tensor,
 
 
 def project_rows(linear, x: torch.Tensor) -> torch.Tensor:
-    """linear(x) for a row-parallel `linear` (the attention's output projection). Wider than MAX_K and with
-    EYAS_FUSED_WIDE=1, through the kernels' wide tiles (no split-K reduce); up to MAX_K (small models) through
-    their decode GEMV tiles, which launch under PDL while attention finishes (EYAS_FUSED_O_PROJ=0: cuBLAS);
-    otherwise cuBLAS."""
-    if not enabled(x, linear.weight):  # the kernel module imports Triton, which a CPU install may lack
+    """linear(x) for a row-parallel `linear` (the attention's output projection): up to MAX_K features (small
+    models) through the kernels' decode GEMV tiles, which launch under PDL while attention finishes
+    (EYAS_FUSED_O_PROJ=0: cuBLAS); otherwise cuBLAS."""
+    if off("EYAS_FUSED_O_PROJ") or not enabled(x, linear.weight):  # enabled: the kernel module imports Triton
         return linear(x)
-    from eyas.kernels.fused_linear import MAX_K
-
-    wide = x.shape[-1] > MAX_K
-    if (wide or os.environ.get("EYAS_FUSED_O_PROJ") != "0") and fused_kernel_fits(x, x.shape[-1], linear.weight,
-                                                                                  outputs=linear.weight.shape[0]):
+    if fused_kernel_fits(x, x.shape[-1], linear.weight, outputs=linear.weight.shape[0]):
         from eyas.kernels.fused_linear import linear_rows
 
         return linear.finish(linear_rows(x, linear.weight))

@@ -4,8 +4,8 @@ norm_linear then rotate_and_store: one launch fewer per layer.
 
 By default it runs up to two rows (a decode step of one or two sequences, a verify of two tokens): there it
 makes SmolLM2's step shorter (docs/kernels.md), but a verify of 4-8 rows longer: each program recomputes the
-rows' norm and rotates its pairs, work that grows with the rows. EYAS_QKV_ROTARY=1 takes it at every row count where it applies, =0 never; without either,
-EYAS_QKV_ROTARY_ROWS=N up to N rows. It applies where both kernels it replaces would run: the fused
+rows' norm and rotates its pairs, work that grows with the rows. EYAS_QKV_ROTARY=1 takes it at every row
+count where it applies, =0 never. It applies where both kernels it replaces would run: the fused
 projection's conditions (eyas.layers.fused_linear: kernels enabled, a narrow projection of few rows and at
 most MAX_K input features) and the slot-attention kernel's, with no q/k norm between projection and rotary
 and the rotary not inside the attention kernel.
@@ -13,28 +13,25 @@ and the rotary not inside the attention kernel.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from eyas.kernels import enabled
 from eyas.layers.attention import AttentionBatch, attend_cached, rotary_in_attention_at, slot_kernel_fits
 from eyas.layers.fused_linear import fused_kernel_fits, norm_linear, project_rows
+from eyas.options import get as option
 
-DEFAULT_ROWS = 2  # rows up to which the kernel runs unless EYAS_QKV_ROTARY says otherwise (see above)
+DEFAULT_ROWS = 2  # rows up to which the kernel runs: a verify of 4-8 rows was 1-3% slower with it (above)
 
 
 def max_rows() -> int:
     """Rows (batch x tokens) up to which the layer takes the kernel: 0 with EYAS_QKV_ROTARY=0, the kernel's
-    own limit with =1, else EYAS_QKV_ROTARY_ROWS (at most that limit), else DEFAULT_ROWS. Read per call, so
-    a benchmark can time several settings in one process."""
+    own limit with =1, else DEFAULT_ROWS. Read per call, so a benchmark can time both in one process."""
     from eyas.kernels.fused_linear import KERNEL_ROWS
 
-    switch = os.environ.get("EYAS_QKV_ROTARY")
+    switch = option("EYAS_QKV_ROTARY")
     if switch in ("0", "1"):
         return 0 if switch == "0" else KERNEL_ROWS
-    rows = os.environ.get("EYAS_QKV_ROTARY_ROWS", "")
-    return min(int(rows), KERNEL_ROWS) if rows.isdigit() else DEFAULT_ROWS
+    return DEFAULT_ROWS
 
 
 def fused(attn, h: torch.Tensor, delta: torch.Tensor | None, norm, batch: AttentionBatch) -> bool:
