@@ -18,6 +18,8 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from eyas.options import get as option
+
 # Greedy answers of SmolLM2-135M-Instruct to these end on their own (no loops) within the default 96 tokens.
 QUESTIONS = ["Explain in three sentences why the sky is blue.",
              "Give three tips for someone learning to cook."]
@@ -26,7 +28,7 @@ SPEC = (3, 1)  # the draft's chain: 3 steps, top-1 (4 tokens per verify)
 
 def bundled_draft() -> Path | None:
     """The demo draft shipped in the repository's assets/ (or $EYAS_DEMO_DRAFT)."""
-    env = os.environ.get("EYAS_DEMO_DRAFT")
+    env = option("EYAS_DEMO_DRAFT")
     if env:
         return Path(env)
     path = Path(__file__).resolve().parents[3] / "assets" / "smollm2-135m-eagle3"

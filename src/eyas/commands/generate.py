@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 from eyas.errors import EyasError
+from eyas.options import get as option
 
 
 def add_arguments(p):
@@ -36,7 +36,7 @@ def add_arguments(p):
     p.add_argument("--spec-adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="speculate only where it measures more tokens/s than plain decoding (on by default with "
                         "--draft, as in eyas serve; --no-spec-adaptive speculates at every step)")
-    p.add_argument("--profile", action="store_true", default=os.environ.get("EYAS_PROFILE") == "1",
+    p.add_argument("--profile", action="store_true", default=option("EYAS_PROFILE") == "1",
                    help="time every speculative cycle's phases (also EYAS_PROFILE=1)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run every forward eagerly on CUDA (no graphs)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -3,17 +3,16 @@ decode for short rows (eyas.kernels.topk; EYAS_TOPK_KERNEL=0 keeps torch's, the 
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from eyas.kernels import enabled
+from eyas.options import off
 
 
 def topk(x: torch.Tensor, k: int, log_softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, indices) of the k largest entries along the last dim, largest first; with log_softmax, of
     torch.log_softmax(x.float(), -1) (fp32 values). Ties may come out in another order than torch.topk's."""
-    if enabled(x) and os.environ.get("EYAS_TOPK_KERNEL") != "0":
+    if enabled(x) and not off("EYAS_TOPK_KERNEL"):
         from eyas.kernels.topk import fits, topk as fused
 
         if fits(x, k):

@@ -16,7 +16,6 @@ the worker processes.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import traceback
@@ -27,6 +26,7 @@ from eyas.dist.launch import POLL_S, WorkerDied, WorkerGroup
 from eyas.dist.messages import Abort, AddRequest, Step
 from eyas.errors import EyasError
 from eyas.layers.sampling import SamplingParams
+from eyas.options import get as option
 
 
 def steps_in_flight() -> int:
@@ -34,7 +34,8 @@ def steps_in_flight() -> int:
     the next step while this thread waits for a result, for the GIL, or hands tokens out; with 1, the adaptive
     server was once slower than plain under load. Requests join, and aborts land, one step later per extra
     step."""
-    raw = os.environ.get("EYAS_STEPS_IN_FLIGHT", "2")
+    raw = option("EYAS_STEPS_IN_FLIGHT")
+    raw = "2" if raw is None else raw
     if not raw.isdigit() or int(raw) < 1:
         raise EyasError(f"EYAS_STEPS_IN_FLIGHT must be a positive integer, not {raw!r}")
     return int(raw)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
 from eyas.errors import EyasError
+from eyas.options import get as option
 from eyas.train import sample_cache
 from eyas.train.distributed import init_distributed, log
 from eyas.train.prompts import as_prompt, build_pool, data_dir, read_conversations
@@ -71,7 +71,7 @@ class Pipeline:
         from eyas.engine.engine import Engine
         from eyas.engine.profile import Profiler
 
-        profiler = Profiler(self.device) if os.environ.get("EYAS_PROFILE") == "1" else None
+        profiler = Profiler(self.device) if option("EYAS_PROFILE") == "1" else None
         return Engine(self.recipe.target, dtype=self.dtype, device=self.device, max_batch=max_batch, max_len=max_len,
                       profiler=profiler, admit_batch=max(1, max_batch // 8))
 
