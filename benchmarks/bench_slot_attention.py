@@ -34,7 +34,7 @@ def graph_bound(columns: int) -> int:
     return kernel_kv_len(columns, MAX_LEN)
 
 
-def time_calls(shape: dict, T: int, columns: int, splits: int | None, reps: int) -> float:
+def time_calls(shape: dict, T: int, columns: int, splits: int | None, reps: int, block_n: int) -> float:
     """µs per attention call: one call per layer, each over its own cache, replayed from one CUDA graph."""
     layers, heads, kv_heads = shape["num_hidden_layers"], shape["num_attention_heads"], shape["num_key_value_heads"]
     D = shape["hidden_size"] // heads
@@ -48,7 +48,8 @@ def time_calls(shape: dict, T: int, columns: int, splits: int | None, reps: int)
     bound = graph_bound(columns)
 
     def step():
-        return [slot_attention(q, k, v, slots, starts, D ** -0.5, kv_len=bound, splits=splits) for k, v in caches]
+        return [slot_attention(q, k, v, slots, starts, D ** -0.5, kv_len=bound, splits=splits,
+                               block_n=block_n) for k, v in caches]
 
     graph, _ = capture(step, pool=None)
     return median_ms(graph.replay, reps=reps, cuda=True) * 1e3 / layers
@@ -60,7 +61,7 @@ def main():
     ap.add_argument("--tokens", default="1,4,8", help="query tokens per call (1: decode)")
     ap.add_argument("--columns", default="128,320,512,1024,2000", help="cached columns each row attends over")
     ap.add_argument("--splits", default="1,2,4,8,16")
-    ap.add_argument("--block-n", default="64", help="cache columns per loop step (EYAS_ATTN_BLOCK_N), each in turn")
+    ap.add_argument("--block-n", default="64", help="cache columns per loop step (slot_attention's block_n), each in turn")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default="slot_attention.json")
     args = ap.parse_args()
@@ -74,7 +75,6 @@ def main():
                              "comma-separated list of positive counts")
     rows = []
     for block_n in args.block_n.split(","):
-        os.environ["EYAS_ATTN_BLOCK_N"] = block_n
         rows += measure_shapes(args, int(block_n))
     json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, pdl=os.environ.get("EYAS_PDL", "on"),
                    rows=rows), open(args.out, "w"), indent=2)
@@ -97,7 +97,7 @@ def measure_shapes(args, block_n: int) -> list[dict]:
                 per_split = {}
                 for s in sorted({*map(int, args.splits.split(",")), picked}):
                     try:
-                        per_split[s] = time_calls(shape, T, columns, s, args.reps)
+                        per_split[s] = time_calls(shape, T, columns, s, args.reps, block_n)
                     except Exception as e:  # e.g. a tile past the shared memory: a row says so, the rest runs
                         print(f"{name} T={T} columns={columns} splits={s} block_n={block_n}: {str(e)[:120]}")
                 if not per_split:

@@ -6,7 +6,6 @@ appear elsewhere unseen. Each switch has a kind:
 - "ablation": switches a shipped default off, so a benchmark can time it side by side with the default;
 - "experiment": an optimisation under trial, off unless asked for, deleted when its experiment closes (none
   open now: a closed one leaves its decision as a constant where it is made);
-- "tile": a kernel's tile or split parameter, for timing;
 - "test": a hook the test suite uses;
 - "internal": set by eyas for a process it starts, never by hand.
 Values are read when asked for, not cached: the benchmarks flip ablations within one process to time both
@@ -18,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-KINDS = ("user", "ablation", "experiment", "tile", "test", "internal")
+KINDS = ("user", "ablation", "experiment", "test", "internal")
 
 
 @dataclass(frozen=True)
@@ -57,12 +56,6 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("EYAS_ACCEPT_KERNEL", "ablation", "1", "0: a chain's greedy acceptance as torch ops"),
     Switch("EYAS_QKV_ROTARY", "ablation", "up to 2 rows", "0: never the one q/k/v + rotary kernel; 1: at every "
            "row count it takes"),
-    Switch("EYAS_ATTN_BLOCK_N", "tile", "64 (32 past head dim 128)", "cache columns per attention loop step"),
-    Switch("EYAS_SPLIT_COLUMNS", "tile", "64", "least cache columns per attention split"),
-    Switch("EYAS_ONE_PASS_COLUMNS", "tile", "by head dim", "columns up to which a row attends in one pass"),
-    Switch("EYAS_FUSED_PRODUCT_LIMIT", "tile", "the kernel's", "largest rows x BLOCK_N x K product a timed "
-           "fused-projection tile may hold"),
-    Switch("EYAS_QKV_ROTARY_BLOCK_H", "tile", "timed", "N: time only the q/k/v + rotary tiles of N pairs"),
     Switch("EYAS_TEST_DROP_ENV_IN_RANK", "test", "unset", "KEY:RANK: worker RANK deletes KEY from its "
            "environment before reporting it"),
     Switch("EYAS_ENV_SNAPSHOT_DIR", "internal", "unset", "where a launched server's interpreter-start hook "

@@ -227,17 +227,15 @@ def test_tile_pruning_keeps_every_tile_of_decode_rows():
     assert all(c == 0 for _, c, _ in every - eight)
 
 
-def test_a_lower_product_limit_drops_the_larger_whole_row_tiles(monkeypatch):
-    """EYAS_FUSED_PRODUCT_LIMIT (a bench switch) bounds the products of the tiles timed: at 16,384 a 4-row
-    verify of 576 features keeps whole rows of at most 4 outputs and every chunked tile."""
-    from eyas.kernels.fused_linear import _CONFIGS, _prune, product_limit
+def test_a_lower_product_limit_drops_the_larger_whole_row_tiles():
+    """The limit (a timing keyword, PRODUCT_LIMIT by default) bounds the products of the tiles timed: at
+    16,384 a 4-row verify of 576 features keeps whole rows of at most 4 outputs and every chunked tile."""
+    from eyas.kernels.fused_linear import _CONFIGS, PRODUCT_LIMIT, _prune
 
-    monkeypatch.setenv("EYAS_FUSED_PRODUCT_LIMIT", "16384")
-    assert product_limit() == 16384
-    kept = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"]) for c in _prune(_CONFIGS, {"M": 4, "K": 576})}
+    kept = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"]) for c in _prune(_CONFIGS, {"M": 4, "K": 576}, limit=16384)}
     assert {n for n, c in kept if c == 0} == {2, 4} and {(32, 128), (16, 64)} <= kept
-    monkeypatch.setenv("EYAS_FUSED_PRODUCT_LIMIT", "many")  # not a count: the default
-    assert product_limit() == 65536
+    default = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"]) for c in _prune(_CONFIGS, {"M": 4, "K": 576})}
+    assert PRODUCT_LIMIT == 65536 and kept < default
 
 
 def test_wide_rows_take_the_wide_chunks_only():

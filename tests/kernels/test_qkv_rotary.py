@@ -122,17 +122,14 @@ def test_the_layer_takes_the_kernel_only_where_both_kernels_it_replaces_would_ru
     assert fused(attn, h, torch.zeros_like(h), norm, batch) is expected
 
 
-def test_a_pinned_tile_size_leaves_only_its_tiles_to_time(monkeypatch):
-    """EYAS_QKV_ROTARY_BLOCK_H (a bench switch): only tiles of that many pairs per program are timed, even
-    past the product limit; any other value is refused in one line."""
+def test_a_pinned_tile_size_leaves_only_its_tiles_to_time():
+    """block_h (a timing keyword): only tiles of that many pairs per program are timed, even past the
+    product limit; any other value is refused in one line."""
     from eyas.kernels import qkv_rotary
 
-    monkeypatch.delenv("EYAS_QKV_ROTARY_BLOCK_H", raising=False)
     assert {c.kwargs["BLOCK_H"] for c in qkv_rotary._candidates(4, 576)} == {2, 4, 8}  # 2 x 4 x 8 x 1024 fits
-    monkeypatch.setenv("EYAS_QKV_ROTARY_BLOCK_H", "16")
-    tiles = qkv_rotary._candidates(4, 576)
+    tiles = qkv_rotary._candidates(4, 576, block_h=16)
     assert tiles and {c.kwargs["BLOCK_H"] for c in tiles} == {16} and len(tiles) == 2  # both warp counts
-    monkeypatch.setenv("EYAS_QKV_ROTARY_BLOCK_H", "3")
     with pytest.raises(ValueError, match="one of \\[2, 4, 8, 16\\]") as e:
-        qkv_rotary._candidates(4, 576)
+        qkv_rotary._candidates(4, 576, block_h=3)
     assert "\n" not in str(e.value)

@@ -26,7 +26,7 @@ def _new_mask(B, T, W, own, gen):
     return mask
 
 
-def _run(device, dtype, T, G, D, mode, starts, visible=None, splits=None, max_len=40, pass_kv_len=True):
+def _run(device, dtype, T, G, D, mode, starts, visible=None, splits=None, max_len=40, pass_kv_len=True, tiles=None):
     gen = torch.Generator().manual_seed(1000 * T + 10 * G + D)
     B, H = len(SLOTS), KV_HEADS * G
     slots = torch.tensor(SLOTS)
@@ -71,7 +71,7 @@ def _run(device, dtype, T, G, D, mode, starts, visible=None, splits=None, max_le
     out = slot_attention(q.to(**to), kv.k[LAYER], kv.v[LAYER], slots.to(**to), starts.to(**to), scale,
                          new_mask=None if new_mask is None else new_mask.to(**to),
                          visible=None if visible is None else vis.to(**to),
-                         kv_len=kv_len if pass_kv_len else None, splits=splits)
+                         kv_len=kv_len if pass_kv_len else None, splits=splits, **(tiles or {}))
     assert out.shape == (B, T, H * D) and out.dtype == dtype and out.is_contiguous()
     torch.testing.assert_close(out.cpu(), expected, **TOL[dtype])
 
@@ -129,16 +129,16 @@ def test_split_k_long_row(device, dtype):
 
 
 @pytest.mark.parametrize("mode", ["causal", "tree"])
-def test_short_splits(device, monkeypatch, mode):
-    """EYAS_SPLIT_COLUMNS=32 with 32-column blocks (a timing knob): rows of 300 and 90 columns split into
-    up to 9 merged pieces, a 20-column row runs one pass; the output still matches the reference."""
-    for name, value in (("EYAS_SPLIT_COLUMNS", "32"), ("EYAS_ATTN_BLOCK_N", "32"), ("EYAS_ONE_PASS_COLUMNS", "32")):
-        monkeypatch.setenv(name, value)
-    assert choose_splits(len(SLOTS) * KV_HEADS, 300) == 9
+def test_short_splits(device, mode):
+    """split_cols=32 with 32-column blocks (timing keywords): rows of 300 and 90 columns split into up to 9
+    merged pieces, a 20-column row runs one pass; the output still matches the reference."""
+    tiles = dict(split_cols=32, block_n=32, one_pass_cols=32)
+    assert choose_splits(len(SLOTS) * KV_HEADS, 300, 32) == 9
     if mode == "causal":
-        _run(device, torch.float32, 2, 3, 64, "causal", starts=[298, 88, 18], max_len=320)
+        _run(device, torch.float32, 2, 3, 64, "causal", starts=[298, 88, 18], max_len=320, tiles=tiles)
     else:
-        _run(device, torch.float32, 2, 3, 64, "tree", starts=[298, 88, 18], visible=[290, 80, 10], max_len=320)
+        _run(device, torch.float32, 2, 3, 64, "tree", starts=[298, 88, 18], visible=[290, 80, 10], max_len=320,
+             tiles=tiles)
 
 
 @pytest.mark.parametrize("mode", ["causal", "tree"])
@@ -222,22 +222,24 @@ def test_choose_splits(monkeypatch):
     assert choose_splits(3, 512) == 1
     assert choose_splits(3, 2048) == 16
     monkeypatch.setenv("EYAS_SHORT_ROW_SPLITS", "1")
-    monkeypatch.setenv("EYAS_SPLIT_COLUMNS", "32")  # shorter splits, for timing: short and long rows alike
-    assert choose_splits(3, 512) == 16 and choose_splits(8, 512) == 16 and choose_splits(3, 1024) == 16
-    assert choose_splits(3, 96) == 3
-    monkeypatch.setenv("EYAS_SPLIT_COLUMNS", "48")
-    with pytest.raises(ValueError, match="EYAS_SPLIT_COLUMNS"):
-        choose_splits(3, 512)
+    # shorter splits, for timing: short and long rows alike
+    assert choose_splits(3, 512, 32) == 16 and choose_splits(8, 512, 32) == 16 and choose_splits(3, 1024, 32) == 16
+    assert choose_splits(3, 96, 32) == 3
 
 
-def test_one_pass_columns(monkeypatch):
-    """Rows past 64 columns split at head dim <= 64 (timed in whole steps), past 192 above; a timing knob."""
+def test_one_pass_columns():
+    """Rows past 64 columns split at head dim <= 64 (timed in whole steps), past 192 above."""
     assert one_pass_columns(64) == SPLIT_COLUMNS == 64 and one_pass_columns(128) == 192
-    monkeypatch.setenv("EYAS_ONE_PASS_COLUMNS", "384")
-    assert one_pass_columns(64) == 384
-    monkeypatch.setenv("EYAS_ONE_PASS_COLUMNS", "many")
-    with pytest.raises(ValueError, match="EYAS_ONE_PASS_COLUMNS"):
-        one_pass_columns(64)
+
+
+@pytest.mark.parametrize("tiles, message", [(dict(split_cols=48), "split_cols=48"), (dict(block_n=8), "block_n=8"),
+                                            (dict(one_pass_cols="many"), "one_pass_cols='many'")])
+def test_tile_keywords_out_of_range_are_refused(tiles, message):
+    q = torch.zeros((1, 1, 2, 64))
+    cache = torch.zeros((1, 1, 8, 64))
+    slots = torch.zeros(1, dtype=torch.long)
+    with pytest.raises(ValueError, match=message):
+        slot_attention(q, cache, cache, slots, slots, 1.0, **tiles)
 
 
 def test_head_dim_not_power_of_two_is_refused(device):

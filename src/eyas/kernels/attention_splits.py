@@ -1,6 +1,7 @@
 """How slot attention divides a row's cache columns: the cache block of its loop, the split count a launch may
 use (choose_splits) and the row length up to which a row runs in one pass anyway (one_pass_columns). Host-side
-choices from shapes alone, so a captured graph keeps them; slot_attention.py runs the kernel."""
+choices from shapes alone, so a captured graph keeps them; slot_attention.py runs the kernel, whose keywords
+block_n, split_cols and one_pass_cols override these defaults for timing (benchmarks/bench_slot_attention.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ from eyas.options import get as option
 
 
 def attention_block_n(head_dim: int) -> int:
-    """Cache columns per loop step: 64 (32 past a head dim of 128); EYAS_ATTN_BLOCK_N sets it (a power of two
-    from 16), for timing."""
-    forced = option("EYAS_ATTN_BLOCK_N")
-    if forced:
-        if not forced.isdigit() or int(forced) < 16 or int(forced) & (int(forced) - 1):
-            raise ValueError(f"EYAS_ATTN_BLOCK_N={forced!r} is not a power of two from 16")
-        return int(forced)
+    """Cache columns per loop step: 64 (32 past a head dim of 128)."""
     return 64 if head_dim <= 128 else 32
+
+
+def check_columns(name: str, value: int) -> int:
+    """value, if it is a power of two from 16 (a tile keyword of slot_attention), else a ValueError."""
+    if not isinstance(value, int) or value < 16 or value & (value - 1):
+        raise ValueError(f"{name}={value!r} is not a power of two from 16")
+    return value
 
 
 SPLIT_COLUMNS = 64  # columns per split at least, of a row that the kernel splits itself (with MERGE)
@@ -25,42 +27,26 @@ SPLIT_COLUMNS = 64  # columns per split at least, of a row that the kernel split
 # than 128 (bench_step_ab.py, graph replays side by side), and the 8B-shaped step did not change.
 
 
-def split_columns() -> int:
-    """Columns per split at least: SPLIT_COLUMNS, or EYAS_SPLIT_COLUMNS (a power of two from 16), for timing
-    more, shorter splits (more programs in flight for a short row) in whole steps."""
-    forced = option("EYAS_SPLIT_COLUMNS")
-    if forced:
-        if not forced.isdigit() or int(forced) < 16 or int(forced) & (int(forced) - 1):
-            raise ValueError(f"EYAS_SPLIT_COLUMNS={forced!r} is not a power of two from 16")
-        return int(forced)
-    return SPLIT_COLUMNS
-
-
 def one_pass_columns(head_dim: int) -> int:
     """Rows up to this many columns run in one pass even in a split launch (with MERGE): below it a split's
     partial stores and merge cost more than the blocks they save. The kernel timed alone
     (benchmarks/bench_slot_attention.py) favours one pass up to a few hundred columns, but whole SmolLM2 steps
     (bench_step_ab.py, graph replays side by side) were faster splitting every row past SPLIT_COLUMNS at head
-    dim 64; head dim 128 keeps 192, not timed in whole steps. EYAS_ONE_PASS_COLUMNS sets it, for timing."""
-    forced = option("EYAS_ONE_PASS_COLUMNS")
-    if forced:
-        if not forced.isdigit():
-            raise ValueError(f"EYAS_ONE_PASS_COLUMNS={forced!r} is not a number of columns")
-        return int(forced)
+    dim 64; head dim 128 keeps 192, not timed in whole steps."""
     return SPLIT_COLUMNS if head_dim <= 64 else 192
 
 
-def choose_splits(programs: int, columns: int) -> int:
+def choose_splits(programs: int, columns: int, split_cols: int = SPLIT_COLUMNS) -> int:
     """Column splits per row, for `programs` (batch x kv heads x row blocks) over rows of up to `columns`:
-    enough programs for ~128 SMs, each split keeping at least twice split_columns() (128) of a long row
-    (> 512 columns) and split_columns() of a short one. With the merge in the kernel this is an upper bound:
-    each row takes its own count from its length (one_pass_columns, split_columns). EYAS_SHORT_ROW_SPLITS=0 launches rows
-    of up to 512 columns in one pass."""
+    enough programs for ~128 SMs, each split keeping at least twice split_cols (128) of a long row
+    (> 512 columns) and split_cols of a short one. With the merge in the kernel this is an upper bound:
+    each row takes its own count from its length (one_pass_columns, split_cols). EYAS_SHORT_ROW_SPLITS=0
+    launches rows of up to 512 columns in one pass."""
     if columns <= 512:
         if option("EYAS_SHORT_ROW_SPLITS") == "0":
             return 1
-        return max(1, min(triton.cdiv(128, programs), columns // split_columns(), 16))
-    return max(1, min(triton.cdiv(128, programs), columns // (2 * split_columns()), 16))
+        return max(1, min(triton.cdiv(128, programs), columns // split_cols, 16))
+    return max(1, min(triton.cdiv(128, programs), columns // (2 * split_cols), 16))
 
 
 MERGE_UNROLL_VALUES = 32768  # partial-accumulator values (splits x rows x head dim) up to which the merge is unrolled

@@ -46,7 +46,6 @@ import triton.language as tl
 from eyas.kernels import tile_choice
 from eyas.kernels.pdl import pdl_args, wait_for_previous
 from eyas.kernels.rounding import rounded
-from eyas.options import get as option
 
 KERNEL_ROWS = 8  # rows (tokens) the kernels take: up to a tree verify's 8
 MAX_ROWS = 2     # rows up to which the layers fuse every projection: a verify's 4-8 rows fused lost (above)
@@ -180,26 +179,19 @@ WIDE_CONFIGS = [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=w)
                 for n in (4, 8, 16) for c in (256, 512, 1024) for w in (4, 8)]
 _CONFIGS = SMALL_CONFIGS + WIDE_CONFIGS
 _WIDE_CHUNK = 256  # the smallest chunk of a wide tile
-_PRODUCT_LIMIT = 65536  # rows x output columns x input columns of one product: every tile of 1-2 rows fits
+PRODUCT_LIMIT = 65536  # rows x output columns x input columns of one product: every tile of 1-2 rows fits
 
 
-def product_limit() -> int:
-    """The largest [rows, BLOCK_N, K or CHUNK_K] product a timed tile may hold: EYAS_FUSED_PRODUCT_LIMIT (a
-    bench switch), else _PRODUCT_LIMIT."""
-    value = option("EYAS_FUSED_PRODUCT_LIMIT")
-    return int(value) if value and value.isdigit() else _PRODUCT_LIMIT
-
-
-def _prune(configs, named_args, **kwargs):
+def _prune(configs, named_args, limit: int = PRODUCT_LIMIT, **kwargs):
     """The small tiles up to MAX_K input features, the wide ones past it; of those, the tiles whose [rows,
-    BLOCK_N, K or CHUNK_K] product fits: the others spill registers by the kilobyte. Sized from the runtime
-    arguments M and K (I), which every Triton version hands over in named_args."""
+    BLOCK_N, K or CHUNK_K] product is at most `limit`: the others spill registers by the kilobyte. Sized from
+    the runtime arguments M and K (I), which every Triton version hands over in named_args."""
     m = triton.next_power_of_2(named_args["M"])
     k = triton.next_power_of_2(named_args["K"] if "K" in named_args else named_args["I"])
     kind = [c for c in configs if (c.kwargs["CHUNK_K"] >= _WIDE_CHUNK) == (k > MAX_K)]  # by value: the
     # autotuner may hand over copies of the configs
     fit = [c for c in kind
-           if m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= product_limit() and c.kwargs["CHUNK_K"] < k]
+           if m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= limit and c.kwargs["CHUNK_K"] < k]
     return fit or kind[:1] or configs[:1]
 
 
@@ -233,7 +225,7 @@ def _launch(kernel, m: int, n: int, k: int, weight_at: int, *args, **meta):
                                                         CHUNK_K=_INTERPRETER_CHUNK_K, **meta)
         return
 
-    key = (kernel.fn.__name__, m, n, k, args[0].dtype, args[0].device, tuple(sorted(meta.items())), product_limit())
+    key = (kernel.fn.__name__, m, n, k, args[0].dtype, args[0].device, tuple(sorted(meta.items())))
     tile_choice.launch_chosen(kernel, key, lambda: _candidates(m, k), args, weight_at,
                               lambda tile: (triton.cdiv(n, tile.kwargs["BLOCK_N"]),), **meta)
 

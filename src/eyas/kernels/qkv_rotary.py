@@ -23,10 +23,9 @@ import triton
 import triton.language as tl
 
 from eyas.kernels import tile_choice
-from eyas.kernels.fused_linear import KERNEL_ROWS, MAX_K, residual_chunk, product_limit
+from eyas.kernels.fused_linear import KERNEL_ROWS, MAX_K, PRODUCT_LIMIT, residual_chunk
 from eyas.kernels.pdl import pdl_args, wait_for_previous
 from eyas.kernels.rounding import rounded
-from eyas.options import get as option
 
 
 @triton.jit
@@ -96,36 +95,30 @@ CONFIGS = [triton.Config({"BLOCK_H": n}, num_warps=w) for n in (2, 4, 8, 16) for
 _INTERPRETER_BLOCK_H = 64  # Triton's CPU interpreter steps through every program: the fewer, the faster
 
 
-def _candidates(m: int, k: int) -> list:
-    """The tiles whose two [rows, BLOCK_H, K] products fit (product_limit, as the fused projections' tiles);
-    with EYAS_QKV_ROTARY_BLOCK_H=N (a bench switch) only those of N pairs, whether they fit or not, so that a
-    whole step can time tiles that timing the kernel alone would not pick."""
-    pinned = _pinned_block_h()
-    if pinned:
-        return [c for c in CONFIGS if c.kwargs["BLOCK_H"] == pinned]
+def _candidates(m: int, k: int, block_h: int | None = None) -> list:
+    """The tiles whose two [rows, BLOCK_H, K] products fit (PRODUCT_LIMIT, as the fused projections' tiles);
+    with block_h (norm_qkv_rotary's timing keyword) only those of that many pairs, whether they fit or not,
+    so that a whole step can time tiles that timing the kernel alone would not pick."""
+    if block_h is not None:
+        sizes = sorted({c.kwargs["BLOCK_H"] for c in CONFIGS})
+        if block_h not in sizes:
+            raise ValueError(f"block_h={block_h!r}: pairs per program must be one of {sizes}")
+        return [c for c in CONFIGS if c.kwargs["BLOCK_H"] == block_h]
     m, k = triton.next_power_of_2(m), triton.next_power_of_2(k)
-    return [c for c in CONFIGS if 2 * m * c.kwargs["BLOCK_H"] * k <= product_limit()] or CONFIGS[:1]
-
-
-def _pinned_block_h() -> int | None:
-    value = option("EYAS_QKV_ROTARY_BLOCK_H")
-    if not value:
-        return None
-    sizes = sorted({c.kwargs["BLOCK_H"] for c in CONFIGS})
-    if not value.isdigit() or int(value) not in sizes:
-        raise ValueError(f"EYAS_QKV_ROTARY_BLOCK_H={value!r}: pairs per program must be one of {sizes}")
-    return int(value)
+    return [c for c in CONFIGS if 2 * m * c.kwargs["BLOCK_H"] * k <= PRODUCT_LIMIT] or CONFIGS[:1]
 
 
 def norm_qkv_rotary(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                     weight: torch.Tensor, bias: torch.Tensor | None, q_heads: int, kv_heads: int, cos: torch.Tensor,
                     sin: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    slots: torch.Tensor, write_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                    slots: torch.Tensor, write_pos: torch.Tensor,
+                    block_h: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(h, q): h = x + delta (x when delta is None) and q rotated, [B, T, q_heads, D]; the rotated k and v land
     in their caches. What norm_linear(x, delta, norm_weight, eps, weight, bias) followed by rotate_and_store
     on the q/k/v split of its output does. x [B, T, K]; weight [(q_heads + 2 kv_heads) * D, K] (q, k, v rows);
     cos/sin [max_positions, D]; positions and write_pos [B, T]; slots [B]; caches [num_slots, kv_heads,
-    max_len, D] with unit stride along D; x, weights and caches one dtype."""
+    max_len, D] with unit stride along D; x, weights and caches one dtype. block_h: time only tiles of that
+    many pairs per program (for benchmarks; by default every tile that fits)."""
     B, T, K = x.shape
     D = cos.shape[-1]
     if D % 2 or sin.shape != cos.shape or weight.shape != ((q_heads + 2 * kv_heads) * D, K):
@@ -162,8 +155,7 @@ def norm_qkv_rotary(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: to
                                                                               **meta)
         return h.view(x.shape), q
 
-    key = ("_norm_qkv_rotary_kernel", B * T, pairs, K, x.dtype, x.device, tuple(sorted(meta.items())), product_limit(),
-           _pinned_block_h())
-    tile_choice.launch_chosen(_norm_qkv_rotary_kernel, key, lambda: _candidates(B * T, K), args, 3,
+    key = ("_norm_qkv_rotary_kernel", B * T, pairs, K, x.dtype, x.device, tuple(sorted(meta.items())), block_h)
+    tile_choice.launch_chosen(_norm_qkv_rotary_kernel, key, lambda: _candidates(B * T, K, block_h), args, 3,
                               lambda tile: (triton.cdiv(pairs, tile.kwargs["BLOCK_H"]),), **meta)
     return h.view(x.shape), q

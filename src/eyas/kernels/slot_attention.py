@@ -12,7 +12,7 @@ that many pieces processed by separate programs (flash-decoding), whose partial 
 by the last split program of each row block to finish (it learns it is last from a per-block counter,
 which it then zeroes): at batch 1 with a few kv heads a single pass would occupy a handful of SMs. With
 that in-kernel merge, `splits` is an upper bound: each row takes its own count from its length as the kernel
-runs (one pass up to one_pass_columns(), else pieces of split_columns() or more: attention_splits.py), so one captured graph serves
+runs (one pass up to one_pass_columns(), else pieces of SPLIT_COLUMNS or more: attention_splits.py), so one captured graph serves
 rows of every length, and programs past a row's count end at once. With
 EYAS_MERGE_IN_KERNEL=0 a second small kernel merges instead (one more launch per layer, and a slower step).
 With `rotary`, the kernel also does what eyas.kernels.rotary.rotate_and_store does before it, saving that
@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from eyas.kernels.attention_splits import attention_block_n, choose_splits, merge_unrolled, one_pass_columns, \
-    split_columns
+from eyas.kernels.attention_splits import SPLIT_COLUMNS, attention_block_n, check_columns, choose_splits, \
+    merge_unrolled, one_pass_columns
 from eyas.kernels.pdl import pdl_args, wait_for_previous
 from eyas.kernels.rounding import rounded
 from eyas.options import get as option
@@ -308,12 +308,15 @@ def merge_in_kernel(q: torch.Tensor, blocks: int) -> torch.Tensor | None:
 def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                    starts: torch.Tensor, scale: float, new_mask: torch.Tensor | None = None,
                    visible: torch.Tensor | None = None, kv_len: int | None = None,
-                   splits: int | None = None, rotary: tuple | None = None) -> torch.Tensor:
+                   splits: int | None = None, rotary: tuple | None = None, block_n: int | None = None,
+                   split_cols: int = SPLIT_COLUMNS, one_pass_cols: int | None = None) -> torch.Tensor:
     """`attend()` after the new keys/values are in the cache: q [B, T, H, D] -> [B, T, H*D] in q.dtype.
 
     Caches [num_slots, kv_heads, max_len, D] (one layer), H = kv_heads * G; slots, starts, visible [B] integer;
     new_mask [B, T, W] bool for trees (None: causal). Row b attends to columns < starts[b] + T (causal) or
-    < visible[b] + W (tree), never beyond kv_len. `splits` overrides the split-K heuristic.
+    < visible[b] + W (tree), never beyond kv_len. `splits` overrides the split-K heuristic; the tile keywords
+    block_n (cache columns per loop step), split_cols (least columns per split) and one_pass_cols (columns up
+    to which a row runs in one pass) override attention_splits' defaults, for timing.
 
     rotary = (k, v, cos, sin, positions, write_pos): q and the new k are not yet rotated, nor k and v stored.
     The kernel then does what eyas.kernels.rotary.rotate_and_store would have done before it, for the same
@@ -333,9 +336,14 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     cap = max_len if kv_len is None else min(kv_len, max_len)
     block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(T * G)))
     m_blocks = triton.cdiv(T * G, block_m)
-    block_n = attention_block_n(D)
+    block_n = attention_block_n(D) if block_n is None else check_columns("block_n", block_n)
+    split_cols = check_columns("split_cols", split_cols)
+    if one_pass_cols is None:
+        one_pass_cols = one_pass_columns(D)
+    elif not isinstance(one_pass_cols, int) or one_pass_cols < 0:
+        raise ValueError(f"one_pass_cols={one_pass_cols!r} is not a number of columns")
     if splits is None:
-        splits = choose_splits(B * kv_heads * m_blocks, cap)
+        splits = choose_splits(B * kv_heads * m_blocks, cap, split_cols)
     tree = new_mask is not None
     if tree:
         mask = new_mask.view(torch.uint8) if new_mask.dtype == torch.bool else new_mask
@@ -379,8 +387,8 @@ def slot_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *mask_strides, *rot_strides,
         T, W, cap, scale * LOG2E, m_pad, SPLITS=splits,
         KV_HEADS=kv_heads, G=G, D=D, BLOCK_M=block_m, BLOCK_N=block_n, TREE=tree, PARTIAL=splits > 1,
-        MERGE=counters is not None, ROTARY=rotary is not None, ONE_PASS_COLS=one_pass_columns(D),
-        SPLIT_COLS=split_columns(), UNROLL=unroll,
+        MERGE=counters is not None, ROTARY=rotary is not None, ONE_PASS_COLS=one_pass_cols,
+        SPLIT_COLS=split_cols, UNROLL=unroll,
         DOT_F32=not q.is_cuda,  # Triton's interpreter (CPU tensors) multiplies the raw bits of bf16 dot operands
         num_warps=num_warps, num_stages=2, **options)
     if splits > 1 and counters is None:
