@@ -1,7 +1,7 @@
 """Decode speed of a Llama-3.1-8B-shaped model (random weights) at TP = 1 and 2, with and without our user's
 NCCL settings, against the memory-bandwidth bound measured in the same run.
 
-Usage: python benchmarks/bench_tp.py --tp 1,2 --out tp.json [--no-graphs] [--pdl] [--merge-in-kernel] [--fused-wide]
+Usage: python benchmarks/bench_tp.py --tp 1,2 --out tp.json [--no-graphs] [--pdl] [--merge-in-kernel]
        [--fused-o-proj] [--shape llama-8b|smollm2] [--markdown FILE]
 
 `decode_ms` is one step (graph replay and logits) timed from an idle GPU, the host's launch included;
