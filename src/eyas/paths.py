@@ -23,6 +23,14 @@ def output_file(path: str | Path, flag: str) -> Path:
     return path
 
 
+def write_output(path: str | Path, text: str, flag: str) -> None:
+    """Write a command's text output to the file given as `flag`; a failure is one line, not a traceback."""
+    try:
+        Path(path).write_text(text)
+    except OSError as e:
+        raise EyasError(f"cannot write {flag} {path}: {e.strerror or e}") from None
+
+
 def image_file(path: str | Path, flag: str) -> Path:
     """The file a plot given as `flag` is written to, checked as output_file: matplotlib writes OUT.png for an
     OUT without an extension, so that is the file named and checked."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from eyas.commands.draft import check_before_launch
 from eyas.errors import EyasError
-from eyas.paths import output_file
+from eyas.paths import output_file, write_output
 from eyas.launch import hostprobe
 from eyas.launch.launch_config import BenchConfig, LaunchConfig, load_config
 
@@ -150,10 +150,7 @@ def _from_shell(args: argparse.Namespace) -> LaunchConfig | None:
     print(imported.explain())
     config = imported.config(args.as_intended)
     if args.write:
-        try:
-            Path(args.write).write_text(config.to_toml())
-        except OSError as e:
-            raise EyasError(f"cannot write --write {args.write}: {e.strerror or e}") from None
+        write_output(args.write, config.to_toml(), "--write")
         print(f"wrote {args.write}", file=sys.stderr)
     else:
         print("\nequivalent launch spec:\n" + config.to_toml(), end="")

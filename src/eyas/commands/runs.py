@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 from eyas.errors import EyasError
-from eyas.paths import image_file, output_file
+from eyas.paths import image_file, output_file, write_output
 from eyas.ledger.diff import diff_runs, flatten
 from eyas.ledger.ledger import Ledger, field_sql
 from eyas.ledger.record import COLUMNS, RunRecord, metric_field
@@ -219,10 +219,7 @@ def _export(ledger: Ledger, args: argparse.Namespace) -> int:
         writer.writeheader()
         writer.writerows(rows)
     if args.out:
-        try:
-            Path(args.out).write_text(buf.getvalue())
-        except OSError as e:
-            raise EyasError(f"cannot write --out {args.out}: {e.strerror or e}") from None
+        write_output(args.out, buf.getvalue(), "--out")
         print(f"wrote {len(runs)} runs to {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(buf.getvalue())
