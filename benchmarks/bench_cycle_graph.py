@@ -1,6 +1,5 @@
-"""One speculative cycle at batch 1, as one CUDA graph (the default) and as a graph per phase
-(EYAS_CYCLE_GRAPH=0), on a random-weight SmolLM2-shaped target: what a cycle costs does not depend on what
-the weights say, so no model file has to reach the GPU machine. Per chain 3/1/4 and tree 5/4/8: wall ms per
+"""One speculative cycle at batch 1 on a random-weight SmolLM2-shaped target: what a cycle costs does not depend
+on what the weights say, so no model file has to reach the GPU machine. Per chain 3/1/4 and tree 5/4/8: wall ms per
 cycle as the engine runs it (ahead of the host), CUDA kernels, graph launches and GPU busy time per cycle
 under torch.profiler with the kernels that take the most time, and the eyas profiler's per-phase times
 (those run in step with the host, through the phase graphs). The acceptance of a random target is near 1:

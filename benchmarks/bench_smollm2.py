@@ -128,7 +128,7 @@ def timed_run(eng, prompts, new_tokens=None):
 def cycle_phases(eng, prompt, new_tokens=None):
     """The eyas profiler's summary over one more generation: a separate pass, since its CUDA events cost
     host time that the timed runs must not pay. A profiled engine runs in step with the host, through the
-    phase graphs (draft, verify, commit) that cycles ahead of it never replay (eyas.engine.spec_ahead): a
+    phase graphs (draft, verify, commit) that cycles ahead of it never replay (eyas.engine.ahead): a
     short untimed pass in step captures them first, so that no capture lands in a phase's time."""
     with env_set("EYAS_DECODE_AHEAD", "0"):
         eng.generate([prompt], SamplingParams(max_tokens=32, ignore_eos=True))
@@ -307,7 +307,7 @@ def cycle_profile(model_path, prompt, draft, spec, cycles=20):
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     count = lambda name: sum(e.name == name for e in events)  # noqa: E731
     # The eyas profiler's cycles run in step with the host, through the phase graphs that cycles ahead of it
-    # never replay (eyas.engine.spec_ahead): a few steps in step capture them first, untimed.
+    # never replay (eyas.engine.ahead): a few steps in step capture them first, untimed.
     with env_set("EYAS_DECODE_AHEAD", "0"):
         for _ in range(3):
             eng.step()
@@ -325,14 +325,12 @@ def cycle_profile(model_path, prompt, draft, spec, cycles=20):
 
 
 def cycle_profiles(model_path, prompt, draft, cycles=20, report=None, twin=None) -> dict:
-    """cycle_profile of the chain and the tree as they run (a cycle ahead of the host is one CUDA graph), and
-    of each with a graph per phase (EYAS_CYCLE_GRAPH=0, the engine before 2026-12-02's twenty-ninth session)
-    and, given a `twin` (parse_twin's), with those variables set. `report(name, row)` is called as each row
+    """cycle_profile of the chain and the tree as they run (a cycle ahead of the host is one CUDA graph) and,
+    given a `twin` (parse_twin's), of each with those variables set. `report(name, row)` is called as each row
     is measured."""
     rows = {}
     for name, spec in (("chain", CHAIN), ("tree", TREE)):
-        variants = [(name, None), (f"{name}_graph_per_phase", ("EYAS_CYCLE_GRAPH", "0"))]
-        for row_name, env in variants + ([(f"{name} {twin_name(twin)}", twin)] if twin else []):
+        for row_name, env in [(name, None)] + ([(f"{name} {twin_name(twin)}", twin)] if twin else []):
             with env_set(*env) if env else contextlib.nullcontext():
                 rows[row_name] = cycle_profile(model_path, prompt, draft, spec, cycles=cycles)
             if report:
@@ -693,7 +691,7 @@ def main():
                     "alternating order")
     ap.add_argument("--twin", default="",
                     help="sweep: each setting also built with NAME=VALUE[,NAME=VALUE...] set, a row beside it "
-                         "(e.g. EYAS_CYCLE_GRAPH=0)")
+                         "(e.g. EYAS_TOPK_KERNEL=0)")
     ap.add_argument("--out", default="bench_smollm2.json")
     ap.add_argument("--markdown", default="", help="also write the measured sections as markdown tables to this "
                     "file, rewritten as rows and sections end (for docs/BENCHMARKS.md)")
@@ -745,7 +743,7 @@ def main():
         if args.pdl:  # each engine beside its twin without programmatic dependent launch (eyas.kernels.pdl)
             speed("eyas_plain_pdl_off", env=("EYAS_PDL", "0"))
         speed("eyas_chain", draft, CHAIN)
-        if args.in_step:  # not a step or cycle ahead of the host (eyas.engine.decode_ahead, spec_ahead)
+        if args.in_step:  # not a step or cycle ahead of the host (eyas.engine.ahead)
             speed("eyas_plain_in_step", env=IN_STEP)
             speed("eyas_chain_in_step", draft, CHAIN, env=IN_STEP)
         if args.old_step:

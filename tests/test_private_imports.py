@@ -43,7 +43,7 @@ def test_a_private_import_and_a_private_attribute_are_caught(tmp_path):
     package = tmp_path / "src" / "eyas"
     shutil.copytree(ROOT / "src" / "eyas", package, ignore=shutil.ignore_patterns("__pycache__"))
     (package / "engine" / "private_probe.py").write_text(
-        "from eyas.engine.spec_ahead import _State\n\n\ndef probe(decoder):\n"
+        "from eyas.engine.ahead import _State\n\n\ndef probe(decoder):\n"
         "    return _State, decoder._greedy_cycle\n")
     findings = ruff_findings(package, tmp_path / "flat")
     assert any("eyas/engine/private_probe.py:1:" in f and "_State" in f for f in findings), findings

@@ -43,8 +43,6 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("EYAS_PROFILE", "user", "0", "1: time every phase (eyas generate's --profile; eyas train's engines)"),
     Switch("EYAS_DECODE_AHEAD", "ablation", "1", "0: the host waits for every greedy step instead of running "
            "one ahead"),
-    Switch("EYAS_CYCLE_GRAPH", "ablation", "1", "0: a speculative cycle ahead of the host as three phase graphs "
-           "instead of one"),
     Switch("EYAS_FUSED_LINEAR", "ablation", "1", "0: cuBLAS for the decode projections instead of the fused "
            "GEMV kernels"),
     Switch("EYAS_FUSED_O_PROJ", "ablation", "1", "0: cuBLAS for a small model's attention output projection"),

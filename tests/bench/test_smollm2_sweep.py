@@ -56,33 +56,33 @@ def test_engines_are_built_first_and_timed_in_alternating_rounds(monkeypatch):
 
 
 def test_a_twin_of_each_setting_is_built_with_its_variable_set(monkeypatch):
-    monkeypatch.delenv("EYAS_CYCLE_GRAPH", raising=False)
+    monkeypatch.delenv("EYAS_TWIN_PROBE", raising=False)
     built = []
 
     def engine(model_path, dtype, warm_prompt, draft=None, spec=None):
         name = bench.spec_name(spec) if spec else "plain"
-        built.append((name, bench.os.environ.get("EYAS_CYCLE_GRAPH")))
+        built.append((name, bench.os.environ.get("EYAS_TWIN_PROBE")))
         return f"{name}:{built[-1][1]}"
 
     ran = []  # (engine, the variable as it ran): graphs captured at longer contexts read it then
 
     def timed_run(eng, prompts, new_tokens=None):
-        ran.append((eng, bench.os.environ.get("EYAS_CYCLE_GRAPH")))
+        ran.append((eng, bench.os.environ.get("EYAS_TWIN_PROBE")))
         return dict(tok_s=200.0 if eng.endswith(":None") else 100.0, tokens=11, seconds=1.0, passes=5)
 
     def cycle_phases(eng, prompt):
-        ran.append((eng, bench.os.environ.get("EYAS_CYCLE_GRAPH")))
+        ran.append((eng, bench.os.environ.get("EYAS_TWIN_PROBE")))
         return dict(phases={}, accept_rate_by_position={})
 
     monkeypatch.setattr(bench, "eyas_engine", engine)
     monkeypatch.setattr(bench, "timed_run", timed_run)
     monkeypatch.setattr(bench, "cycle_phases", cycle_phases)
-    twin = bench.parse_twin("EYAS_CYCLE_GRAPH=0")
+    twin = bench.parse_twin("EYAS_TWIN_PROBE=0")
     res = bench.sweep("model", [[1, 2]], "draft", bench.parse_specs("3/1,5/4/8"), rounds=1, twin=twin)
     assert built == [("plain", None), ("3/1/4", None), ("3/1/4", "0"), ("5/4/8", None), ("5/4/8", "0")]
-    assert [r["spec"] for r in res["rows"]] == ["3/1/4", "3/1/4 EYAS_CYCLE_GRAPH=0", "5/4/8", "5/4/8 EYAS_CYCLE_GRAPH=0"]
+    assert [r["spec"] for r in res["rows"]] == ["3/1/4", "3/1/4 EYAS_TWIN_PROBE=0", "5/4/8", "5/4/8 EYAS_TWIN_PROBE=0"]
     assert [r["tok_s"] for r in res["rows"]] == [200.0, 100.0, 200.0, 100.0]
-    assert "EYAS_CYCLE_GRAPH" not in bench.os.environ and res["best_chain"] == "3/1/4"
+    assert "EYAS_TWIN_PROBE" not in bench.os.environ and res["best_chain"] == "3/1/4"
     assert len(ran) == 5 + 4 and all(eng.split(":")[1] == str(env) for eng, env in ran)
 
 
@@ -163,20 +163,19 @@ def test_scaling_builds_every_engine_first_and_times_in_alternating_rounds(monke
     assert out["rounds"] == 3
 
 
-def test_cycle_profiles_time_each_setting_as_it_runs_and_with_a_graph_per_phase(monkeypatch):
-    monkeypatch.delenv("EYAS_CYCLE_GRAPH", raising=False)
+def test_cycle_profiles_time_each_setting_as_it_runs_and_with_its_twin(monkeypatch):
+    monkeypatch.delenv("EYAS_TWIN_PROBE", raising=False)
     calls = []
     monkeypatch.setattr(bench, "cycle_profile", lambda model_path, prompt, draft, spec, cycles:
-                        calls.append((bench.spec_name(spec), bench.os.environ.get("EYAS_CYCLE_GRAPH"))) or len(calls))
+                        calls.append((bench.spec_name(spec), bench.os.environ.get("EYAS_TWIN_PROBE"))) or len(calls))
     rows = bench.cycle_profiles("model", [1, 2, 3], "draft")
-    assert list(rows) == ["chain", "chain_graph_per_phase", "tree", "tree_graph_per_phase"]
-    assert calls == [("3/1/4", None), ("3/1/4", "0"), ("5/4/8", None), ("5/4/8", "0")]
-    assert "EYAS_CYCLE_GRAPH" not in bench.os.environ
+    assert list(rows) == ["chain", "tree"]
+    assert calls == [("3/1/4", None), ("5/4/8", None)]
     calls.clear()
-    rows = bench.cycle_profiles("model", [1, 2, 3], "draft", twin=bench.parse_twin("EYAS_CYCLE_GRAPH=7"))
-    assert list(rows) == ["chain", "chain_graph_per_phase", "chain EYAS_CYCLE_GRAPH=7", "tree",
-                          "tree_graph_per_phase", "tree EYAS_CYCLE_GRAPH=7"]
-    assert [c[1] for c in calls] == [None, "0", "7", None, "0", "7"]
+    rows = bench.cycle_profiles("model", [1, 2, 3], "draft", twin=bench.parse_twin("EYAS_TWIN_PROBE=7"))
+    assert list(rows) == ["chain", "chain EYAS_TWIN_PROBE=7", "tree", "tree EYAS_TWIN_PROBE=7"]
+    assert [c[1] for c in calls] == [None, "7", None, "7"]
+    assert "EYAS_TWIN_PROBE" not in bench.os.environ
 
 
 def test_a_cycle_profile_times_the_phases_of_steady_cycles(monkeypatch, tmp_path):

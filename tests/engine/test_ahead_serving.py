@@ -1,5 +1,5 @@
 """A worker (eyas.dist.worker.Lockstep) applies serving's commands to an engine that decodes ahead of the host
-(decode_ahead.py, spec_ahead.py; CUDA graphs faked on the CPU), plain, speculative or adaptive: requests join between steps, some finish on a
+(ahead.py; CUDA graphs faked on the CPU), plain, speculative or adaptive: requests join between steps, some finish on a
 stop token or max_tokens, some are sampled, one is aborted mid-flight, as a loaded server's front end sends
 them. Every greedy request streams exactly the tokens it gets alone; the aborted one a prefix of them."""
 

@@ -1,4 +1,4 @@
-"""Plain greedy decoding one step ahead of the host (eyas.engine.decode_ahead), with CUDA graphs faked on the
+"""Plain greedy decoding one step ahead of the host (eyas.engine.ahead.DecodeAhead), with CUDA graphs faked on the
 CPU (each graph body runs twice per replay, as fake_cuda_graphs.py explains): the tokens and finish reasons
 equal plain greedy decoding's through stops learned a step late, max_tokens, admissions, aborts and a change
 of attention bound, and the mode really runs steps ahead."""
@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-import eyas.engine.decode_ahead as ahead_mod
+import eyas.engine.ahead as ahead_mod
 import eyas.engine.graphs as graphs_mod
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
@@ -31,8 +31,8 @@ def ahead(monkeypatch, fake_graphs):
     """An engine factory with decoding ahead on, and a count of the graph pairs' replays."""
     monkeypatch.setenv("EYAS_DECODE_AHEAD", "1")
     replays = []
-    real = ahead_mod._Pair.replay
-    monkeypatch.setattr(ahead_mod._Pair, "replay", lambda self: replays.append(1) or real(self))
+    real = ahead_mod.GraphPair.replay
+    monkeypatch.setattr(ahead_mod.GraphPair, "replay", lambda self: replays.append(1) or real(self))
 
     def make(path, **kw):
         return fake_graphs(Engine(path, dtype="fp32", max_len=256, **kw))
@@ -62,8 +62,8 @@ def test_admission_and_abort_while_steps_are_in_flight(model, ahead):
     admission_and_abort_in_flight(model, eng, eng.ahead, steps=6, max_tokens=30)
 
 
-def test_a_new_attention_bound_restarts_the_pair(model, ahead, monkeypatch):
-    """Rows crossing the short-row bound need the other graph pair: the mode drains there and starts again."""
+def test_a_new_attention_bound_moves_to_the_wider_pair(model, ahead, monkeypatch):
+    """Rows that may cross the short-row bound need the other graph pair: the steps move to it in flight."""
     make, _ = ahead
     monkeypatch.setattr(graphs_mod, "SHORT_ROWS", 24)
     ps = prompts(2, seed=3)

@@ -1,9 +1,9 @@
-"""Results read a step late (eyas.engine.flights): oldest first, each from its own host buffer, so a result
+"""Results read a step late (eyas.engine.ahead.Flights): oldest first, each from its own host buffer, so a result
 sent while an older one is unread never overwrites it."""
 
 import torch
 
-from eyas.engine.flights import Flights
+from eyas.engine.ahead import Flights
 
 
 def test_results_come_back_oldest_first_and_intact():

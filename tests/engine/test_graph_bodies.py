@@ -13,13 +13,15 @@ from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
 from tests.helpers import random_draft, tiny_llama
 
 
-@pytest.mark.parametrize("whole_cycles", [True, False], ids=["cycle-graph", "phase-graphs"])
+@pytest.mark.parametrize("ahead", [True, False], ids=["cycle-graph", "in-step"])
 @pytest.mark.parametrize("spec",
                          [SpecConfig(3, 1, adaptive=False), SpecConfig(5, 4, 8, adaptive=False),
                           SpecConfig(2, 3, 6, adaptive=False)],
                          ids=["chain", "tree", "tree-wide"])
-def test_speculative_equals_greedy_with_graphs(tmp_path, fake_graphs, monkeypatch, spec, whole_cycles):
-    monkeypatch.setenv("EYAS_CYCLE_GRAPH", "1" if whole_cycles else "0")
+def test_speculative_equals_greedy_with_graphs(tmp_path, fake_graphs, monkeypatch, spec, ahead):
+    """Ahead of the host a cycle is one graph; in step with it (EYAS_DECODE_AHEAD=0: as tensor parallelism and
+    the profiler run it) each pass is its own graph."""
+    monkeypatch.setenv("EYAS_DECODE_AHEAD", "1" if ahead else "0")
     tiny_llama(tmp_path, vocab=32, layers=5, hidden=64)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 32, (n,), generator=g).tolist() for n in (5, 17, 9, 30)]
@@ -30,7 +32,7 @@ def test_speculative_equals_greedy_with_graphs(tmp_path, fake_graphs, monkeypatc
                                 draft=random_draft(64, 32, draft_vocab=24), spec=spec))
     got = engine.generate(prompts, params)
     assert [s.output_ids for s in got] == want
-    if whole_cycles:  # the cycles ran as whole-cycle graphs (spec_ahead.py)
+    if ahead:  # the cycles ran as whole-cycle graphs (ahead.py)
         assert engine.decoder.ahead.pairs
     else:  # the draft, verify and commit passes ran from their own graphs
         assert {"tree", "verify", "commit"} <= {key[0] for key in engine.runner.graphs.functions.graphs}

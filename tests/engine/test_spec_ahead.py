@@ -1,4 +1,4 @@
-"""Greedy speculative cycles one ahead of the host (eyas.engine.spec_ahead), with CUDA graphs faked on the CPU
+"""Greedy speculative cycles one ahead of the host (eyas.engine.ahead.SpecAhead), with CUDA graphs faked on the CPU
 (each graph body runs twice per replay, as fake_cuda_graphs.py explains): chain and tree, the tokens and
 finish reasons equal plain greedy decoding's through stops learned a cycle late, max_tokens, admissions,
 aborts and batch buckets with padding rows, and the mode really keeps a cycle in flight."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import eyas.engine.graphs as graphs_mod
-import eyas.engine.spec_ahead as ahead_mod
+import eyas.engine.ahead as ahead_mod
 from eyas.config import SpecConfig
 from eyas.engine.draft_state import lag_features
 from eyas.engine.engine import Engine
@@ -44,8 +44,9 @@ def ahead(monkeypatch, fake_graphs, model, draft):
     real = ahead_mod.SpecAhead._enqueue
 
     def enqueue(self):
-        live = self.active_rows.bool()
-        most["column"] = max(most["column"], int(self.c_t[live].max()) + self.decoder.spec.draft_tokens - 1)
+        inputs = self.pair.current
+        live = inputs.active.bool()
+        most["column"] = max(most["column"], int(inputs.cached[live].max()) + self.decoder.spec.draft_tokens - 1)
         real(self)
         most["in_flight"] = max(most["in_flight"], len(self.flights))
     monkeypatch.setattr(ahead_mod.SpecAhead, "_enqueue", enqueue)
@@ -186,9 +187,9 @@ def test_plain_steps_ahead_hold_back_what_plain_steps_in_step_do(model, ahead, m
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])
-def test_a_cycle_is_one_graph_replay_and_decodes_as_the_phase_graphs_do(model, ahead, monkeypatch, spec):
-    """By default each cycle ahead of the host replays one whole-cycle graph and no phase graph (draft, verify,
-    commit); EYAS_CYCLE_GRAPH=0 runs the phase graphs instead. Both decode plain greedy decoding's tokens."""
+def test_a_cycle_is_one_graph_replay(model, ahead, monkeypatch, spec):
+    """Each cycle ahead of the host replays one whole-cycle graph and no phase graph (draft, verify, commit),
+    and decodes plain greedy decoding's tokens."""
     make, most = ahead
     ps = prompts(3, seed=7)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (26, 33, 12)]
@@ -197,18 +198,11 @@ def test_a_cycle_is_one_graph_replay_and_decodes_as_the_phase_graphs_do(model, a
 
     eng = make(spec)
     replays = []
-    real = ahead_mod._CyclePair.replay
-    monkeypatch.setattr(ahead_mod._CyclePair, "replay", lambda self: replays.append(self) or real(self))
+    real = ahead_mod.GraphPair.replay
+    monkeypatch.setattr(ahead_mod.GraphPair, "replay", lambda self: replays.append(self) or real(self))
     assert [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)] == want
     assert replays and eng.decoder.ahead.pairs and most["in_flight"] == 2  # a pair per bucket as the batch shrinks
     assert not phases & {key[0] for key in eng.runner.graphs.functions.graphs}
-
-    monkeypatch.setenv("EYAS_CYCLE_GRAPH", "0")
-    replays.clear()
-    eng = make(spec)
-    assert [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)] == want
-    assert not replays and not eng.decoder.ahead.pairs
-    assert phases <= {key[0] for key in eng.runner.graphs.functions.graphs}
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])

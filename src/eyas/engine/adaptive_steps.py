@@ -3,7 +3,7 @@ the policy's windows fed with the steps' tokens and times, and the waits for the
 books its own: where the mode may change, around prefills, when the engine goes idle.
 
 Owned by the SpeculativeDecoder (speculative.py), which hands it everything a step runs: the policy, the two
-modes ahead of the host (spec_ahead.py's cycles, decode_ahead.py's plain steps) and the callables of a
+modes ahead of the host (ahead.py's SpecAhead and DecodeAhead) and the callables of a
 speculative cycle, a plain step and the draft's catch-up. The engine calls `cycle`, `drain_ahead`,
 `prefill_started` / `prefill_done` and `idle`.
 """
@@ -88,7 +88,7 @@ class AdaptiveSteps:
         policy.step_done(sum(len(s.output_ids) for s in seqs) - before, self.captured_graphs() != captured)
 
     def drain_ahead(self):
-        """Read every cycle (spec_ahead.py) or plain step (decode_ahead.py) still in flight; under the
+        """Read every cycle or plain step still in flight ahead of the host (ahead.py); under the
         adaptive policy their tokens go to the open window, whose time they took."""
         for mode in (self.spec_ahead, self.plain_ahead):
             if mode.active:

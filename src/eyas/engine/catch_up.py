@@ -5,16 +5,12 @@ the step's (target feature, token) pair in its lag (draft_state.py), and before 
 the draft runs over the whole batch's lags at once (or once LAG_FLUSH pairs have piled up), so speculation
 can resume on any later step and plain steps cost what plain decoding costs.
 
-With CUDA graphs the catch-up runs through extend graphs captured at warm-up, never a new shape in traffic:
-one eager pass over the whole lag paid a first-time price for every new (rows, lag) shape, tens of ms and up
-to a second inside one adaptive window (benchmarks/diagnose_catch_up.py), and rows and lags vary with the
-traffic. Passes are WIDE columns wide (the
-graphed prefill chunk's width; warm_wide_passes captures them for every batch bucket) while more than S+1
-pairs remain and every row's pass fits in its cache row, else S+1 wide (the sampled cycle's extend graph).
-A draft pass costs about the same at 4 columns as at 64, so a long lag takes 16x fewer passes: with passes
-of S+1 alone, the LAG_FLUSH catch-ups of a long run of plain steps cost ~7% of plain decoding's speed at
-batch 1 (benchmarks/bench_adaptive_plain.py).
-Without graphs (the CPU) one eager pass does it.
+With CUDA graphs the catch-up runs through extend graphs captured at warm-up, never a new shape in traffic
+(an eager pass pays a first-time price for every new (rows, lag) shape, and rows and lags vary with the
+traffic). Passes are WIDE columns wide (the graphed prefill chunk's width; warm_wide_passes captures them for
+every batch bucket) while more than S+1 pairs remain and every row's pass fits in its cache row, else S+1 wide
+(the sampled cycle's extend graph): a draft pass costs about the same at 4 columns as at 64
+(benchmarks/bench_adaptive_plain.py). Without graphs (the CPU) one eager pass does it.
 """
 
 from __future__ import annotations

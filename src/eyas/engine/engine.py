@@ -15,8 +15,8 @@ from collections import deque
 import torch
 
 from eyas.dist.parallel import SINGLE, TPContext
-from eyas.engine.decode_ahead import DecodeAhead
-from eyas.engine.profile import NullProfiler
+from eyas.engine.ahead import DecodeAhead
+from eyas.engine.profile import NULL_PROFILER
 from eyas.engine.runner import ModelRunner
 from eyas.engine.sequence import Sequence
 from eyas.errors import EyasError
@@ -44,7 +44,7 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.decoder = None
-        self.ahead = DecodeAhead(self)  # plain greedy steps one ahead of the host (off: EYAS_DECODE_AHEAD=0)
+        self.ahead = DecodeAhead(self)  # plain greedy steps one ahead of the host
         if draft is not None:
             from eyas.engine.speculative import SpeculativeDecoder
 
@@ -84,7 +84,7 @@ class Engine:
             self.decoder.release(seq)
 
     def drain_ahead(self) -> None:
-        """Read every step or cycle still in flight ahead of the host (decode_ahead.py, spec_ahead.py)."""
+        """Read every step or cycle still in flight ahead of the host (ahead.py)."""
         if self.decoder is not None:
             self.decoder.step_loop.drain_ahead()  # both modes, booked to the adaptive policy's open window
         else:
@@ -126,7 +126,7 @@ class Engine:
                 seq = self.waiting.popleft()
                 seq.slot = self.runner.kv.allocate()
                 admitted.append(seq)
-        prof = self.profiler or NullProfiler()
+        prof = self.profiler or NULL_PROFILER
         if admitted:
             started = self.decoder.step_loop.prefill_started() if self.decoder else None
             with prof.phase("prefill"):
@@ -286,7 +286,7 @@ class Engine:
 
     def decode(self, seqs: list[Sequence]):
         """One plain decode step; returns the target's output (the speculative decoder reads its features),
-        or None when it ran ahead of the host (decode_ahead.py) or a drain left nothing to decode."""
+        or None when it ran ahead of the host (ahead.py) or a drain left nothing to decode."""
         if self.ahead.active and not self.ahead.usable(seqs):
             self.ahead.drain()  # e.g. rows crossing an attention bound: start again on their graph pair
             seqs = [s for s in seqs if not s.finished]

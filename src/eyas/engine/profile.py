@@ -96,3 +96,6 @@ class NullProfiler:
 
     def record_accept(self, accepted, depth):
         pass
+
+
+NULL_PROFILER = NullProfiler()

@@ -4,10 +4,9 @@ Eager forwards attend over the smallest 128-column bucket that holds the sequenc
 forwards on CUDA can be replayed from CUDA graphs (see graphs.py), which attend over the whole row.
 
 Prefills of a few short prompts, the joins of a loaded server, run as CUDA-graph replays too, in chunks of
-PREFILL_CHUNK tokens each appended like a verify pass. An eager forward of SmolLM2-135M over ~130 prompt
-tokens costs over ten times a whole batch-64 decode step from a graph, mostly host-side launches
-(`benchmarks/bench_join.py`): in a closed loop at concurrency 64, eager prefills took most of the time. Long prompts and large groups (batch jobs) stay eager, where the GPU's
-own work hides the launches.
+PREFILL_CHUNK tokens each appended like a verify pass: a small model's eager prefill costs mostly host-side
+launches, many times a graphed decode step (benchmarks/bench_join.py). Long prompts and large groups (batch jobs) stay
+eager, where the GPU's own work hides the launches.
 """
 
 from __future__ import annotations

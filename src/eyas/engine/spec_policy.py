@@ -1,32 +1,23 @@
 """When to speculate: compare the throughput each mode really delivers, per batch size.
 
-Speculation pays at small batches (decode is memory-bound, verifying N tokens costs little more than one)
-and stops paying as the batch grows, by an amount no model predicts well inside a server: prefills of
-joining requests, the front end's per-step work and the host's share of a cycle all move with the load.
-So the policy measures the one thing that decides: tokens per second of wall time per running sequence,
-over windows of `window` consecutive steps in one mode at one batch-size bucket, every gap between the
-steps included (adaptive_steps.py feeds it). Per bucket and mode it keeps exponentially forgotten sums of
-tokens per sequence and of seconds; their ratio is the mode's rate, a time-weighted throughput in which a
-window with a long stall weighs by its length.
+Speculation pays at small batches (decode is memory-bound, verifying N tokens costs little more than one) and
+stops paying as the batch grows, by an amount no model predicts well inside a server (prefills, the front end's
+work and the host's share of a cycle all move with the load). So the policy measures tokens per second of wall
+time per running sequence, over windows of `window` steps in one mode at one batch-size bucket (fed by
+adaptive_steps.py), as exponentially forgotten sums of tokens and seconds per bucket and mode; their ratio
+weighs a stalled window by its length.
 
-The choice: run the faster mode, switch only past a margin, and give the slower one a window now and then
-(`probe_every` windows, 4x less often when it is far behind) so that a change of traffic is noticed. A mode
-counts as measured at a bucket once its windows there held a window's worth of steps (`measured`), so that a
-window cut short decides nothing alone. A bucket with only speculation measured borrows the verdict of the
-nearest *larger* bucket with both measured, when speculation leads far there (`_lead_above`); a smaller
-bucket's lead would overstate it. One window's acceptance depends on its text, so while plain decoding leads a
-close call and speculation has fewer than SETTLE windows at a bucket, speculation gets every second window;
-plain decoding's rate does not depend on the text, and one window settles it.
+It runs the faster mode, switches only past a margin, and probes the slower one every `probe_every` windows
+(4x less often when far behind) so that a change of traffic is noticed. A bucket with only speculation
+measured borrows the verdict of the nearest larger bucket where speculation leads far (`_lead_above`); a
+close call that plain decoding leads is unsettled until speculation has SETTLE windows there, since one
+window's acceptance depends on its text.
 
-The books: every second of busy time is booked exactly once, or the rates lie. A window cut short by a change
-of bucket counts for its share of steps; the draft's catch-up is speculation's cost (it exists only to
-speculate, which errs toward plain decoding, the safe side); prefills are booked apart (`set_aside`: the same
-work in either mode, and in bursts longer than a window); a window with a CUDA-graph capture is void. When the
-engine runs out of requests the decoder closes the window (`close`), so idle time is nobody's. Where the next
-window runs the same mode at the same bucket (`continues`), the decoder does not wait for the GPU at the
-boundary: the steps in flight are read in the next window. `seconds` and `tokens` total each book, so a
-benchmark can check them against the wall time. The engine's warm-up runs both modes (`forced`) and books
-nothing. Both modes are lossless, so no choice changes the output. docs/speculative.md says more.
+Every second of busy time is booked exactly once, or the rates lie: a window cut short counts for its share
+of steps, the draft's catch-up is speculation's, prefills are set apart (`set_aside`), a window with a graph
+capture is void, idle time is nobody's (`close`), and where the next window `continues` the mode the decoder
+does not wait for the GPU at the boundary. `seconds` and `tokens` total each book for benchmarks to check.
+Warm-up runs both modes (`forced`) and books nothing. Both modes are lossless: no choice changes the output.
 """
 
 from __future__ import annotations
@@ -128,13 +119,9 @@ class SpecPolicy:
             current = False
         elif not current and g > 1 + self.margin:
             current = True
-        # A probe window has as many steps as any other, and a far slower mode's steps are long: probe it
-        # 4x less often, so that probes cost about 1-2% of the time whatever the ratio. A close call on few
-        # windows is not settled: one window's acceptance depends on its text (a response's opening lines
-        # can accept far less than the rest), so while plain is preferred speculation gets every second
-        # window until it has SETTLE windows' worth of steps there; running the slower of two close modes
-        # costs little. Plain decoding's rate does not depend on the text: while speculation is preferred,
-        # plain keeps the probe schedule.
+        # A far slower mode's probe windows are long: probed 4x less often, probes cost about the same share
+        # of time whatever the ratio. Speculation's rate depends on the text, plain decoding's does not: while
+        # plain leads a close call, speculation gets every second window until it has SETTLE windows' steps.
         far = g < FAR or g > 1 / FAR
         near = FAR ** 2 < g < 1 / FAR ** 2
         unsettled = near and not current and measured.get((b, True), 0) < SETTLE * self.window

@@ -8,10 +8,11 @@ output token x_c pending (the tree root):
 - verify runs the whole tree through the target in one forward at columns c..c+N-1;
 - commit compacts the accepted path's target KV to c..c+m and re-runs the draft on the accepted
   pairs with the target's fresh features (overwriting the speculative draft entries).
-For greedy batches, acceptance and commit run on the device right after verify (acceptance and the extend
-pass as one more graph), and the host reads the result once per cycle; ahead of the host (spec_ahead.py) the
-whole cycle is a single graph. Batches with sampled sequences accept on the host. A chain (topk 1) drafts and accepts through shorter functions of its own (Drafter.chain,
-tree.accept_greedy_chain) that give the general tree's results with k = 1 in fewer kernels.
+A greedy cycle is one body (greedy_cycle) that runs on the device from its inputs to its results, acceptance
+and the extend pass included, and the host reads the result once: ahead of the host (ahead.py) the body is
+one CUDA graph; in step with it (tensor parallelism, the profiler) each pass is its own graph. Batches with
+sampled sequences accept on the host. A chain (topk 1) drafts and accepts through shorter functions of its
+own (Drafter.chain, tree.accept_greedy_chain) that give the general tree's results with k = 1 in fewer kernels.
 When the policy chooses a plain step, the draft does not run: the step's (feature, token) pair is kept
 in the sequence's lag, and the draft catches up before it drafts again (catch_up.py). Plain steps then cost
 what plain decoding costs, ahead of the host too. Which of the two a step runs, and the policy's books, is the
@@ -26,13 +27,13 @@ import torch.nn.functional as F
 from eyas.config import SpecConfig
 from eyas.engine import catch_up as lag
 from eyas.engine.adaptive_steps import AdaptiveSteps
-from eyas.engine.draft_state import gather_states, set_states
+from eyas.engine.ahead import SpecAhead, StepInputs, step_inputs
+from eyas.engine.draft_state import set_states
 from eyas.engine.drafter import Drafter
 from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
 from eyas.engine.kv_cache import KVCache
-from eyas.engine.profile import NullProfiler
+from eyas.engine.profile import NULL_PROFILER
 from eyas.engine.runner import PREFILL_CHUNK, chunked_length
-from eyas.engine.spec_ahead import SpecAhead
 from eyas.engine.spec_policy import SpecPolicy
 from eyas.engine.tree import accept_greedy, accept_greedy_batched, accept_greedy_chain, accept_sampled
 from eyas.layers.attention import AttentionBatch
@@ -68,7 +69,7 @@ class SpeculativeDecoder:
         # Columns past the longest row's cache that each pass of a cycle reaches (its graph's attention bound):
         # the draft's tree writes (steps - 1) * topk, the verify pass draft_tokens, the extend pass steps + 1.
         self.reach = {"tree": (s - 1) * k, "verify": self.spec.draft_tokens, "commit": s + 1}
-        self.ahead = SpecAhead(self)  # greedy cycles one ahead of the host (off: EYAS_DECODE_AHEAD=0)
+        self.ahead = SpecAhead(self)  # greedy cycles one ahead of the host
         # Which of the two modes each step runs, and the policy's books.
         self.step_loop = AdaptiveSteps(self.policy, self.ahead, engine.ahead,
                                        speculative_cycle=self.speculative_cycle, plain_step=self.plain_step,
@@ -81,7 +82,7 @@ class SpeculativeDecoder:
 
     @property
     def profiler(self):
-        return self.engine.profiler or NullProfiler()
+        return self.engine.profiler or NULL_PROFILER
 
     @property
     def graphs(self):
@@ -109,15 +110,16 @@ class SpeculativeDecoder:
         h, scores = self.drafter.extend(new, feats, accepted, c_t, slots, kv_len)
         return new, accepted, sel, h, scores
 
-    def run_padded(self, name, fn, B, kv, kv_need, inputs, pads, padded=False):
-        """Run `fn` on inputs padded to a batch bucket; replayed from a CUDA graph when the engine has them.
-        Inputs may arrive already padded (another run_padded's outputs); `padded` returns the outputs unsliced."""
+    def run_padded(self, name, fn, B, kv, kv_need, inputs, pads=None, padded=False):
+        """Run `fn` on inputs padded to a batch bucket (with `pads`, or padded already: no pads); replayed from a
+        CUDA graph when the engine has them. `padded` returns the outputs unsliced."""
         graphs = self.graphs
         key = None if graphs is None else self._graph_key(name, B, kv, kv_need, [x.shape[1:] for x in inputs])
         Bp, kv_len = (B, graph_kv_len(kv, kv_need)) if key is None else key[1:3]
-        inputs = [x if x.shape[0] == Bp else
-                  torch.cat([x, torch.full((Bp - x.shape[0],) + x.shape[1:], pad, dtype=x.dtype, device=x.device)])
-                  for x, pad in zip(inputs, pads)]
+        if pads is not None:
+            inputs = [x if x.shape[0] == Bp else torch.cat([x, torch.full((Bp - x.shape[0],) + x.shape[1:], pad,
+                                                                          dtype=x.dtype, device=x.device)])
+                      for x, pad in zip(inputs, pads)]
         if graphs is None:
             outs = fn(*inputs, kv_len)
         else:
@@ -195,23 +197,35 @@ class SpeculativeDecoder:
             self._sampled_cycle(seqs)
 
     def _greedy_cycle(self, seqs):
-        """A cycle of greedy sequences. Acceptance and the draft's extend pass run as one more graph right
-        after the verify pass, and a tree's KV compaction eagerly on the device, so the GPU runs the whole
-        cycle without waiting for the host, which reads the accepted tokens once, at the end (or a cycle
-        later, spec_ahead.py, where the whole cycle is one graph)."""
+        """A cycle of greedy sequences: ahead of the host where it may (ahead.py, the whole cycle one graph),
+        else in step with it, each pass from its own graph (which the profiler can time), then one read."""
         if self.ahead.usable(seqs):
             self.ahead.advance(seqs)
             return
-        prof, B = self.profiler, len(seqs)
-        c = [s.cached for s in seqs]
-        tokens, parents, depth, argmax, _, aux, c_t, slots_t = self._draft_and_verify(seqs, c)
-        with prof.phase("commit"):
-            new, accepted, h, scores = self.commit_pass(B, max(c), tokens[:B], parents[:B], depth[:B], argmax,
-                                                        aux, c_t, slots_t)
-            set_states(seqs, h.clone(), scores.clone())  # graph outputs: the next replay overwrites them
-        with prof.phase("accept"):
-            host = torch.cat([new, accepted[:, None]], dim=1).tolist()  # the cycle's one sync
+        B = len(seqs)
+        x = self._cycle_inputs(seqs)
+        results, following = self.greedy_cycle(x, self._in_step(B, max(s.cached for s in seqs)), self.profiler)
+        with self.profiler.phase("accept"):
+            # Copies: under CUDA graphs the draft's output is the commit graph's, which its next replay overwrites.
+            set_states(seqs, following.hidden[:B].clone(), following.scores[:B].clone())
+            host = results[:B].tolist()  # the cycle's one sync
             self.advance(seqs, [row[:row[-1] + 1] for row in host], [row[-1] for row in host])
+
+    def greedy_cycle(self, x: StepInputs, run, prof=NULL_PROFILER) -> tuple[torch.Tensor, StepInputs]:
+        """One greedy cycle on the device, from its inputs to its results without a host sync: the draft, the
+        verify pass, acceptance and the draft's extend pass over the accepted pairs (commit_body), a tree's KV
+        compaction. Returns [rows, steps + 2] (the new tokens, then the accepted count) and the next cycle's
+        inputs. `run(name, fn, inputs)` runs a pass: inside the whole-cycle graph ahead of the host (ahead.py)
+        a plain call, in step with the host its own graph (_in_step)."""
+        tokens, parents, depth, argmax, _, aux = self._draft_and_verify(x, run, prof)
+        with prof.phase("commit"):
+            new, accepted, sel, h, scores = run("commit", self.commit_body,
+                                                [tokens, parents, depth, argmax, aux, x.cached, x.slots])
+            self.compact_paths(x.slots, x.cached, sel, accepted)
+        # Padding rows stay at column 0 of the scratch row.
+        following = StepInputs(new.gather(1, accepted[:, None])[:, 0], x.cached + (accepted + 1) * x.active,
+                               x.slots, x.active, h, scores)
+        return torch.cat([new, accepted[:, None]], dim=1), following
 
     def compact_paths(self, slots_t, c_t, sel, accepted):
         """A tree's accepted path may skip nodes: move its target KV from columns c + sel to c, c+1, ...
@@ -237,9 +251,11 @@ class SpeculativeDecoder:
         S, N = self.spec.steps, self.spec.draft_tokens
         B = len(seqs)
         c = [s.cached for s in seqs]
-        tokens, parents, _, argmax, logits, aux, c_t, slots_t = self._draft_and_verify(seqs, c)
+        x = self._cycle_inputs(seqs)
+        tokens, parents, _, argmax, logits, aux = self._draft_and_verify(x, self._in_step(B, max(c)), prof)
+        c_t, slots_t = x.cached[:B], x.slots[:B]
         with prof.phase("accept"):
-            host = torch.cat([tokens[:B], parents[:B], argmax], dim=1).tolist()  # the cycle's one sync
+            host = torch.cat([tokens[:B], parents[:B], argmax[:B]], dim=1).tolist()  # the cycle's one sync
             paths, bonus = [], []
             for i, s in enumerate(seqs):
                 toks, par, best = host[i][:N], host[i][N:2 * N], host[i][2 * N:]
@@ -270,51 +286,36 @@ class SpeculativeDecoder:
             self.compact_paths(slots_t, c_t, sel_t, last)
             self.extend(seqs, ids, last, feats, c_t, slots_t, max(c))
 
-    def _draft_and_verify(self, seqs, c: list[int]):
-        """Draft a tree for every sequence from its draft state, and verify it with the target."""
-        with self.profiler.phase("draft"):
-            hidden0, scores0 = gather_states(seqs)
-            root, c_t, slots_t = torch.tensor([[s.output_ids[-1] for s in seqs], c, [s.slot for s in seqs]],
-                                              device=self.engine.device)  # one host-to-device copy for the inputs
-            tokens, parents, depth, mask = self.draft_pass(len(seqs), max(c), scores0, hidden0, root, c_t, slots_t)
-        with self.profiler.phase("verify"):
-            argmax, logits, aux = self.verify_pass(len(seqs), max(c), tokens, depth, mask, c_t, slots_t)
-        return tokens, parents, depth, argmax, logits, aux, c_t, slots_t
+    def _draft_and_verify(self, x: StepInputs, run, prof):
+        """Draft a tree for every row from its draft state, and verify it with the target."""
+        with prof.phase("draft"):
+            tokens, parents, depth, mask = run("tree", self.draft_fn, [x.scores, x.hidden, x.token, x.cached, x.slots])
+        with prof.phase("verify"):
+            argmax, logits, aux = run("verify", self.verify_body, [tokens, depth, mask, x.cached, x.slots])
+        return tokens, parents, depth, argmax, logits, aux
 
-    # The passes of a cycle as graphs, for B sequences whose longest holds at most `c` cached tokens; inputs may
-    # come padded to the batch bucket, padding rows at the scratch slot (spec_ahead.py keeps them so).
-    def draft_pass(self, B, c, scores0, hidden0, root, c_t, slots_t):
-        """The drafted tree (tokens, parents, depth, mask), rows padded to the batch bucket."""
-        tokens, parents, depth, mask = self.run_padded("tree", self.draft_fn, B, self.kv, c + self.reach["tree"],
-                                                       [scores0, hidden0, root, c_t, slots_t],
-                                                       [0, 0, 0, 0, self.engine.runner.scratch_slot], padded=True)
-        # Read after the verify graph replays, which may keep its temporaries where these live (graphs.py):
-        # a chain's verify pass crosses a length bucket two columns before its draft does, so its graph is
-        # captured first and the draft's is then free to reuse that memory. Copies, outside the pool.
-        return tokens.clone(), parents.clone(), depth.clone(), mask
+    def _cycle_inputs(self, seqs) -> StepInputs:
+        """A cycle's inputs in step with the host, padded to the batch bucket where graphs run its passes."""
+        B = len(seqs)
+        rows = B if self.graphs is None else next((b for b in BATCH_BUCKETS if b >= B), B)
+        return step_inputs(seqs, rows, self.engine.runner.scratch_slot, self.engine.device, with_draft=True)
 
-    def verify_pass(self, B, c, tokens, depth, mask, c_t, slots_t, padded=False):
-        """The target's greedy tokens, logits and features over the tree. The tree's outputs go straight in,
-        padding rows included (they write only the scratch row)."""
-        runner = self.engine.runner
-        return self.run_padded("verify", self.verify_body, B, runner.kv, c + self.reach["verify"],
-                               [tokens, depth, mask, c_t, slots_t], [0, 0, True, 0, runner.scratch_slot],
-                               padded=padded)
+    def _in_step(self, B: int, c: int):
+        """`run` for a cycle in step with the host, for B sequences whose longest holds c cached tokens: each
+        pass through run_padded (its own graph, or eagerly) at its own attention bound, inputs padded already."""
+        kv = {"tree": self.kv, "verify": self.engine.runner.kv, "commit": self.kv}
 
-    def commit_pass(self, B, c, tokens, parents, depth, argmax, aux, c_t, slots_t, padded=False):
-        """Greedy acceptance and the draft's extend pass (one graph), then a tree's KV compaction (eager:
-        moving columns is not idempotent). Returns new tokens, accepted counts and the draft's output."""
-        new, accepted, sel, h, scores = self.run_padded("commit", self.commit_body, B, self.kv,
-                                                        c + self.reach["commit"],
-                                                        [tokens, parents, depth, argmax, aux, c_t, slots_t],
-                                                        [0, 0, 0, 0, 0, 0, self.engine.runner.scratch_slot],
-                                                        padded=padded)
-        self.compact_paths(slots_t, c_t, sel, accepted)
-        return new, accepted, h, scores
+        def run(name, fn, inputs):
+            outs = self.run_padded(name, fn, B, kv[name], c + self.reach[name], inputs, padded=True)
+            # The tree is read after the verify graph replays, which may keep its temporaries where it lives
+            # (graphs.py): a chain's verify pass crosses a length bucket two columns before its draft does, so
+            # its graph is captured first and the draft's is then free to reuse that memory. Copies.
+            return [o.clone() for o in outs] if name == "tree" else outs
+        return run
 
     def plain_step(self, seqs):
         """One plain decode step; the draft catches up later (see the module docstring), so speculation
-        can resume on any later step. Greedy batches decode ahead of the host (decode_ahead.py), which
+        can resume on any later step. Greedy batches decode ahead of the host (ahead.py), which
         holds each step's pair back as it reads the step's tokens."""
         eng, prof = self.engine, self.profiler
         with prof.phase("verify"):
