@@ -189,10 +189,10 @@ def eager_forwards(eng: Engine, B: int) -> str:
         return "all (no CUDA graphs)"
     bucket = next(b for b in BATCH_BUCKETS if b >= B)
     N = eng.decoder.spec.draft_tokens
-    captured = dict(decode=any(k[:3] == (bucket, 1, False) for k in g.graphs),
-                    verify=any(k[:3] == (bucket, N, True) for k in g.graphs),
-                    draft=any(k[:2] == ("tree", bucket) for k in g.functions.graphs),
-                    extend=any(k[:2] == ("extend", bucket) for k in g.functions.graphs))
+    captured = dict(decode=any(k[:4] == ("target", bucket, 1, False) for k in g.graphs),
+                    verify=any(k[:4] == ("target", bucket, N, True) for k in g.graphs),
+                    draft=any(k[:2] == ("tree", bucket) for k in g.graphs),
+                    extend=any(k[:2] == ("extend", bucket) for k in g.graphs))
     return ",".join(k for k, v in captured.items() if not v) or "none"
 
 

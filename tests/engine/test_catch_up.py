@@ -94,10 +94,10 @@ def test_graphed_passes_of_s_plus_1_pairs_match_the_eager_pass(target_dir, fake_
     want = [(s.draft_state.hidden.clone(), s.draft_state.scores.clone()) for s in seqs]
     for s, state in zip(seqs, states):
         s.draft_state = state
-    keys = set(engine.runner.graphs.functions.graphs)
+    keys = set(engine.runner.graphs.graphs)
     engine.decoder.catch_up(seqs)
-    new = set(engine.runner.graphs.functions.graphs) - keys
-    assert new <= {k for k in engine.runner.graphs.functions.graphs if k[0] == "extend"}
+    new = set(engine.runner.graphs.graphs) - keys
+    assert new <= {k for k in engine.runner.graphs.graphs if k[0] == "extend"}
     for s, (h, scores) in zip(seqs, want):
         assert not s.draft_state.lag_tokens
         torch.testing.assert_close(s.draft_state.hidden, h, atol=1e-5, rtol=1e-5)
@@ -126,7 +126,7 @@ def test_wide_passes_match_the_eager_pass_and_capture_nothing(target_dir, fake_g
     widths, extend = [], engine.decoder.extend
     monkeypatch.setattr(engine.decoder, "extend", lambda group, ids, *a: (widths.append(ids.shape[1]),
                                                                           extend(group, ids, *a)))
-    graphs = engine.runner.graphs.functions.graphs
+    graphs = engine.runner.graphs.graphs
     keys = set(graphs)
     engine.decoder.catch_up(seqs)
     assert widths[0] == spec.steps + 1 and 30 in widths  # the row near its end first, then a wide pass

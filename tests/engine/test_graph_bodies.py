@@ -35,7 +35,7 @@ def test_speculative_equals_greedy_with_graphs(tmp_path, fake_graphs, monkeypatc
     if ahead:  # the cycles ran as whole-cycle graphs (ahead.py)
         assert engine.decoder.ahead.pairs
     else:  # the draft, verify and commit passes ran from their own graphs
-        assert {"tree", "verify", "commit"} <= {key[0] for key in engine.runner.graphs.functions.graphs}
+        assert {"tree", "verify", "commit"} <= {key[0] for key in engine.runner.graphs.graphs}
     assert any(s.verify_passes < len(s.output_ids) - 1 for s in got)  # drafts were accepted
 
 

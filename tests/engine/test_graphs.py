@@ -57,7 +57,7 @@ def test_warm_up_captures_every_bucket_up_front(tmp_path, spec):
     engine = Engine(str(tmp_path), dtype="fp32", device="cuda", max_batch=8, max_len=256, draft=draft, spec=spec)
     assert engine.warm_up() > 0
     graphs = engine.runner.graphs
-    count = len(graphs.graphs) + len(graphs.functions.graphs)
+    count = len(graphs.graphs)
     for n in (1, 3, 8):
         engine.generate([[1, 2, 3]] * n, SamplingParams(max_tokens=30, ignore_eos=True))
-    assert len(graphs.graphs) + len(graphs.functions.graphs) == count
+    assert len(graphs.graphs) == count

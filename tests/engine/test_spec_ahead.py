@@ -202,7 +202,7 @@ def test_a_cycle_is_one_graph_replay(model, ahead, monkeypatch, spec):
     monkeypatch.setattr(ahead_mod.GraphPair, "replay", lambda self: replays.append(self) or real(self))
     assert [(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)] == want
     assert replays and eng.decoder.ahead.pairs and most["in_flight"] == 2  # a pair per bucket as the batch shrinks
-    assert not phases & {key[0] for key in eng.runner.graphs.functions.graphs}
+    assert not phases & {key[0] for key in eng.runner.graphs.graphs}
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=["chain", "tree"])

@@ -21,7 +21,7 @@ from tests.helpers import random_draft, tiny_llama
 def _keys(engine):
     g = engine.runner.graphs
     cycles = {("cycle",) + key for key in engine.decoder.ahead.pairs} if engine.decoder else set()
-    return set(g.graphs) | set(g.functions.graphs) | {("ahead",) + key for key in engine.ahead.pairs} | cycles
+    return set(g.graphs) | {("ahead",) + key for key in engine.ahead.pairs} | cycles
 
 
 @pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, adaptive=True)], ids=["plain", "adaptive"])

@@ -28,7 +28,7 @@ import torch
 from eyas.engine import graphs as cuda_graphs
 from eyas.engine.catch_up import hold_back
 from eyas.engine.draft_state import gather_states, set_states
-from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
+from eyas.engine.graphs import bucket_rows, graph_kv_len
 from eyas.layers.attention import AttentionBatch
 from eyas.options import off
 
@@ -225,7 +225,7 @@ class AheadOfHost:
 
     def _start(self, seqs):
         runner = self.engine.runner
-        rows = next(b for b in BATCH_BUCKETS if b >= len(seqs))
+        rows = bucket_rows(len(seqs))
         inputs = step_inputs(seqs, rows, runner.scratch_slot, self.engine.device, self.with_draft)
         self.seqs = list(seqs)
         self.pair = self._pair_for(inputs)

@@ -203,7 +203,7 @@ class Engine:
         if g is None:
             return 0
         pairs = len(self.ahead.pairs) + (len(self.decoder.ahead.pairs) if self.decoder else 0)
-        return len(g.graphs) + len(g.functions.graphs) + 2 * pairs
+        return len(g.graphs) + 2 * pairs
 
     def warm_eager_passes(self, long_rows: bool = True):
         """Run the eager passes whose slot-attention kernels would otherwise compile in the middle of

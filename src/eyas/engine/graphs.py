@@ -1,9 +1,6 @@
-"""CUDA graphs for decode-shaped target forwards (plain decode, chain and tree verify).
-
-One graph per (batch bucket, new tokens, tree mask or not, KV-length bucket), captured lazily on
-first use into one shared memory pool. Inputs are copied into static buffers; rows past the real
-batch are padded to point at a scratch cache slot, so padding never touches a live sequence.
-An eager run and a graph run give identical tokens (tests/engine/test_graphs.py on CUDA).
+"""CUDA graphs of decode-shaped passes (plain decode, verify, the draft's passes), per batch bucket and
+attention bound, and the bounds themselves. An eager run and a graph run give identical tokens
+(tests/engine/test_graphs.py on CUDA).
 """
 
 from __future__ import annotations
@@ -43,81 +40,70 @@ def kernel_kv_len(need: int, max_len: int) -> int:
 SHORT_ROWS = 512  # the bound of attention_splits.choose_splits' short rows
 
 
-class _Graph:
-    def __init__(self, runner, B, T, tree, kv_len, pool):
-        dev = runner.device
-        self.B, self.T = B, T
-        self.ids = torch.zeros((B, T), dtype=torch.long, device=dev)
-        self.pos = torch.zeros((B, T), dtype=torch.long, device=dev)
-        self.slots = torch.full((B,), runner.scratch_slot, dtype=torch.long, device=dev)
-        self.starts = torch.zeros((B,), dtype=torch.long, device=dev)
-        self.mask = torch.eye(T, dtype=torch.bool, device=dev).expand(B, T, T).clone() if tree else None
-        self.batch = AttentionBatch(kv=runner.kv, slots=self.slots, starts=self.starts, kv_len=kv_len, new_mask=self.mask)
-        self.graph, self.out = capture(lambda: runner.model(self.ids, self.pos, self.batch), pool)
-
-    def run(self, ids, pos, slots, starts, new_mask, scratch):
-        n = ids.shape[0]
-        self.ids[:n].copy_(ids)
-        self.pos[:n].copy_(pos)
-        self.slots.fill_(scratch)
-        self.slots[:n].copy_(slots, non_blocking=True)
-        self.starts.zero_()
-        self.starts[:n].copy_(starts, non_blocking=True)
-        if self.mask is not None:
-            self.mask[:n].copy_(new_mask)
-        self.graph.replay()
-        aux = self.out.aux_hidden[:n] if self.out.aux_hidden is not None else None
-        return ModelOutput(self.out.hidden[:n], aux)
+def bucket_rows(B: int) -> int:
+    """The batch bucket that B rows are padded to (B itself past the largest)."""
+    return next((b for b in BATCH_BUCKETS if b >= B), B)
 
 
 class CudaGraphs:
+    """CUDA graphs of tensor functions over inputs padded to a batch bucket, keyed by the caller and captured
+    lazily into one shared memory pool: the target's decode-shaped forwards (forward) and the draft's passes
+    (speculative.py's run_padded). Inputs are copied into static buffers, rows past the batch set to a pad
+    (cache slots to the scratch slot, so padding never touches a live sequence); outputs are the graph's static
+    tensors. A graph captured later may keep its outputs where an earlier-captured graph keeps temporaries:
+    outputs are valid until the next replay of the same key *or of any other graph*. Copy what must outlive it.
+    """
+
     def __init__(self, runner):
         self.runner = runner
         self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[tuple, _Graph] = {}
-        self.functions = FunctionGraphs(self.pool)
+        self.graphs: dict[tuple, tuple] = {}  # key -> (graph, static inputs, outputs)
         self.max_batch = max(b for b in BATCH_BUCKETS if b <= max(runner.kv.num_slots, 1)) if runner.kv.num_slots else 0
 
     def can_run(self, B: int, T: int) -> bool:
         return T <= MAX_GRAPH_TOKENS and B <= self.max_batch  # max_batch is itself a bucket
 
-    def run(self, ids, pos, slots: list[int], starts: list[int], new_mask):
+    def run(self, key, fn, inputs, rows: int, pads=None):
+        """fn(*inputs) replayed from the graph of `key`, inputs padded to `rows` with `pads` (None: padded
+        already)."""
+        pads = pads if pads is not None else [None] * len(inputs)
+        entry = self.graphs.get(key)
+        if entry is None:
+            static = [torch.empty((rows,) + x.shape[1:], dtype=x.dtype, device=x.device) for x in inputs]
+            for buf, x, pad in zip(static, inputs, pads):
+                _copy_padded(buf, x, pad)
+            graph, outs = capture(lambda: fn(*static), self.pool)
+            entry = self.graphs[key] = (graph, static, outs)
+        graph, static, outs = entry
+        for buf, x, pad in zip(static, inputs, pads):
+            _copy_padded(buf, x, pad)
+        graph.replay()
+        return outs
+
+    def forward(self, ids, pos, slots: list[int], starts: list[int], new_mask):
+        """The target over B rows of T new tokens (runner.forward)."""
         B, T = ids.shape
-        bucket = next(b for b in BATCH_BUCKETS if b >= B)
-        kv_len = graph_kv_len(self.runner.kv, max(starts) + T)
-        key = (bucket, T, new_mask is not None, kv_len)
-        g = self.graphs.get(key)
-        if g is None:
-            g = self.graphs[key] = _Graph(self.runner, bucket, T, new_mask is not None, kv_len, self.pool)
-        slots_t, starts_t = torch.tensor([slots, starts], dtype=torch.long, device=self.runner.device)  # one copy
-        return g.run(ids, pos, slots_t, starts_t, new_mask, self.runner.scratch_slot)
+        runner = self.runner
+        kv_len = graph_kv_len(runner.kv, max(starts) + T)
+        slots_t, starts_t = torch.tensor([slots, starts], dtype=torch.long, device=runner.device)  # one copy
+        inputs, pads = [ids, pos, slots_t, starts_t], [0, 0, runner.scratch_slot, 0]
+        if new_mask is not None:
+            inputs, pads = inputs + [new_mask], pads + [True]
+
+        def forward(ids, pos, slots, starts, mask=None):
+            return runner.model(ids, pos, AttentionBatch(kv=runner.kv, slots=slots, starts=starts, kv_len=kv_len,
+                                                         new_mask=mask))
+        rows = bucket_rows(B)
+        out = self.run(("target", rows, T, new_mask is not None, kv_len), forward, inputs, rows, pads)
+        return ModelOutput(out.hidden[:B], None if out.aux_hidden is None else out.aux_hidden[:B])
+
+
+def _copy_padded(buf: torch.Tensor, x: torch.Tensor, pad):
+    n = x.shape[0]
+    buf[:n].copy_(x)
+    if n < buf.shape[0]:
+        buf[n:].fill_(pad)
 
 
 def enable_cuda_graphs(engine):
     engine.runner.graphs = CudaGraphs(engine.runner)
-
-
-class FunctionGraphs:
-    """CUDA graphs of arbitrary tensor functions (the draft phases), keyed by the caller.
-
-    The caller pads inputs to a fixed shape; inputs are copied into static buffers and outputs are
-    the graph's static tensors. Every graph shares the engine's memory pool, so a graph captured later
-    may keep its outputs where an earlier-captured graph keeps temporaries: outputs are valid until the
-    next replay of the same key *or of any other graph*. Copy what must outlive another replay.
-    """
-
-    def __init__(self, pool):
-        self.pool = pool
-        self.graphs = {}
-
-    def run(self, key, fn, inputs):
-        entry = self.graphs.get(key)
-        if entry is None:
-            static = [x.clone() for x in inputs]
-            graph, outs = capture(lambda: fn(*static), self.pool)
-            entry = self.graphs[key] = (graph, static, outs)
-        graph, static, outs = entry
-        for buf, x in zip(static, inputs):
-            buf.copy_(x)
-        graph.replay()
-        return outs

@@ -80,7 +80,7 @@ class ModelRunner:
         `graph=False` keeps a forward eager (prefills: their many shapes would each need a graph)."""
         B, T = input_ids.shape
         if graph and self.graphs is not None and self.graphs.can_run(B, T):
-            return self.graphs.run(input_ids, positions, slots, starts, new_mask)
+            return self.graphs.forward(input_ids, positions, slots, starts, new_mask)
         batch = AttentionBatch(
             kv=self.kv,
             slots=torch.tensor(slots, device=self.device),

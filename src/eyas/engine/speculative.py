@@ -30,7 +30,7 @@ from eyas.engine.adaptive_steps import AdaptiveSteps
 from eyas.engine.ahead import SpecAhead, StepInputs, step_inputs
 from eyas.engine.draft_state import set_states
 from eyas.engine.drafter import Drafter
-from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
+from eyas.engine.graphs import bucket_rows, graph_kv_len
 from eyas.engine.kv_cache import KVCache
 from eyas.engine.profile import NULL_PROFILER
 from eyas.engine.runner import PREFILL_CHUNK, chunked_length
@@ -86,8 +86,7 @@ class SpeculativeDecoder:
 
     @property
     def graphs(self):
-        g = self.engine.runner.graphs
-        return None if g is None else g.functions
+        return self.engine.runner.graphs
 
     def release(self, seq):
         seq.draft_state = None
@@ -111,26 +110,21 @@ class SpeculativeDecoder:
         return new, accepted, sel, h, scores
 
     def run_padded(self, name, fn, B, kv, kv_need, inputs, pads=None, padded=False):
-        """Run `fn` on inputs padded to a batch bucket (with `pads`, or padded already: no pads); replayed from a
-        CUDA graph when the engine has them. `padded` returns the outputs unsliced."""
-        graphs = self.graphs
-        key = None if graphs is None else self._graph_key(name, B, kv, kv_need, [x.shape[1:] for x in inputs])
-        Bp, kv_len = (B, graph_kv_len(kv, kv_need)) if key is None else key[1:3]
-        if pads is not None:
-            inputs = [x if x.shape[0] == Bp else torch.cat([x, torch.full((Bp - x.shape[0],) + x.shape[1:], pad,
-                                                                          dtype=x.dtype, device=x.device)])
-                      for x, pad in zip(inputs, pads)]
-        if graphs is None:
+        """fn over B rows of inputs at the attention bound of kv_need columns: replayed from a CUDA graph of the
+        batch bucket when the engine has them, rows padded with `pads` (None: padded already). `padded`
+        returns the outputs unsliced."""
+        kv_len = graph_kv_len(kv, kv_need)
+        if self.graphs is None:
             outs = fn(*inputs, kv_len)
         else:
-            outs = graphs.run(key, lambda *xs: fn(*xs, kv_len), inputs)
+            key = self._graph_key(name, B, kv, kv_need, [x.shape[1:] for x in inputs])
+            outs = self.graphs.run(key, lambda *xs: fn(*xs, kv_len), inputs, key[1], pads)
         return outs if padded else [o[:B] for o in outs]
 
     def _graph_key(self, name, B, kv, kv_need, shapes) -> tuple:
         """The key of run_padded's graph for B rows of inputs of these per-row shapes: (name, batch bucket, kv
         bound, shapes)."""
-        Bp = next((b for b in BATCH_BUCKETS if b >= B), B)
-        return name, Bp, graph_kv_len(kv, kv_need), tuple(tuple(s) for s in shapes)
+        return name, bucket_rows(B), graph_kv_len(kv, kv_need), tuple(tuple(s) for s in shapes)
 
     def has_graph(self, name, B, kv, kv_need, shapes) -> bool:
         """Whether run_padded would replay a graph captured already (never capture one) for these inputs."""
@@ -297,7 +291,7 @@ class SpeculativeDecoder:
     def _cycle_inputs(self, seqs) -> StepInputs:
         """A cycle's inputs in step with the host, padded to the batch bucket where graphs run its passes."""
         B = len(seqs)
-        rows = B if self.graphs is None else next((b for b in BATCH_BUCKETS if b >= B), B)
+        rows = B if self.graphs is None else bucket_rows(B)
         return step_inputs(seqs, rows, self.engine.runner.scratch_slot, self.engine.device, with_draft=True)
 
     def _in_step(self, B: int, c: int):
