@@ -152,13 +152,9 @@ class SpeculativeDecoder:
         last, slots = meta[0], meta[1]
         if self.engine.runner.prefills_in_chunks(B, T):
             set_states(seqs, *self._prefill_in_chunks(ids, features, last, slots))
-            return
-        pos = torch.arange(T, device=dev)[None].expand(B, T)
-        starts = torch.zeros(B, dtype=torch.long, device=dev)
-        out = self.drafter.forward(self.target.embed(ids), features, pos, slots, starts, graph_kv_len(self.kv, T),
-                                   fuse=True)
-        h = out[torch.arange(B, device=dev), last]
-        set_states(seqs, h, self.drafter.scores(h))
+        else:  # one extend pass over the whole prompts
+            starts = torch.zeros(B, dtype=torch.long, device=dev)
+            set_states(seqs, *self.drafter.extend(ids, features, last, starts, slots, graph_kv_len(self.kv, T)))
 
     def _prefill_in_chunks(self, ids, features, last, slots):
         """The draft's prefill as PREFILL_CHUNK-token extend passes at columns 0, C, 2C, ...; each row keeps
