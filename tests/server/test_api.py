@@ -16,7 +16,7 @@ KEY = "test-key"
 def server(tiny_model):
     # Two steps in flight (the default, pinned): test_steps_in_flight.py checks one, these tests two.
     with Server(tiny_model, "--api-key", KEY, "--max-running", "4", "--max-queue", "40",
-                env={"EYAS_STEPS_IN_FLIGHT": "2"}) as s:
+                "--steps-in-flight", "2") as s:
         yield s
 
 

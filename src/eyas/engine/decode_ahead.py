@@ -15,7 +15,7 @@ is read. A stop (EOS, a stop token) is learned one step late: the step already e
 other sequences and dropped for the stopped one (its cache write lies past that sequence's end). A step is
 never enqueued past a sequence's max_tokens. Before anything else touches the batch (an admission, an abort, a sampled request, a
 longer attention bound) the engine drains: it reads the steps in flight and leaves this mode.
-On by default (EYAS_DECODE_AHEAD=0 turns it off, and spec_ahead.py's twin with it); the same tokens, 24-34%
+On by default (execution_plan's decode_ahead=False turns it off, and spec_ahead.py's twin with it); the same tokens, 24-34%
 faster on SmolLM2 (docs/kernels.md).
 """
 
@@ -31,11 +31,11 @@ from eyas.engine.catch_up import hold_back
 from eyas.engine.flights import AheadOfHost
 from eyas.engine.graphs import BATCH_BUCKETS, graph_kv_len
 from eyas.layers.attention import AttentionBatch
-from eyas.options import off
+from eyas import execution_plan
 
 
 def decode_ahead_on() -> bool:
-    return not off("EYAS_DECODE_AHEAD")
+    return execution_plan.current().decode_ahead
 
 
 def may_run_ahead(engine, seqs) -> bool:
