@@ -67,6 +67,7 @@ def _summary(engine, plan) -> dict:
 
         pdl, qkv_rotary_rows = pdl_on(probe_of(1, 1)), max_rows()
     layers = engine.target.model.layers
+    other = "cublas" if engine.device.type == "cuda" else "torch"
     return {
         "plan": plan.to_dict(),
         "device": str(engine.device),
@@ -74,7 +75,7 @@ def _summary(engine, plan) -> dict:
         "pdl": pdl,
         "cuda_graphs": engine.runner.graphs is not None,
         "run_ahead": may_run_ahead(engine, []),
-        "projections": _projection_paths(layers[0], probe_of, "cublas" if engine.device.type == "cuda" else "torch") if len(layers) else {},
+        "projections": _projection_paths(layers[0], probe_of, other) if len(layers) else {},
         "qkv_rotary_rows": qkv_rotary_rows,
         "attention": {"kernel": kernels, "merge_in_kernel": kernels and plan.merge_in_kernel,
                       "short_row_splits": kernels and plan.short_row_splits},
