@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import torch
 
 from bench_join import SMOLLM2
 from bench_tp import LLAMA_8B
+from eyas import execution_plan
 from eyas.engine.graphs import capture, kernel_kv_len
 from eyas.kernels.attention_splits import choose_splits
 from eyas.kernels.slot_attention import slot_attention
@@ -64,6 +64,8 @@ def main():
     ap.add_argument("--block-n", default="64", help="cache columns per loop step (slot_attention's block_n), each in turn")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--out", default="slot_attention.json")
+    ap.add_argument("--no-pdl", action="store_true", help="launch without programmatic dependent launch "
+                    "(execution plan: pdl=False)")
     args = ap.parse_args()
     for name in ("tokens", "columns", "splits", "block_n"):
         try:
@@ -74,9 +76,10 @@ def main():
             raise SystemExit(f"bench_slot_attention: --{name.replace('_', '-')} {getattr(args, name)!r} is not a "
                              "comma-separated list of positive counts")
     rows = []
-    for block_n in args.block_n.split(","):
-        rows += measure_shapes(args, int(block_n))
-    json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, pdl=os.environ.get("EYAS_PDL", "on"),
+    with execution_plan.using(pdl=not args.no_pdl):
+        for block_n in args.block_n.split(","):
+            rows += measure_shapes(args, int(block_n))
+    json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, pdl=not args.no_pdl,
                    rows=rows), open(args.out, "w"), indent=2)
 
 

@@ -6,7 +6,7 @@ Sections, all in one process so the numbers are side by side:
   speed      batch-1 greedy decode of 256 new tokens on MT-bench prompts: eyas plain, eyas + draft (chain 3/1/4
              and tree 5/4/8), HF `generate` with a static cache, HF prompt-lookup decoding (bf16; HF runs in
              a child process, each prompt once untimed first so that its compilation is not timed); eyas
-             plain and chain again with EYAS_FUSED_LINEAR=0, built after the first two; with --also-specs, a
+             plain and chain again with the plan's fused_linear off, built after the first two; with --also-specs, a
              row per listed setting and plain once more, built last
   phases     one target decode step vs a verify pass of 4 and 8 tokens vs one draft step (CUDA events)
   lossless   fp32 (TF32 off): speculative greedy == plain greedy on the MT-bench first turns, chain and tree
@@ -48,6 +48,7 @@ from eyas.errors import EyasError
 from eyas.layers.sampling import SamplingParams
 from eyas.models.demo import demo_model_path
 from eyas.models.tokenizer import encode_messages, load_tokenizer
+from ablation import ablated  # benchmarks/ablation.py
 from md_tables import ratio, run_header, table, writable  # benchmarks/md_tables.py
 from timing import kernels_by_name, median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
@@ -77,27 +78,10 @@ def draft_arg(args, model_path):
     return random_draft(cfg.hidden_size, cfg.vocab_size, draft_vocab=8192)
 
 
-@contextlib.contextmanager
-def env_set(name: str, value: str, *more: str):
-    """os.environ[name] = value (and more name, value pairs) while engines are built and run (CUDA graphs keep
-    what they captured under it)."""
-    pairs = dict(zip((name, *more[::2]), (value, *more[1::2])))
-    before = {k: os.environ.get(k) for k in pairs}
-    os.environ.update(pairs)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                del os.environ[k]
-            else:
-                os.environ[k] = v
-
-
 # The attention's short rows in one pass and cuBLAS for SmolLM2's output projection: the decode step before
 # the twentieth session (2026-12-01), for --old-step rows beside the default's.
-OLD_STEP = ("EYAS_SHORT_ROW_SPLITS", "0", "EYAS_FUSED_O_PROJ", "0")
-IN_STEP = ("EYAS_DECODE_AHEAD", "0")  # the host in step with the GPU: the default before 2026-12-01's 21st session
+OLD_STEP = ("short_row_splits", "0", "fused_o_proj", "0")  # execution plan fields (ablation.py)
+IN_STEP = ("decode_ahead", "0")  # the host in step with the GPU: the default before 2026-12-01's 21st session
 
 
 def eyas_engine(model_path, dtype, warm_prompt, draft=None, spec=None):
@@ -130,7 +114,7 @@ def cycle_phases(eng, prompt, new_tokens=None):
     host time that the timed runs must not pay. A profiled engine runs in step with the host, through the
     phase graphs (draft, verify, commit) that cycles ahead of it never replay (eyas.engine.ahead): a
     short untimed pass in step captures them first, so that no capture lands in a phase's time."""
-    with env_set("EYAS_DECODE_AHEAD", "0"):
+    with ablated("decode_ahead", "0"):
         eng.generate([prompt], SamplingParams(max_tokens=32, ignore_eos=True))
     eng.profiler = Profiler(DEVICE)
     eng.generate([prompt], SamplingParams(max_tokens=new_tokens or NEW_TOKENS, ignore_eos=True))
@@ -308,7 +292,7 @@ def cycle_profile(model_path, prompt, draft, spec, cycles=20):
     count = lambda name: sum(e.name == name for e in events)  # noqa: E731
     # The eyas profiler's cycles run in step with the host, through the phase graphs that cycles ahead of it
     # never replay (eyas.engine.ahead): a few steps in step capture them first, untimed.
-    with env_set("EYAS_DECODE_AHEAD", "0"):
+    with ablated("decode_ahead", "0"):
         for _ in range(3):
             eng.step()
     eng.profiler = prof = Profiler(DEVICE)
@@ -326,12 +310,12 @@ def cycle_profile(model_path, prompt, draft, spec, cycles=20):
 
 def cycle_profiles(model_path, prompt, draft, cycles=20, report=None, twin=None) -> dict:
     """cycle_profile of the chain and the tree as they run (a cycle ahead of the host is one CUDA graph) and,
-    given a `twin` (parse_twin's), of each with those variables set. `report(name, row)` is called as each row
+    given a `twin` (parse_twin's), of each with those settings. `report(name, row)` is called as each row
     is measured."""
     rows = {}
     for name, spec in (("chain", CHAIN), ("tree", TREE)):
         for row_name, env in [(name, None)] + ([(f"{name} {twin_name(twin)}", twin)] if twin else []):
-            with env_set(*env) if env else contextlib.nullcontext():
+            with ablated(*env) if env else contextlib.nullcontext():
                 rows[row_name] = cycle_profile(model_path, prompt, draft, spec, cycles=cycles)
             if report:
                 report(row_name, rows[row_name])
@@ -499,7 +483,7 @@ def parse_specs(text: str, flag: str = "--specs") -> list[SpecConfig]:
 
 
 def parse_twin(text: str) -> tuple[str, ...] | None:
-    """--twin NAME=VALUE[,NAME=VALUE...] as (NAME, VALUE, NAME, VALUE, ...), env_set's arguments; empty: None."""
+    """--twin NAME=VALUE[,NAME=VALUE...] as (NAME, VALUE, NAME, VALUE, ...), ablated's arguments; empty: None."""
     if not text:
         return None
     pairs = []
@@ -526,20 +510,20 @@ def sweep(model_path, prompts, draft, specs, rounds=2, twin=None):
     or timing order would show as a spread between rounds instead of as a difference between settings.
     Per setting: median tok/s over the rounds, every round's, acceptance, the speed-up over plain's median,
     and the cycle's phases from a separate profiled pass. `twin` (NAME, VALUE, ...): each setting also as an
-    engine with those environment variables set while it is built and whenever it runs (switches read as
+    engine with those settings (ablation.py) while it is built and whenever it runs (switches read as
     kernels launch reach the graphs captured later, at longer contexts, too), a row of its own beside it."""
     import statistics
 
     names, engines, envs = ["plain"], [eyas_engine(model_path, "bf16", prompts[0])], [None]
     for s in specs:
         for env in (None, twin) if twin else (None,):
-            with env_set(*env) if env else contextlib.nullcontext():
+            with ablated(*env) if env else contextlib.nullcontext():
                 engines.append(eyas_engine(model_path, "bf16", prompts[0], draft, s))
             names.append(f"{spec_name(s)} {twin_name(env)}" if env else spec_name(s))
             envs.append(env)
 
     def under_env(i, fn, *args):
-        with env_set(*envs[i]) if envs[i] else contextlib.nullcontext():
+        with ablated(*envs[i]) if envs[i] else contextlib.nullcontext():
             return fn(engines[i], *args)
 
     row_specs = [s for s in specs for _ in range(2 if twin else 1)]
@@ -677,21 +661,21 @@ def main():
     ap.add_argument("--batches", default="1,8,32,64", help="batch sizes of the scaling section")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--pdl", action="store_true",
-                    help="speed: also each eyas engine without programmatic dependent launch (EYAS_PDL=0), beside it")
+                    help="speed: also each eyas engine without programmatic dependent launch (plan: pdl=0), beside it")
     ap.add_argument("--in-step", action="store_true",
                     help="plain, chain, tree and --also-specs also with the host in step with the GPU "
-                         "(EYAS_DECODE_AHEAD=0), each beside its twin; says whether the tokens matched")
+                         "(plan: decode_ahead=0), each beside its twin; says whether the tokens matched")
     ap.add_argument("--old-step", action="store_true",
                     help="plain and chain also with the attention's short rows in one pass and cuBLAS for the output "
-                         "projection (EYAS_SHORT_ROW_SPLITS=0 EYAS_FUSED_O_PROJ=0)")
+                         "projection (plan: short_row_splits=0, fused_o_proj=0)")
     ap.add_argument("--also-specs", default="",
                     help="speed: rows for these settings too (steps/topk[/draft tokens]), then plain again, last")
     ap.add_argument("--specs", default=SWEEP_SPECS, help="sweep: settings as steps/topk[/draft tokens], comma-separated")
     ap.add_argument("--rounds", type=int, default=2, help="sweep and scaling: timing rounds over all engines, "
                     "alternating order")
     ap.add_argument("--twin", default="",
-                    help="sweep: each setting also built with NAME=VALUE[,NAME=VALUE...] set, a row beside it "
-                         "(e.g. EYAS_TOPK_KERNEL=0)")
+                    help="sweep: each setting also built with NAME=VALUE[,NAME=VALUE...] set, a row beside it: "
+                         "execution plan fields (e.g. fused_linear=0)")
     ap.add_argument("--out", default="bench_smollm2.json")
     ap.add_argument("--markdown", default="", help="also write the measured sections as markdown tables to this "
                     "file, rewritten as rows and sections end (for docs/BENCHMARKS.md)")
@@ -734,14 +718,14 @@ def main():
 
         def speed(name, *engine, env=None):
             """One eyas engine's row; with env (variable, value) set while it is built and run."""
-            with env_set(*env) if env else contextlib.nullcontext():
+            with ablated(*env) if env else contextlib.nullcontext():
                 sp[name], eng = eyas_speed(path, prompts[:args.prompts], "bf16", *engine)
             row_done(name)
             return eng
 
         speed("eyas_plain")
         if args.pdl:  # each engine beside its twin without programmatic dependent launch (eyas.kernels.pdl)
-            speed("eyas_plain_pdl_off", env=("EYAS_PDL", "0"))
+            speed("eyas_plain_pdl_off", env=("pdl", "0"))
         speed("eyas_chain", draft, CHAIN)
         if args.in_step:  # not a step or cycle ahead of the host (eyas.engine.ahead)
             speed("eyas_plain_in_step", env=IN_STEP)
@@ -750,15 +734,15 @@ def main():
             speed("eyas_plain_old_step", env=OLD_STEP)
             speed("eyas_chain_old_step", draft, CHAIN, env=OLD_STEP)
         if args.pdl:
-            speed("eyas_chain_pdl_off", draft, CHAIN, env=("EYAS_PDL", "0"))
+            speed("eyas_chain_pdl_off", draft, CHAIN, env=("pdl", "0"))
         # the same two engines without the fused norm/activation + projection kernels
-        speed("eyas_plain_unfused", env=("EYAS_FUSED_LINEAR", "0"))
-        speed("eyas_chain_unfused", draft, CHAIN, env=("EYAS_FUSED_LINEAR", "0"))
+        speed("eyas_plain_unfused", env=("fused_linear", "0"))
+        speed("eyas_chain_unfused", draft, CHAIN, env=("fused_linear", "0"))
         eng = speed("eyas_tree", draft, TREE)
         if args.in_step:
             speed("eyas_tree_in_step", draft, TREE, env=IN_STEP)
         if args.pdl:
-            speed("eyas_tree_pdl_off", draft, TREE, env=("EYAS_PDL", "0"))
+            speed("eyas_tree_pdl_off", draft, TREE, env=("pdl", "0"))
         for spec in also_specs:  # e.g. the sweep's fastest chain and tree
             speed(f"eyas_{spec_name(spec)}", draft, spec)
             if args.in_step:

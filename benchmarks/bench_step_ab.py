@@ -1,27 +1,28 @@
-"""Decode and verify steps of one model under several kernel switches, side by side in one process.
+"""Decode and verify steps of one model under several execution plans, side by side in one process.
 
 Separate processes on the benchmark host differ by 5-15% for identical settings (docs/BENCHMARKS.md), more
 than most single changes move a step. Here one random-weight model (SmolLM2's or an 8B Llama's shape, bf16,
-batch 1) gets one set of CUDA graphs per variant, each captured with that variant's environment (the kernels
-read their switches at launch, so a captured graph keeps them), and the variants are then replayed in
+batch 1) gets one set of CUDA graphs per variant, each captured under that variant's execution plan (the
+kernels read the plan at launch, so a captured graph keeps it), and the variants are then replayed in
 `--rounds` rounds, each round in the opposite order of the one before. Reported per variant and query count
 T: the median over rounds of the median ms of `--reps` steps, every round's figure, and the ratio to the
 first variant. `step` is the runner's forward and the logits as the engine calls them (host work included:
 the GPU waits for it at batch 1), `replay` the forward's CUDA graph replayed back to back (the GPU's time).
 
     python3 benchmarks/bench_step_ab.py --shape smollm2 --context 300 \\
-        --variants "default:;pdl_off:EYAS_PDL=0;cublas_o:EYAS_FUSED_O_PROJ=0" --out step_ab.json
+        --variants "default:;pdl_off:pdl=0;cublas_o:fused_o_proj=0" --out step_ab.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 
 import torch
 
+from eyas import execution_plan
+from ablation import FIELDS, plan_changes  # benchmarks/ablation.py
 from bench_join import SMOLLM2
 from bench_tp import LLAMA_8B, random_runner
 from timing import kernel_table, median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
@@ -29,17 +30,23 @@ from timing import kernel_table, median_ms  # benchmarks/timing.py (the script's
 SHAPES = {"smollm2": SMOLLM2, "llama-8b": LLAMA_8B}
 MAX_LEN = 2048
 REPLAYS = 10  # graph replays per timed sample of the GPU-only figure
-BLAS = ("cublas", "cublaslt")  # EYAS_BLAS=...: torch's preferred BLAS library for the variant (bench-only switch)
+BLAS = ("cublas", "cublaslt")  # blas=...: torch's preferred BLAS library for the variant (this benchmark's own)
 
 
-def use_blas(env: dict):
-    """Set torch's preferred BLAS library to the variant's EYAS_BLAS (cuBLAS unless it names cuBLASLt): torch
+def use_blas(settings: dict):
+    """Set torch's preferred BLAS library to the variant's blas (cuBLAS unless it names cuBLASLt): torch
     picks its GEMM kernels as it launches them, so a graph captured under the setting keeps that choice."""
-    torch.backends.cuda.preferred_blas_library(env.get("EYAS_BLAS", "cublas"))
+    torch.backends.cuda.preferred_blas_library(settings.get("blas", "cublas"))
+
+
+def plan_of(settings: dict) -> dict:
+    """The variant's execution plan changes (execution_plan.using's keywords): every setting but blas."""
+    return plan_changes({k: v for k, v in settings.items() if k != "blas"})
 
 
 def parse_variants(text: str) -> list[tuple[str, dict]]:
-    """'name:K=V,K=V;name2:' -> [(name, {K: V}), ...]; an empty setting list is the environment as it is."""
+    """'name:K=V,K=V;name2:' -> [(name, {K: V}), ...], K an execution plan field or blas; an empty setting list
+    is the default plan."""
     out = []
     for part in filter(None, (p.strip() for p in text.split(";"))):
         name, sep, settings = part.partition(":")
@@ -48,10 +55,14 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
         env = {}
         for kv in filter(None, settings.split(",")):
             k, eq, v = kv.partition("=")
-            if not eq or not k.startswith("EYAS_") or (k == "EYAS_BLAS" and v not in BLAS):
-                raise SystemExit(f"bench_step_ab: setting {kv!r} of {name} is not EYAS_NAME=VALUE (EYAS_BLAS: "
-                                 f"{' or '.join(BLAS)})")
+            if not eq or (k not in FIELDS and k != "blas") or (k == "blas" and v not in BLAS):
+                raise SystemExit(f"bench_step_ab: setting {kv!r} of {name} is not FIELD=VALUE (an execution plan "
+                                 f"field, or blas: {' or '.join(BLAS)})")
             env[k] = v
+        try:
+            plan_of(env)
+        except SystemExit as e:
+            raise SystemExit(f"bench_step_ab: variant {name}: {e}") from None
         out.append((name, env))
     if len({n for n, _ in out}) != len(out) or not out:
         raise SystemExit("bench_step_ab: give one or more variants with distinct names")
@@ -63,7 +74,8 @@ def main():
     ap.add_argument("--shape", choices=tuple(SHAPES), default="smollm2")
     ap.add_argument("--context", type=int, default=300, help="cached tokens before each timed step")
     ap.add_argument("--tokens", default="1,4", help="query tokens per step (1: decode; more: a chain's verify)")
-    ap.add_argument("--variants", required=True, help="NAME:[EYAS_K=V,...];... the first is the reference")
+    ap.add_argument("--variants", required=True, help="NAME:[FIELD=V,...];... (execution plan fields, "
+                    "or blas=cublaslt) the first is the reference")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="step_ab.json")
@@ -91,18 +103,13 @@ def main():
         mask = None if T == 1 else torch.tril(torch.ones(T, T, dtype=torch.bool, device="cuda"))[None]
         steps[T] = (x, pos, mask)
     graphs = {}
-    saved = dict(os.environ)
-    for name, env in variants:  # capture every variant's graphs under its own environment
-        os.environ.update(env)
+    for name, env in variants:  # capture every variant's graphs under its own plan
         use_blas(env)
-        try:
+        with execution_plan.using(**plan_of(env)):
             graphs[name] = CudaGraphs(runner)
             runner.graphs = graphs[name]
             for T, (x, pos, mask) in steps.items():
                 runner.forward(x, pos, [0], [args.context], new_mask=mask)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
 
     def one(name, T):
         x, pos, mask = steps[T]

@@ -52,10 +52,14 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() / (ms / 1e3)
 
 
-def worker(rank, tp, port, queue, graphs=True, shape=LLAMA_8B, context=CONTEXT):
-    """Report results, or the traceback: a silent failure in one rank would leave the others (and us) waiting."""
+def worker(rank, tp, port, queue, graphs=True, shape=LLAMA_8B, context=CONTEXT, plan=None):
+    """Report results, or the traceback: a silent failure in one rank would leave the others (and us) waiting.
+    `plan`: execution_plan.using's keywords for this rank (a spawned process starts with the default plan)."""
+    from eyas import execution_plan
+
     try:
-        _worker(rank, tp, port, queue, graphs, shape, context)
+        with execution_plan.using(**(plan or {})):
+            _worker(rank, tp, port, queue, graphs, shape, context)
     except BaseException:
         import traceback
         queue.put({"rank": rank, "error": traceback.format_exc()})
@@ -166,14 +170,14 @@ def draft_step_ms(cfg, device="cuda") -> float:
         return median_ms(graph.replay)
 
 
-def run_config(tp, env, graphs=True, timeout_s=240, shape=LLAMA_8B, context=CONTEXT):
+def run_config(tp, env, graphs=True, timeout_s=240, shape=LLAMA_8B, context=CONTEXT, plan=None):
     saved = dict(os.environ)
     os.environ.update(env)
     try:
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         port = 29500 + int(time.time() * 1000) % 1000
-        procs = [ctx.Process(target=worker, args=(r, tp, port, q, graphs, shape, context)) for r in range(tp)]
+        procs = [ctx.Process(target=worker, args=(r, tp, port, q, graphs, shape, context, plan)) for r in range(tp)]
         for p in procs:
             p.start()
         results = []
@@ -237,16 +241,16 @@ def main():
     ap.add_argument("--tp", default="1,2")
     ap.add_argument("--out", default="tp.json")
     ap.add_argument("--no-graphs", action="store_true", help="eager decode (isolates NCCL-in-graph problems)")
-    ap.add_argument("--pdl", action="store_true", help="each TP size with and without (EYAS_PDL=0) PDL, twice")
+    ap.add_argument("--pdl", action="store_true", help="each TP size with and without (plan: pdl=False) PDL, twice")
     ap.add_argument("--merge-in-kernel", action="store_true",
                     help="each TP size with the split merge in the attention kernel and without "
-                         "(EYAS_MERGE_IN_KERNEL=0), twice")
+                         "(plan: merge_in_kernel=False), twice")
     ap.add_argument("--fused-o-proj", action="store_true",
                     help="each TP size also with a small model's attention output projection through cuBLAS instead "
-                         "of the fused kernels' tiles at 1-2 rows (EYAS_FUSED_O_PROJ=0), twice")
+                         "of the fused kernels' tiles at 1-2 rows (plan: fused_o_proj=False), twice")
     ap.add_argument("--short-row-splits", action="store_true",
                     help="each TP size also with rows of up to 512 columns attended in one pass "
-                         "(EYAS_SHORT_ROW_SPLITS=0), twice")
+                         "(plan: short_row_splits=False), twice")
     ap.add_argument("--shape", choices=("llama-8b", "smollm2"), default="llama-8b")
     ap.add_argument("--context", type=int, default=CONTEXT,
                     help="cached tokens before the timed steps (default 512: past the attention's short-row bound, "
@@ -266,19 +270,21 @@ def main():
         shape = LLAMA_8B
     rows = []
     for tp in map(int, args.tp.split(",")):
-        variants = [("default", {})] + ([("user_nccl", USER_NCCL)] if tp > 1 else [])
-        switches = ([("pdl_off", {"EYAS_PDL": "0"})] if args.pdl else []) \
-            + ([("merge_kernel", {"EYAS_MERGE_IN_KERNEL": "0"})] if args.merge_in_kernel else [])
+        # (name, environment, execution plan changes) per configuration
+        variants = [("default", {}, {})] + ([("user_nccl", USER_NCCL, {})] if tp > 1 else [])
+        switches = ([("pdl_off", {}, {"pdl": False})] if args.pdl else []) \
+            + ([("merge_kernel", {}, {"merge_in_kernel": False})] if args.merge_in_kernel else [])
         if args.pdl and args.merge_in_kernel:
-            switches.append(("pdl_off+merge_kernel", {**switches[0][1], **switches[1][1]}))
+            switches.append(("pdl_off+merge_kernel", {}, {**switches[0][2], **switches[1][2]}))
         if args.short_row_splits:
-            switches.append(("short_rows_one_pass", {"EYAS_SHORT_ROW_SPLITS": "0"}))
+            switches.append(("short_rows_one_pass", {}, {"short_row_splits": False}))
         if args.fused_o_proj:
-            switches.append(("cublas_o_proj", {"EYAS_FUSED_O_PROJ": "0"}))
+            switches.append(("cublas_o_proj", {}, {"fused_o_proj": False}))
         if switches:  # each switch beside the default, in turn, twice: A B (C D) A B (C D)
-            variants = ([("default", {})] + switches) * 2
-        for name, env in variants:
-            r = run_config(tp, env, graphs=not args.no_graphs, shape=shape, context=args.context)
+            variants = ([("default", {}, {})] + switches) * 2
+        for name, env, plan in variants:
+            r = run_config(tp, env, graphs=not args.no_graphs, shape=shape, context=args.context, plan=plan)
+            r["plan"] = plan
             r["variant"] = name  # default, user_nccl (our user's NCCL settings), or a switch's name
             rows.append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "worker_env"}), flush=True)

@@ -1,5 +1,6 @@
 """Fixtures shared across test packages."""
 
+import contextlib
 import os
 import tempfile
 
@@ -15,6 +16,16 @@ os.environ["EYAS_HOME"] = _SESSION_HOME
 # imports eyas. With EYAS_TEST_CUDA=1 (on a GPU machine) the kernels compile for the GPU instead.
 if os.environ.get("EYAS_TEST_CUDA") != "1":
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+@pytest.fixture
+def plan():
+    """plan(**changes) changes eyas's execution plan for the rest of the test (execution_plan.using), and
+    the plan before the test is back once it ends."""
+    from eyas import execution_plan
+
+    with contextlib.ExitStack() as stack:
+        yield lambda **changes: stack.enter_context(execution_plan.using(**changes))
 
 
 def _skip_nested_interpreter_patching():

@@ -40,7 +40,16 @@ def test_an_undeclared_name_is_refused(monkeypatch):
 
 
 def test_values_are_read_when_asked(monkeypatch):
-    monkeypatch.delenv("EYAS_PDL", raising=False)
-    assert options.get("EYAS_PDL") is None and not options.off("EYAS_PDL")
-    monkeypatch.setenv("EYAS_PDL", "0")
-    assert options.off("EYAS_PDL") and options.current()["EYAS_PDL"] == "0"
+    monkeypatch.delenv("EYAS_KERNELS", raising=False)
+    assert options.get("EYAS_KERNELS") is None and options.current().get("EYAS_KERNELS") is None
+    monkeypatch.setenv("EYAS_KERNELS", "0")
+    assert options.get("EYAS_KERNELS") == "0" and options.current()["EYAS_KERNELS"] == "0"
+
+
+def test_the_execution_plan_holds_the_ablations():
+    """The shipped optimisations are execution plan fields (eyas.execution_plan), not environment switches."""
+    from eyas import execution_plan
+
+    for field in execution_plan.ExecutionPlan.__dataclass_fields__:
+        assert f"EYAS_{field.upper()}" not in options.SWITCHES
+    assert "EYAS_STEPS_IN_FLIGHT" not in options.SWITCHES and "EYAS_PROFILE" not in options.SWITCHES

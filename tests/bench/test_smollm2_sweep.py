@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from eyas import execution_plan
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_smollm2 as bench  # noqa: E402
 
@@ -55,34 +57,44 @@ def test_engines_are_built_first_and_timed_in_alternating_rounds(monkeypatch):
     assert res["best_chain"] == "3/1/4" and res["best_tree"] == "5/4/8"
 
 
+def topk_probe():
+    """'0' while the plan's top-k kernel is off (the twin's setting), else None."""
+    return None if execution_plan.current().topk_kernel else "0"
+
+
+def rows_probe():
+    """The plan's q/k/v + rotary rows as text while changed from the default, else None."""
+    rows = execution_plan.current().qkv_rotary_rows
+    return None if rows == execution_plan.DEFAULT.qkv_rotary_rows else str(rows)
+
+
 def test_a_twin_of_each_setting_is_built_with_its_variable_set(monkeypatch):
-    monkeypatch.delenv("EYAS_TWIN_PROBE", raising=False)
     built = []
 
     def engine(model_path, dtype, warm_prompt, draft=None, spec=None):
         name = bench.spec_name(spec) if spec else "plain"
-        built.append((name, bench.os.environ.get("EYAS_TWIN_PROBE")))
+        built.append((name, topk_probe()))
         return f"{name}:{built[-1][1]}"
 
     ran = []  # (engine, the variable as it ran): graphs captured at longer contexts read it then
 
     def timed_run(eng, prompts, new_tokens=None):
-        ran.append((eng, bench.os.environ.get("EYAS_TWIN_PROBE")))
+        ran.append((eng, topk_probe()))
         return dict(tok_s=200.0 if eng.endswith(":None") else 100.0, tokens=11, seconds=1.0, passes=5)
 
     def cycle_phases(eng, prompt):
-        ran.append((eng, bench.os.environ.get("EYAS_TWIN_PROBE")))
+        ran.append((eng, topk_probe()))
         return dict(phases={}, accept_rate_by_position={})
 
     monkeypatch.setattr(bench, "eyas_engine", engine)
     monkeypatch.setattr(bench, "timed_run", timed_run)
     monkeypatch.setattr(bench, "cycle_phases", cycle_phases)
-    twin = bench.parse_twin("EYAS_TWIN_PROBE=0")
+    twin = bench.parse_twin("topk_kernel=0")
     res = bench.sweep("model", [[1, 2]], "draft", bench.parse_specs("3/1,5/4/8"), rounds=1, twin=twin)
     assert built == [("plain", None), ("3/1/4", None), ("3/1/4", "0"), ("5/4/8", None), ("5/4/8", "0")]
-    assert [r["spec"] for r in res["rows"]] == ["3/1/4", "3/1/4 EYAS_TWIN_PROBE=0", "5/4/8", "5/4/8 EYAS_TWIN_PROBE=0"]
+    assert [r["spec"] for r in res["rows"]] == ["3/1/4", "3/1/4 topk_kernel=0", "5/4/8", "5/4/8 topk_kernel=0"]
     assert [r["tok_s"] for r in res["rows"]] == [200.0, 100.0, 200.0, 100.0]
-    assert "EYAS_TWIN_PROBE" not in bench.os.environ and res["best_chain"] == "3/1/4"
+    assert execution_plan.current() == execution_plan.DEFAULT and res["best_chain"] == "3/1/4"
     assert len(ran) == 5 + 4 and all(eng.split(":")[1] == str(env) for eng, env in ran)
 
 
@@ -164,18 +176,17 @@ def test_scaling_builds_every_engine_first_and_times_in_alternating_rounds(monke
 
 
 def test_cycle_profiles_time_each_setting_as_it_runs_and_with_its_twin(monkeypatch):
-    monkeypatch.delenv("EYAS_TWIN_PROBE", raising=False)
     calls = []
     monkeypatch.setattr(bench, "cycle_profile", lambda model_path, prompt, draft, spec, cycles:
-                        calls.append((bench.spec_name(spec), bench.os.environ.get("EYAS_TWIN_PROBE"))) or len(calls))
+                        calls.append((bench.spec_name(spec), rows_probe())) or len(calls))
     rows = bench.cycle_profiles("model", [1, 2, 3], "draft")
     assert list(rows) == ["chain", "tree"]
     assert calls == [("3/1/4", None), ("5/4/8", None)]
     calls.clear()
-    rows = bench.cycle_profiles("model", [1, 2, 3], "draft", twin=bench.parse_twin("EYAS_TWIN_PROBE=7"))
-    assert list(rows) == ["chain", "chain EYAS_TWIN_PROBE=7", "tree", "tree EYAS_TWIN_PROBE=7"]
+    rows = bench.cycle_profiles("model", [1, 2, 3], "draft", twin=bench.parse_twin("qkv_rotary_rows=7"))
+    assert list(rows) == ["chain", "chain qkv_rotary_rows=7", "tree", "tree qkv_rotary_rows=7"]
     assert [c[1] for c in calls] == [None, "7", None, "7"]
-    assert "EYAS_TWIN_PROBE" not in bench.os.environ
+    assert execution_plan.current() == execution_plan.DEFAULT
 
 
 def test_a_cycle_profile_times_the_phases_of_steady_cycles(monkeypatch, tmp_path):

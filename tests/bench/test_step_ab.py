@@ -1,4 +1,4 @@
-"""bench_step_ab's variants: NAME:[EYAS_K=V,...] separated by ';', bad ones refused in one line; and
+"""bench_step_ab's variants: NAME:[FIELD=V,...] (execution plan fields, or blas) separated by ';', bad ones refused in one line; and
 bench_slot_attention's graph bound, the kv_len the engine's graphs capture rows with."""
 
 import sys
@@ -12,16 +12,18 @@ import bench_step_ab  # noqa: E402
 
 
 def test_variants_parse_in_order():
-    got = bench_step_ab.parse_variants("old:EYAS_SHORT_ROW_SPLITS=0,EYAS_FUSED_O_PROJ=0; new:")
-    assert got == [("old", {"EYAS_SHORT_ROW_SPLITS": "0", "EYAS_FUSED_O_PROJ": "0"}), ("new", {})]
+    got = bench_step_ab.parse_variants("old:short_row_splits=0,fused_o_proj=0; new:")
+    assert got == [("old", {"short_row_splits": "0", "fused_o_proj": "0"}), ("new", {})]
+    assert bench_step_ab.plan_of(got[0][1]) == {"short_row_splits": False, "fused_o_proj": False}
+    assert bench_step_ab.plan_of(bench_step_ab.parse_variants("rows:qkv_rotary_rows=8")[0][1]) == {"qkv_rotary_rows": 8}
 
 
 def test_blas_variant_names_a_library():
-    assert bench_step_ab.parse_variants("lt:EYAS_BLAS=cublaslt") == [("lt", {"EYAS_BLAS": "cublaslt"})]
+    assert bench_step_ab.parse_variants("lt:blas=cublaslt") == [("lt", {"blas": "cublaslt"})]
 
 
-@pytest.mark.parametrize("text", ["", "old", ":EYAS_PDL=0", "a:PDL=0", "a:EYAS_PDL", "a:;a:EYAS_PDL=0",
-                                  "a:EYAS_BLAS=hipblas"])
+@pytest.mark.parametrize("text", ["", "old", ":pdl=0", "a:PDL=0", "a:pdl", "a:;a:pdl=0", "a:EYAS_PDL=0",
+                                  "a:blas=hipblas", "a:pdl=2", "a:qkv_rotary_rows=x"])
 def test_bad_variants_are_one_line(text):
     with pytest.raises(SystemExit) as e:
         bench_step_ab.parse_variants(text)

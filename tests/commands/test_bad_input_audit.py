@@ -503,7 +503,7 @@ def test_train_num_samples_holds_out_in_proportion_and_says_so(capsys, tmp_path,
     seen = {}
 
     class Fake:
-        def __init__(self, recipe, progress=True):
+        def __init__(self, recipe, progress=True, profile=False):
             seen["recipe"], seen["progress"] = recipe, progress
 
         def run(self, stages, argv=()):

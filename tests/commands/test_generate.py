@@ -40,6 +40,7 @@ def test_generate_demo_matches_hf_greedy(capsys, hf_demo, prompt):
     assert ours["num_prompt_tokens"] == ids.shape[1]
     assert ours["token_ids"] == hf
     assert set(ours) >= {"text", "token_ids", "num_prompt_tokens", "num_tokens", "seconds", "tokens_per_second"}
+    assert ours["execution_plan"]["device"] == "cpu" and not ours["execution_plan"]["kernels"]
 
 
 def _bad_dirs(tmp_path):

@@ -36,8 +36,8 @@ def alone(model, prompt, params):
                          [None, SpecConfig(3, 1, adaptive=False), SpecConfig(3, 2, 5, adaptive=False),
                           SpecConfig(3, 1, adaptive=True)],
                          ids=["plain", "chain", "tree", "adaptive"])
-def test_serving_traffic_streams_what_each_request_gets_alone(model, monkeypatch, fake_graphs, spec):
-    monkeypatch.setenv("EYAS_DECODE_AHEAD", "1")
+def test_serving_traffic_streams_what_each_request_gets_alone(model, monkeypatch, plan, fake_graphs, spec):
+    plan(decode_ahead=True)
     rng = random.Random(3)
     g = torch.Generator().manual_seed(3)
     requests = []

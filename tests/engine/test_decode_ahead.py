@@ -27,9 +27,9 @@ def model(tmp_path):
 
 
 @pytest.fixture
-def ahead(monkeypatch, fake_graphs):
+def ahead(monkeypatch, plan, fake_graphs):
     """An engine factory with decoding ahead on, and a count of the graph pairs' replays."""
-    monkeypatch.setenv("EYAS_DECODE_AHEAD", "1")
+    plan(decode_ahead=True)
     replays = []
     real = ahead_mod.GraphPair.replay
     monkeypatch.setattr(ahead_mod.GraphPair, "replay", lambda self: replays.append(1) or real(self))
@@ -74,23 +74,23 @@ def test_a_new_attention_bound_moves_to_the_wider_pair(model, ahead, monkeypatch
     assert {key[1] for key in eng.ahead.pairs} == {24, 256}
 
 
-def test_sampled_requests_and_the_switch_keep_the_usual_path(model, ahead, monkeypatch):
+def test_sampled_requests_and_the_switch_keep_the_usual_path(model, ahead, plan):
     make, replays = ahead
     eng = make(model, max_batch=2)
     eng.generate(prompts(1), SamplingParams(max_tokens=8, temperature=0.8, seed=1))
     assert not replays
-    monkeypatch.setenv("EYAS_DECODE_AHEAD", "0")
+    plan(decode_ahead=False)
     eng.generate(prompts(1), SamplingParams(max_tokens=8))
     assert not replays
 
 
 @pytest.mark.skipif(not CUDA, reason="real CUDA graphs, pinned memory and events need a GPU (EYAS_TEST_CUDA=1)")
-def test_on_a_gpu_the_tokens_equal_plain_greedy(model, monkeypatch):
+def test_on_a_gpu_the_tokens_equal_plain_greedy(model, plan):
     ps = prompts(4, seed=4)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (20, 35, 3, 60)]
     runs = []
-    for on in ("0", "1"):
-        monkeypatch.setenv("EYAS_DECODE_AHEAD", on)
+    for on in (False, True):
+        plan(decode_ahead=on)
         eng = Engine(model, dtype="fp32", device="cuda", max_batch=4, max_len=256)
         runs.append([(s.output_ids, s.finish_reason) for s in eng.generate(ps, params)])
     assert runs[0] == runs[1]

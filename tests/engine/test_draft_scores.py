@@ -1,5 +1,5 @@
 """The draft's state keeps scores whose log_softmax is its log-probs (Drafter.scores): the head's logits with
-step fusions on, fp32 log-probs with EYAS_DRAFT_FUSIONS=0. The chain and the tree draft the same candidates
+step fusions on, fp32 log-probs with the plan's draft_fusions=False. The chain and the tree draft the same candidates
 from either, and a whole generation is the same."""
 
 import pytest
@@ -20,12 +20,12 @@ def _prompts(seed):
     return [torch.randint(3, 500, (n,), generator=g).tolist() for n in (4, 21, 9)]
 
 
-def test_scores_are_logits_with_fusions_and_log_probs_without(pair, monkeypatch):
+def test_scores_are_logits_with_fusions_and_log_probs_without(pair, plan):
     drafter = _engine(pair, SpecConfig(3, 1, adaptive=False)).decoder.drafter
     h = torch.randn(2, drafter.draft.config.hidden_size)
     logits = drafter.draft.logits(h)
     torch.testing.assert_close(drafter.scores(h).float(), logits)
-    monkeypatch.setenv("EYAS_DRAFT_FUSIONS", "0")
+    plan(draft_fusions=False)
     logp = drafter.scores(h)
     assert logp.dtype == torch.float32
     torch.testing.assert_close(logp, torch.log_softmax(logits, dim=-1))
@@ -52,11 +52,11 @@ def test_drafts_from_logits_equal_drafts_from_log_probs(pair, spec):
 
 @pytest.mark.parametrize("spec", [SpecConfig(3, 1, adaptive=False), SpecConfig(4, 3, 8, adaptive=False)],
                          ids=["chain", "tree"])
-def test_generation_is_the_same_with_and_without_fusions(pair, spec, monkeypatch):
+def test_generation_is_the_same_with_and_without_fusions(pair, spec, plan):
     def run():
         seqs = _engine(pair, spec).generate(_prompts(2), SamplingParams(max_tokens=40, ignore_eos=True))
         return [s.output_ids for s in seqs], [s.verify_passes for s in seqs]
 
     fused = run()
-    monkeypatch.setenv("EYAS_DRAFT_FUSIONS", "0")
+    plan(draft_fusions=False)
     assert run() == fused

@@ -18,10 +18,10 @@ from tests.helpers import random_draft, tiny_llama
                          [SpecConfig(3, 1, adaptive=False), SpecConfig(5, 4, 8, adaptive=False),
                           SpecConfig(2, 3, 6, adaptive=False)],
                          ids=["chain", "tree", "tree-wide"])
-def test_speculative_equals_greedy_with_graphs(tmp_path, fake_graphs, monkeypatch, spec, ahead):
-    """Ahead of the host a cycle is one graph; in step with it (EYAS_DECODE_AHEAD=0: as tensor parallelism and
+def test_speculative_equals_greedy_with_graphs(tmp_path, fake_graphs, plan, spec, ahead):
+    """Ahead of the host a cycle is one graph; in step with it (the plan's decode_ahead off: as tensor parallelism and
     the profiler run it) each pass is its own graph."""
-    monkeypatch.setenv("EYAS_DECODE_AHEAD", "1" if ahead else "0")
+    plan(decode_ahead=ahead)
     tiny_llama(tmp_path, vocab=32, layers=5, hidden=64)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 32, (n,), generator=g).tolist() for n in (5, 17, 9, 30)]

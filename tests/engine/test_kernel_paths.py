@@ -56,11 +56,11 @@ def test_kernels_give_the_reference_tokens(target_dir, monkeypatch, spec):
     assert _generate(target_dir, "force", monkeypatch, spec) == reference
 
 
-def test_chain_acceptance_through_torch_ops_gives_the_reference_tokens(target_dir, monkeypatch):
-    """EYAS_ACCEPT_KERNEL=0: a chain's acceptance through the torch ops while every other kernel runs (the
+def test_chain_acceptance_through_torch_ops_gives_the_reference_tokens(target_dir, monkeypatch, plan):
+    """The plan's accept_kernel=False: a chain's acceptance through the torch ops while every other kernel runs (the
     default, one launch through eyas.kernels.chain_accept, is the chain case above)."""
     reference = _generate(target_dir, "0", monkeypatch)
-    monkeypatch.setenv("EYAS_ACCEPT_KERNEL", "0")
+    plan(accept_kernel=False)
     assert _generate(target_dir, "force", monkeypatch, SpecConfig(3, 1, adaptive=False)) == reference
 
 
@@ -90,16 +90,17 @@ def test_rotary_inside_attention_gives_the_reference_tokens(wide_target_dir, mon
 
 @pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, adaptive=False), SpecConfig(3, 2, 5, adaptive=False)],
                          ids=["plain", "chain", "tree"])
-def test_norm_qkv_and_rotary_in_one_kernel_give_the_reference_tokens(wide_target_dir, monkeypatch, spec):
-    """EYAS_QKV_ROTARY=1: each target layer's input norm, q/k/v projection, rotary and cache write run as one
-    kernel (eyas.kernels.qkv_rotary) for decode steps and verify passes; rotate_and_store is left to the draft."""
+def test_norm_qkv_and_rotary_in_one_kernel_give_the_reference_tokens(wide_target_dir, monkeypatch, plan, spec):
+    """The plan's qkv_rotary_rows past the kernel's limit: each target layer's input norm, q/k/v projection,
+    rotary and cache write run as one kernel (eyas.kernels.qkv_rotary) for decode steps and verify passes;
+    rotate_and_store is left to the draft."""
     import eyas.kernels.qkv_rotary as qkv_rotary
 
     reference = _generate(wide_target_dir, "0", monkeypatch, **WIDE)
     calls = []
     monkeypatch.setattr(qkv_rotary, "norm_qkv_rotary",
                         lambda *args, _f=qkv_rotary.norm_qkv_rotary: calls.append(1) or _f(*args))
-    monkeypatch.setenv("EYAS_QKV_ROTARY", "1")
+    plan(qkv_rotary_rows=1 << 30)
     assert _generate(wide_target_dir, "force", monkeypatch, spec, **WIDE) == reference
     assert calls or CUDA  # graph replays make no Python calls
 
@@ -128,8 +129,9 @@ def test_kernels_run_when_forced(monkeypatch):
 
 
 @pytest.mark.skipif(CUDA, reason="counts Python calls of the kernels, which CUDA-graph replays do not make")
-@pytest.mark.parametrize("fused_linear", ["1", "0"])
-def test_residual_adds_and_cache_writes_have_no_launches_of_their_own(wide_target_dir, monkeypatch, fused_linear):
+@pytest.mark.parametrize("fused_linear", [True, False])
+def test_residual_adds_and_cache_writes_have_no_launches_of_their_own(wide_target_dir, monkeypatch, plan,
+                                                                      fused_linear):
     """Per forward of the 3-layer target (every forward here has at most MAX_ROWS tokens): no residual add
     and no norm has a launch of its own. With the fused linears each layer's two norms (and the adds before
     them) run inside its q/k/v and gate/up projections and SiLU-and-mul inside the down projection, and only
@@ -157,13 +159,12 @@ def test_residual_adds_and_cache_writes_have_no_launches_of_their_own(wide_targe
                 return _fn(*args, **kwargs)
             monkeypatch.setattr(module, name, counted)
     monkeypatch.setenv("EYAS_KERNELS", "force")
-    monkeypatch.setenv("EYAS_FUSED_LINEAR", fused_linear)
-    monkeypatch.delenv("EYAS_QKV_ROTARY", raising=False)
+    plan(fused_linear=fused_linear)  # qkv_rotary_rows: the default
     engine = Engine(wide_target_dir, dtype="fp32", device="cpu", max_batch=1, max_len=32)
     engine.generate([[1, 2]], SamplingParams(max_tokens=3, ignore_eos=True))  # a 2-row prefill, 2 decode steps
     forwards, steps, layers = 3, 2, 3
     common = {"apply_rotary": 0, "store_kv": 0}
-    if fused_linear == "1":
+    if fused_linear:
         assert calls == {**common, "rms_norm": 0, "add_rms_norm": forwards, "silu_mul_linear": forwards * layers,
                          "silu_mul": 0, "norm_qkv_rotary": forwards * layers,  # the prefill's 2 rows too
                          "rotate_and_store": 0, "norm_linear": forwards * layers}

@@ -36,10 +36,10 @@ def draft():
 
 
 @pytest.fixture
-def ahead(monkeypatch, fake_graphs, model, draft):
+def ahead(monkeypatch, plan, fake_graphs, model, draft):
     """An engine factory with decoding ahead on, and what its cycles did: the most in flight at once, and the
     furthest cache column a cycle wrote (read on the host here, as the engine itself never does)."""
-    monkeypatch.setenv("EYAS_DECODE_AHEAD", "1")
+    plan(decode_ahead=True)
     most = {"in_flight": 0, "column": 0}
     real = ahead_mod.SpecAhead._enqueue
 
@@ -114,12 +114,12 @@ def test_admission_and_abort_while_cycles_are_in_flight(model, ahead):
     admission_and_abort_in_flight(model, eng, eng.decoder.ahead, steps=3, max_tokens=40)
 
 
-def test_a_sampled_request_or_the_switch_off_keeps_the_usual_path(model, ahead, monkeypatch):
+def test_a_sampled_request_or_the_switch_off_keeps_the_usual_path(model, ahead, plan):
     make, most = ahead
     eng = make(SPECS[0], max_batch=2)
     eng.generate(prompts(1), SamplingParams(max_tokens=12, temperature=0.8, seed=1))
     assert most["in_flight"] == 0
-    monkeypatch.setenv("EYAS_DECODE_AHEAD", "0")
+    plan(decode_ahead=False)
     eng.generate(prompts(1), SamplingParams(max_tokens=12))
     assert most["in_flight"] == 0
 
@@ -155,7 +155,7 @@ def test_the_adaptive_policy_speculates_ahead_and_books_every_token(model, ahead
     assert policy.current is None and not eng.decoder.ahead.active
 
 
-def test_plain_steps_ahead_hold_back_what_plain_steps_in_step_do(model, ahead, monkeypatch):
+def test_plain_steps_ahead_hold_back_what_plain_steps_in_step_do(model, ahead, plan):
     """A speculative engine's plain steps ahead of the host leave each sequence the lag (tokens, and the
     target's features of each step) that plain steps in step leave it, after a stop learned a step late too."""
     make, most = ahead
@@ -163,7 +163,7 @@ def test_plain_steps_ahead_hold_back_what_plain_steps_in_step_do(model, ahead, m
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (9, 30, 30)]
 
     def run(ahead_on: bool):
-        monkeypatch.setenv("EYAS_DECODE_AHEAD", "1" if ahead_on else "0")
+        plan(decode_ahead=ahead_on)
         eng = make(SPECS[0])
         eng.decoder.policy.forced = False  # plain steps only
         seqs = [eng.add(p, q) for p, q in zip(ps, params)]
@@ -231,12 +231,12 @@ def test_rows_crossing_an_attention_bound_move_to_the_wider_pair_in_flight(model
 
 @pytest.mark.skipif(not CUDA, reason="real CUDA graphs, pinned memory and events need a GPU (EYAS_TEST_CUDA=1)")
 @pytest.mark.parametrize("spec", SPECS + [SpecConfig(3, 1, adaptive=True)], ids=["chain", "tree", "adaptive"])
-def test_on_a_gpu_the_tokens_equal_plain_greedy(model, monkeypatch, spec):
+def test_on_a_gpu_the_tokens_equal_plain_greedy(model, plan, spec):
     ps = prompts(4, seed=4)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (20, 35, 3, 60)]
     plain = Engine(model, dtype="fp32", device="cuda", max_batch=4, max_len=256)
     want = [(s.output_ids, s.finish_reason) for s in plain.generate(ps, params)]
-    monkeypatch.setenv("EYAS_DECODE_AHEAD", "1")
+    plan(decode_ahead=True)
     eng = Engine(model, dtype="fp32", device="cuda", max_batch=4, max_len=256,
                  draft=random_draft(64, VOCAB, draft_vocab=24), spec=spec)
     eng.decoder.policy.window, eng.decoder.policy.probe_every = 4, 2  # adaptive: windows of both modes

@@ -31,15 +31,15 @@ def test_chain_accept_matches_the_torch_ops(device, monkeypatch, L):
 
 def test_the_switch_sends_chains_to_the_kernel(device, monkeypatch):
     import eyas.kernels.chain_accept as kernel
+    from eyas import execution_plan
 
     tokens, argmax = _chains(4, device)
     calls = []
     monkeypatch.setattr(kernel, "chain_accept", lambda *a, _f=kernel.chain_accept: calls.append(1) or _f(*a))
     monkeypatch.setenv("EYAS_KERNELS", "force")
-    monkeypatch.setenv("EYAS_ACCEPT_KERNEL", "0")
-    off = accept_greedy_chain(tokens, argmax)
+    with execution_plan.using(accept_kernel=False):
+        off = accept_greedy_chain(tokens, argmax)
     assert not calls
-    monkeypatch.delenv("EYAS_ACCEPT_KERNEL")  # on by default
     on = accept_greedy_chain(tokens, argmax)
     assert calls and all(torch.equal(a, b) for a, b in zip(on, off))
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from eyas import execution_plan
 from eyas.kernels.fused_linear import linear_rows, norm_linear, silu_mul_linear
 from eyas.layers import fused_linear as layer
 from eyas.layers.linear import ColumnParallelLinear, RowParallelLinear
@@ -168,9 +169,8 @@ def test_layers_fuse_decode_shapes_only(device, monkeypatch, tokens, max_k, max_
     assert torch.equal(h, h_ref)
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(out, out_ref, rtol=1e-5, atol=1e-6)
-    monkeypatch.setenv("EYAS_FUSED_LINEAR", "0")
     calls.clear()
-    with torch.no_grad():
+    with torch.no_grad(), execution_plan.using(fused_linear=False):
         layer.norm_linear(norm, col, x, delta)
     assert not calls
 
@@ -184,7 +184,6 @@ def test_narrow_projections_fuse_up_to_narrow_rows(device, monkeypatch, narrow_r
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "NARROW_N", 2 * N)
-    monkeypatch.delenv("EYAS_FUSED_LINEAR", raising=False)
     if narrow_rows is not None:
         monkeypatch.setattr(kernels, "NARROW_ROWS", narrow_rows)
     norm = RMSNorm(K, EPS).to(device)
@@ -302,7 +301,7 @@ def test_layers_keep_cublas_for_wide_rows(device, monkeypatch):
 
 def test_narrow_output_projection_fuses_unless_told_not_to(device, monkeypatch):
     """A small model's output projection (K <= MAX_K) runs the GEMV tiles at 1-2 rows, bias added after;
-    with EYAS_FUSED_O_PROJ=0, or at more rows than MAX_ROWS, cuBLAS (narrow projections' extra rows off)."""
+    with the plan's fused_o_proj=False, or at more rows than MAX_ROWS, cuBLAS (narrow projections' extra rows off)."""
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", 0)
@@ -311,14 +310,12 @@ def test_narrow_output_projection_fuses_unless_told_not_to(device, monkeypatch):
     calls = []
     monkeypatch.setattr(kernels, "linear_rows", lambda *a, _f=kernels.linear_rows: calls.append(1) or _f(*a))
     monkeypatch.setenv("EYAS_KERNELS", "force")
-    monkeypatch.delenv("EYAS_FUSED_LINEAR", raising=False)
     attn_out = rand((1, 2, INTER), torch.float32, device, 8)
     with torch.no_grad():
         ref = row(attn_out)
-        monkeypatch.setenv("EYAS_FUSED_O_PROJ", "0")
-        layer.project_rows(row, attn_out)
+        with execution_plan.using(fused_o_proj=False):
+            layer.project_rows(row, attn_out)
         assert not calls
-        monkeypatch.delenv("EYAS_FUSED_O_PROJ")
         out = layer.project_rows(row, attn_out)
         assert len(calls) == 1
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)

@@ -48,7 +48,7 @@ def test_without_pdl_no_grid_dependency_instructions():
     facts = _ptx_facts("off", "norm_linear", "slot_attention", "slot_attention_merging")
     for f in facts.values():
         assert (f["launch_dependents"], f["wait"]) == (0, 0), f
-    # The in-kernel split merge (EYAS_MERGE_IN_KERNEL): the counter's acq_rel add at GPU scope after a barrier,
+    # The in-kernel split merge (the plan's merge_in_kernel): the counter's acq_rel add at GPU scope after a barrier,
     # its reset, and the other programs' partials read from L2; none of it without the merge.
     merging, plain = facts["slot_attention_merging"], facts["slot_attention"]
     assert merging["atomics"] == ["atom.global.gpu.acq_rel.add.u32", "atom.global.gpu.relaxed.exch.b32"], merging
@@ -58,18 +58,17 @@ def test_without_pdl_no_grid_dependency_instructions():
 
 def test_pdl_is_on_for_sm90_unless_switched_off_and_never_on_the_cpu(monkeypatch):
     import eyas.kernels.pdl as pdl
+    from eyas import execution_plan
 
     x = torch.zeros(2)
-    monkeypatch.delenv("EYAS_PDL", raising=False)
     assert not pdl_on(x)  # a CPU tensor: the interpreter has no grid dependency control
     assert pdl_args(x) == {"USE_PDL": False}  # and no launch_pdl option, which the interpreter would refuse
     cuda = type("FakeCudaTensor", (), {"is_cuda": True, "device": torch.device("cuda", 0)})()
     monkeypatch.setattr(pdl, "_capable", lambda index: True)  # as an sm_90 GPU
     assert pdl_on(cuda)
-    monkeypatch.setenv("EYAS_PDL", "0")
-    assert not pdl_on(cuda)
+    with execution_plan.using(pdl=False):
+        assert not pdl_on(cuda)
     monkeypatch.setattr(pdl, "_capable", lambda index: False)  # an older GPU
-    monkeypatch.delenv("EYAS_PDL")
     assert not pdl_on(cuda)
     monkeypatch.setattr(pdl, "pdl_on", lambda t: True)
     assert pdl.pdl_args(x) == {"USE_PDL": pdl.ON, "launch_pdl": True}
@@ -77,7 +76,7 @@ def test_pdl_is_on_for_sm90_unless_switched_off_and_never_on_the_cpu(monkeypatch
 
 @pytest.mark.skipif(not CUDA or torch.cuda.get_device_capability()[0] < 9, reason="needs an sm_90+ GPU")
 @pytest.mark.parametrize("spec", [None, (3, 1), (3, 2, 5)], ids=["plain", "chain", "tree"])
-def test_pdl_gives_the_same_tokens_under_cuda_graphs(tmp_path, monkeypatch, spec):
+def test_pdl_gives_the_same_tokens_under_cuda_graphs(tmp_path, plan, spec):
     from eyas.config import SpecConfig
     from eyas.engine.engine import Engine
     from eyas.layers.sampling import SamplingParams
@@ -87,8 +86,8 @@ def test_pdl_gives_the_same_tokens_under_cuda_graphs(tmp_path, monkeypatch, spec
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 32, (n,), generator=g).tolist() for n in (5, 11)]
 
-    def generate(pdl: str):
-        monkeypatch.setenv("EYAS_PDL", pdl)
+    def generate(pdl: bool):
+        plan(pdl=pdl)
         torch.manual_seed(0)
         draft = random_draft(128, 32, draft_vocab=24, head_dim=32).requires_grad_(False) if spec else None
         engine = Engine(str(tmp_path / "t"), dtype="bf16", device="cuda", max_batch=2, max_len=128, draft=draft,
@@ -96,4 +95,4 @@ def test_pdl_gives_the_same_tokens_under_cuda_graphs(tmp_path, monkeypatch, spec
         params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (60, 70)]
         return [s.output_ids for s in engine.generate(prompts, params)]
 
-    assert generate("1") == generate("0")
+    assert generate(True) == generate(False)

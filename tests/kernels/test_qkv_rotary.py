@@ -89,11 +89,13 @@ def test_bad_shapes_are_refused(device):
 
 
 @pytest.mark.parametrize("change, expected", [
-    ({}, True), ({"switch": None}, False), ({"switch": None, "rows": 1}, True), ({"switch": None, "rows": 2}, True),
-    ({"switch": None, "rows": 3}, False), ({"switch": "0", "rows": 1}, False),
+    ({}, True), ({"plan_rows": None}, False), ({"plan_rows": None, "rows": 1}, True),
+    ({"plan_rows": None, "rows": 2}, True), ({"plan_rows": None, "rows": 3}, False),
+    ({"plan_rows": 0, "rows": 1}, False),
     ({"qk_norm": True}, False), ({"rows": 9}, False), ({"rotary_in_attention": True}, False), ({"kernels": "0"}, False), ({"K": 4096}, False)])
-def test_the_layer_takes_the_kernel_only_where_both_kernels_it_replaces_would_run(monkeypatch, change, expected):
-    """eyas.layers.qkv_rotary.fused: the switch on (by default up to two rows), no q/k norm, the fused projection's rows and features, the
+def test_the_layer_takes_the_kernel_only_where_both_kernels_it_replaces_would_run(monkeypatch, plan, change, expected):
+    """eyas.layers.qkv_rotary.fused: the plan's qkv_rotary_rows (two by default; every row here unless
+    plan_rows says otherwise, None: the default), no q/k norm, the fused projection's rows and features, the
     slot-attention kernel's cache, and the rotary not inside the attention kernel."""
     from types import SimpleNamespace
 
@@ -105,12 +107,9 @@ def test_the_layer_takes_the_kernel_only_where_both_kernels_it_replaces_would_ru
     from eyas.layers.qkv_rotary import fused
 
     K, H, Hk, D = change.get("K", 128), 4, 2, 32
-    monkeypatch.delenv("EYAS_FUSED_LINEAR", raising=False)
     monkeypatch.setenv("EYAS_KERNELS", change.get("kernels", "force"))
-    if change.get("switch", "1") is None:
-        monkeypatch.delenv("EYAS_QKV_ROTARY", raising=False)
-    else:
-        monkeypatch.setenv("EYAS_QKV_ROTARY", change.get("switch", "1"))
+    if change.get("plan_rows", 1 << 30) is not None:
+        plan(qkv_rotary_rows=change.get("plan_rows", 1 << 30))
     if change.get("rotary_in_attention"):  # as at a query width past the threshold
         monkeypatch.setattr(attention, "ROTARY_IN_ATTENTION_MIN_WIDTH", H * D)
     proj = ColumnParallelLinear(K, {"q": H * D, "k": Hk * D, "v": Hk * D}, False).requires_grad_(False)

@@ -143,6 +143,8 @@ def test_short_splits(device, mode):
 
 @pytest.mark.parametrize("mode", ["causal", "tree"])
 def test_split_merge_inside_the_kernel(device, monkeypatch, mode):
+    from eyas import execution_plan
+
     """The default: the last split program of each row block merges; the same output as the merge
     kernel's, bit for bit (the same arithmetic), the counters back at zero after every launch, and a second
     launch over them right. A short row in the same launch runs one pass, as a launch without splits would.
@@ -167,14 +169,13 @@ def test_split_merge_inside_the_kernel(device, monkeypatch, mode):
     # Row 0 (714 columns) runs its 3 splits; row 1 (54, within one_pass_columns) one pass, as a 1-split launch.
     assert 30 + T <= one_pass_columns(D) < 690
     reference = attention(splits=1)
-    monkeypatch.setenv("EYAS_MERGE_IN_KERNEL", "0")  # the merge kernel
     merged = []
-    for unroll in (1 << 30, 0):  # every merge unrolled, then none
-        monkeypatch.setattr(attention_splits, "MERGE_UNROLL_VALUES", unroll)
-        merged.append(attention()[0])
+    with execution_plan.using(merge_in_kernel=False):  # the merge kernel
+        for unroll in (1 << 30, 0):  # every merge unrolled, then none
+            monkeypatch.setattr(attention_splits, "MERGE_UNROLL_VALUES", unroll)
+            merged.append(attention()[0])
     assert torch.equal(merged[0], merged[1])
     reference[0] = merged[0]
-    monkeypatch.delenv("EYAS_MERGE_IN_KERNEL")
     monkeypatch.setattr(kernels, "_counters", {})
     monkeypatch.setattr(kernels, "_combine_splits_kernel", None)  # the second kernel must not run
     for unroll in (1 << 30, 0):
@@ -192,7 +193,7 @@ def test_merge_unrolled_while_the_partials_fit_in_registers():
     assert not merge_unrolled(16, 32, 128) and merge_unrolled(8, 32, 128)
 
 
-def test_outgrown_counters_stay_allocated(monkeypatch):
+def test_outgrown_counters_stay_allocated(monkeypatch, plan):
     """A CUDA graph captured with the counters holds their address: when a larger batch needs more, the old
     tensor is kept alive (never freed and handed to another buffer), and zero."""
     import eyas.kernels.slot_attention as kernels
@@ -204,11 +205,13 @@ def test_outgrown_counters_stay_allocated(monkeypatch):
     assert kernels.merge_in_kernel(q, 4096) is small  # fits: the same tensor
     large = kernels.merge_in_kernel(q, 5000)
     assert large.numel() >= 5000 and kernels._outgrown == [small] and not small.any()
-    monkeypatch.setenv("EYAS_MERGE_IN_KERNEL", "0")
+    plan(merge_in_kernel=False)
     assert kernels.merge_in_kernel(q, 10) is None
 
 
-def test_choose_splits(monkeypatch):
+def test_choose_splits():
+    from eyas import execution_plan
+
     assert choose_splits(4, 4096) == 16  # long rows: up to 16 splits of >= 2 * SPLIT_COLUMNS columns
     assert choose_splits(3, 2048) == 16
     assert choose_splits(3, 1024) == 8
@@ -218,10 +221,9 @@ def test_choose_splits(monkeypatch):
     assert choose_splits(48, 512) == 3
     assert choose_splits(3, 48) == 1
     assert choose_splits(128, 512) == 1
-    monkeypatch.setenv("EYAS_SHORT_ROW_SPLITS", "0")
-    assert choose_splits(3, 512) == 1
-    assert choose_splits(3, 2048) == 16
-    monkeypatch.setenv("EYAS_SHORT_ROW_SPLITS", "1")
+    with execution_plan.using(short_row_splits=False):
+        assert choose_splits(3, 512) == 1
+        assert choose_splits(3, 2048) == 16
     # shorter splits, for timing: short and long rows alike
     assert choose_splits(3, 512, 32) == 16 and choose_splits(8, 512, 32) == 16 and choose_splits(3, 1024, 32) == 16
     assert choose_splits(3, 96, 32) == 3

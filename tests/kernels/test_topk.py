@@ -54,8 +54,9 @@ def test_rows_it_does_not_take_are_refused():
         topk(torch.zeros(1, MAX_WIDTH + 1), 1)
 
 
-def test_the_layer_falls_back_to_torch(monkeypatch):
-    """Without the kernels (EYAS_KERNELS=0), or for rows the kernel does not take, the layer is torch's."""
+def test_the_layer_falls_back_to_torch(monkeypatch, plan):
+    """Without the kernels (EYAS_KERNELS=0, or the plan's topk_kernel=False), or for rows the kernel does not
+    take, the layer is torch's."""
     from eyas.layers import topk as layer
 
     x = torch.randn(2, MAX_WIDTH + 8, generator=torch.Generator().manual_seed(3))
@@ -66,7 +67,7 @@ def test_the_layer_falls_back_to_torch(monkeypatch):
 
     monkeypatch.setattr(kernels, "topk", lambda *a: calls.append(1) or torch.topk(a[0], a[1]))
     layer.topk(x[:, :50], 2)
-    monkeypatch.setenv("EYAS_TOPK_KERNEL", "0")
+    plan(topk_kernel=False)
     layer.topk(x[:, :50], 2)
     assert calls == [1]
     monkeypatch.setenv("EYAS_KERNELS", "0")

@@ -60,6 +60,7 @@ def test_serve_and_bench_of_hand_started_servers_and_their_diff(capsys, tiny, pr
         serves = ledger.list(where={"kind": "serve"})
     server = good.config["server"]
     assert server["backend"] == "eyas" and server["config"]["tp"] == 2 and good.model == str(tiny)
+    assert server["execution_plan"]["device"] == "cpu" and not server["execution_plan"]["kernels"]
     assert server["listener"]["cmdline"].split()[1:4] == ["-m", "eyas.cli", "serve"]
     assert len(good.workers) == server["listener"]["processes"] >= 3  # front end and two ranks
     assert all(w.env["NCCL_ALGO"] == "Ring" and w.env["NCCL_PROTO"] == "LL" for w in good.workers)
@@ -71,6 +72,7 @@ def test_serve_and_bench_of_hand_started_servers_and_their_diff(capsys, tiny, pr
     assert serves[1].env["NCCL_ALGO"] == "Ring" and serves[1].workers[0].env["NCCL_ALGO"] == "Ring"
     assert "NCCL_ALGO" not in serves[0].env
     assert serves[1].results["requests_finished"] == 3 and serves[1].results["generation_tokens"] > 0  # warm-up + 2
+    assert serves[1].results["execution_plan"] == server["execution_plan"]  # what the workers' engines decided
 
     capsys.readouterr()
     assert main(["runs", "diff", runs["good"], runs["trap"]]) == 0

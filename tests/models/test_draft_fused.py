@@ -30,8 +30,6 @@ def kernel_calls(monkeypatch):
     import eyas.kernels.fused_linear as kernels
 
     monkeypatch.setattr(kernels, "NARROW_ROWS", 0)
-
-    monkeypatch.delenv("EYAS_FUSED_LINEAR", raising=False)
     monkeypatch.setenv("EYAS_KERNELS", "force")
     calls = dict.fromkeys(FUSED, 0)
     for name in FUSED:
@@ -67,24 +65,24 @@ def _fused_draft():
     return random_draft(H, V, draft_vocab=VD).to(DEVICE).fuse_projections()
 
 
-def test_one_row_runs_the_fused_kernels_and_matches_torch(kernel_calls, monkeypatch):
+def test_one_row_runs_the_fused_kernels_and_matches_torch(kernel_calls, plan):
     draft = _fused_draft()
     out, logits = _step(draft, 1)
     # q/k/v and o; the post-attention norm with gate/up and the final norm with lm_head; SiLU-and-mul with down
     # and the residual add after it.
     assert kernel_calls == {"linear_rows": 2, "norm_linear": 2, "silu_mul_linear": 1}
-    monkeypatch.setenv("EYAS_FUSED_LINEAR", "0")
+    plan(fused_linear=False)
     ref_out, ref_logits = _step(draft, 1)
     assert kernel_calls == {"linear_rows": 2, "norm_linear": 2, "silu_mul_linear": 1}
     torch.testing.assert_close(out, ref_out, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
 
 
-def test_more_rows_than_max_rows_keep_torch(kernel_calls, monkeypatch):
+def test_more_rows_than_max_rows_keep_torch(kernel_calls, plan):
     draft = _fused_draft()
     out, logits = _step(draft, 3)
     assert not any(kernel_calls.values())
-    monkeypatch.setenv("EYAS_FUSED_LINEAR", "0")
+    plan(fused_linear=False)
     ref_out, ref_logits = _step(draft, 3)
     assert torch.equal(out, ref_out) and torch.equal(logits, ref_logits)
 
@@ -104,13 +102,13 @@ def test_training_head_keeps_torch(kernel_calls, autocast):
 
 
 @pytest.mark.parametrize("rows", [1, 3])
-def test_step_fusions_give_the_separate_ops_result(kernel_calls, monkeypatch, rows):
-    """EYAS_DRAFT_FUSIONS (on by default): the fc and o projections through the GEMV tiles, the two input norms
+def test_step_fusions_give_the_separate_ops_result(kernel_calls, plan, rows):
+    """The plan's draft_fusions (on by default): the fc and o projections through the GEMV tiles, the two input norms
     in one kernel and the residual add inside the down projection's kernel give what the separate ops give
     (the add bit for bit as torch rounds it, the projections to accumulation order)."""
     draft = _fused_draft()
     out, logits = _step(draft, rows)
-    monkeypatch.setenv("EYAS_DRAFT_FUSIONS", "0")
+    plan(draft_fusions=False)
     calls_before = dict(kernel_calls)
     ref_out, ref_logits = _step(draft, rows)
     assert kernel_calls["linear_rows"] - calls_before["linear_rows"] == (1 if rows == 1 else 0)  # q/k/v alone
@@ -118,7 +116,7 @@ def test_step_fusions_give_the_separate_ops_result(kernel_calls, monkeypatch, ro
     torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
 
 
-def test_draft_ids_embed_as_their_target_ids(monkeypatch):
+def test_draft_ids_embed_as_their_target_ids(monkeypatch, plan):
     """embed_ids: one kernel (forced here) or to_target_ids and the lookup, the same rows."""
     from eyas.layers.linear import VocabParallelEmbedding
 
@@ -130,6 +128,6 @@ def test_draft_ids_embed_as_their_target_ids(monkeypatch):
     monkeypatch.setenv("EYAS_KERNELS", "force")
     with torch.no_grad():
         fused = draft.embed_ids(ids, embedding)
-        monkeypatch.setenv("EYAS_DRAFT_FUSIONS", "0")
+        plan(draft_fusions=False)
         assert torch.equal(fused, draft.embed_ids(ids, embedding))
         assert torch.equal(fused, embedding.weight[ids + draft.d2t[ids]])

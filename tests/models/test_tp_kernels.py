@@ -12,8 +12,6 @@ from tests.models.tp_ranks import decode_logits, tp_decode_worker
 
 
 def test_tp2_decode_through_the_qkv_rotary_kernel_equals_tp1(tmp_path, monkeypatch):
-    for name in ("EYAS_QKV_ROTARY", "EYAS_FUSED_LINEAR"):
-        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("EYAS_KERNELS", "force")
     tiny_llama(tmp_path, vocab=64, layers=2, hidden=128)  # a head dim of 32: the slot-attention kernel's least
     port = free_port()

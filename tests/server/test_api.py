@@ -7,6 +7,7 @@ import httpx
 import openai
 import pytest
 
+from eyas import execution_plan
 from tests.server.tiny import Server
 
 KEY = "test-key"
@@ -16,7 +17,7 @@ KEY = "test-key"
 def server(tiny_model):
     # Two steps in flight (the default, pinned): test_steps_in_flight.py checks one, these tests two.
     with Server(tiny_model, "--api-key", KEY, "--max-running", "4", "--max-queue", "40",
-                env={"EYAS_STEPS_IN_FLIGHT": "2"}) as s:
+                "--steps-in-flight", "2") as s:
         yield s
 
 
@@ -195,3 +196,9 @@ def test_metrics_and_server_info(client, server):
     [worker] = info["workers"]
     assert worker["rank"] == 0 and worker["device"] == "cpu" and worker["pid"] > 0
     assert info["versions"]["torch"] == worker["torch"]
+    # The engine's execution plan as it was decided at build: a CPU worker runs no kernels, graphs or run-ahead.
+    plan = info["execution_plan"]
+    assert plan["plan"] == execution_plan.DEFAULT.to_dict() and "execution_plan" not in info["model"]
+    assert plan["device"] == "cpu" and not plan["kernels"] and not plan["pdl"] and not plan["cuda_graphs"]
+    assert set(plan["projections"]["qkv"].values()) == {"torch"}
+    assert "eyas: execution plan " + json.dumps(plan, separators=(",", ":")) in server.log()

@@ -53,18 +53,14 @@ def test_a_zero_spec_steps_or_topk_is_an_error_not_the_default(capsys):
     assert err.startswith("eyas: error: --spec-steps must be in 1..63, got 0: ") and err.count("\n") == 1
 
 
-def test_steps_in_flight_default_override_and_bad_values(monkeypatch):
+def test_steps_in_flight_default_override_and_bad_values():
     from eyas.errors import EyasError
-    from eyas.server.scheduler import steps_in_flight
 
-    monkeypatch.delenv("EYAS_STEPS_IN_FLIGHT", raising=False)
-    assert steps_in_flight() == 2
-    monkeypatch.setenv("EYAS_STEPS_IN_FLIGHT", "1")
-    assert steps_in_flight() == 1
+    assert _config().steps_in_flight == 2
+    assert _config("--steps-in-flight", "1").steps_in_flight == 1
     for bad in ("0", "two", "-1", ""):
-        monkeypatch.setenv("EYAS_STEPS_IN_FLIGHT", bad)
-        with pytest.raises(EyasError, match="EYAS_STEPS_IN_FLIGHT must be a positive integer"):
-            steps_in_flight()
+        with pytest.raises(EyasError, match="--steps-in-flight must be a positive integer"):
+            _config("--steps-in-flight", bad)
 
 
 def test_a_bad_steps_in_flight_is_one_line_before_any_worker_starts(tmp_path):
@@ -72,11 +68,10 @@ def test_a_bad_steps_in_flight_is_one_line_before_any_worker_starts(tmp_path):
     import subprocess
     import sys
 
-    env = dict(os.environ, EYAS_STEPS_IN_FLIGHT="x")
-    p = subprocess.run([sys.executable, "-m", "eyas.cli", "serve", "--model", str(tmp_path / "none"), "--device", "cpu"],
-                       capture_output=True, text=True, timeout=120, env=env)
+    p = subprocess.run([sys.executable, "-m", "eyas.cli", "serve", "--model", str(tmp_path / "none"), "--device", "cpu",
+                        "--steps-in-flight", "x"], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert p.returncode == 2
-    assert p.stderr.strip() == "eyas: error: EYAS_STEPS_IN_FLIGHT must be a positive integer, not 'x'"
+    assert p.stderr.strip() == "eyas: error: --steps-in-flight must be a positive integer, not 'x'"
 
 
 def test_a_bad_tokenizer_is_one_line_and_stops_the_workers_started_beside_it(tmp_path, monkeypatch, capsys):

@@ -1,4 +1,4 @@
-"""With one step queued at the workers (EYAS_STEPS_IN_FLIGHT=1; two is the default), concurrent greedy
+"""With one step queued at the workers (eyas serve --steps-in-flight 1; two is the default), concurrent greedy
 requests get what each gets alone, and a stop string still cuts the text where it first appears. The same
 with two (where a stop's abort lands a step later, and that step's tokens are dropped) is test_api.py's: its
 server runs with two pinned, and its concurrent-requests and stop-string tests check exactly this."""
@@ -11,7 +11,7 @@ from tests.server.tiny import Server
 
 
 def test_one_step_in_flight_changes_no_text(tiny_model):
-    with Server(tiny_model, "--max-running", "8", env={"EYAS_STEPS_IN_FLIGHT": "1"}) as server:
+    with Server(tiny_model, "--max-running", "8", "--steps-in-flight", "1") as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
 
         def one(i):

@@ -158,10 +158,9 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert json.loads((tmp_path / "o" / "run.json").read_text())["status"] == "failed"
 
 
-def test_profiled_generation_stages_report_prefill_and_decode(recipe, capsys, monkeypatch):
+def test_profiled_generation_stages_report_prefill_and_decode(recipe, capsys):
     path, out, _ = recipe
-    monkeypatch.setenv("EYAS_PROFILE", "1")
-    assert main(["train", "synth", "--config", str(path), "--no-progress"]) == 0
+    assert main(["train", "synth", "--config", str(path), "--no-progress", "--profile"]) == 0
     log = capsys.readouterr().err
     assert "[synth] engine phases" in log
     table = log.split("[synth] engine phases")[1]

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 from eyas.errors import EyasError
-from eyas.options import get as option
 
 
 def add_arguments(p):
@@ -36,8 +35,7 @@ def add_arguments(p):
     p.add_argument("--spec-adaptive", action=argparse.BooleanOptionalAction, default=None,
                    help="speculate only where it measures more tokens/s than plain decoding (on by default with "
                         "--draft, as in eyas serve; --no-spec-adaptive speculates at every step)")
-    p.add_argument("--profile", action="store_true", default=option("EYAS_PROFILE") == "1",
-                   help="time every speculative cycle's phases (also EYAS_PROFILE=1)")
+    p.add_argument("--profile", action="store_true", help="time every speculative cycle's phases")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run every forward eagerly on CUDA (no graphs)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -113,6 +111,7 @@ def run(args) -> int:
         "seconds": seconds,
         "tokens_per_second": len(seq.output_ids) / seconds if seconds > 0 else 0.0,
         "finish_reason": seq.finish_reason,
+        "execution_plan": engine.execution_plan_summary(),
     }
     if spec:
         result.update(accept_length=seq.accept_length, verify_passes=seq.verify_passes)

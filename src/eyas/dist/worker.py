@@ -128,7 +128,8 @@ def run_worker(rank: int, size: int, config: WorkerConfig, commands, results) ->
     results.put(Ready(rank, ModelInfo(max_len=engine.max_len, margin=engine.lookahead,
                                       vocab_size=engine.config.vocab_size, eos_token_ids=sorted(engine.eos_ids),
                                       device=device, dtype=dtype, speculative=engine.decoder is not None,
-                                      weight_bytes=engine.weight_bytes(), kv_cache_bytes=engine.kv_cache_bytes())))
+                                      weight_bytes=engine.weight_bytes(), kv_cache_bytes=engine.kv_cache_bytes(),
+                                      execution_plan=engine.execution_plan_summary())))
     try:
         Lockstep(engine, rank, results).serve(commands)
     except Exception as e:

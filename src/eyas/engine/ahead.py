@@ -16,7 +16,7 @@ the longest outcome of those in flight leaves every sequence short of max_tokens
 inside what admission reserved). A stop is learned a step late: the step already enqueued is read for the
 other sequences and dropped for the stopped one (it wrote past that sequence's end only). Before anything else
 touches the batch (an admission, an abort, a sampled request, the other mode) the engine drains: it reads every
-step in flight and leaves the mode. EYAS_DECODE_AHEAD=0 turns both modes off (docs/kernels.md has the gains).
+step in flight and leaves the mode. execution_plan's decode_ahead=False turns both modes off (docs/kernels.md has the gains).
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from eyas import execution_plan
 from eyas.engine import graphs as cuda_graphs
 from eyas.engine.catch_up import hold_back
 from eyas.engine.draft_state import gather_states, set_states
 from eyas.engine.graphs import bucket_rows, graph_kv_len
 from eyas.layers.attention import AttentionBatch
-from eyas.options import off
 
 
 def decode_ahead_on() -> bool:
-    return not off("EYAS_DECODE_AHEAD")
+    return execution_plan.current().decode_ahead
 
 
 def may_run_ahead(engine, seqs) -> bool:

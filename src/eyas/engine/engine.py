@@ -16,6 +16,7 @@ import torch
 
 from eyas.dist.parallel import SINGLE, TPContext
 from eyas.engine.ahead import DecodeAhead
+from eyas.engine.plan_summary import plan_summary
 from eyas.engine.profile import NULL_PROFILER
 from eyas.engine.runner import ModelRunner
 from eyas.engine.sequence import Sequence
@@ -44,7 +45,7 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.decoder = None
-        self.ahead = DecodeAhead(self)  # plain greedy steps one ahead of the host
+        self.ahead = DecodeAhead(self)  # plain greedy steps one ahead of the host (off: execution_plan's decode_ahead)
         if draft is not None:
             from eyas.engine.speculative import SpeculativeDecoder
 
@@ -53,6 +54,11 @@ class Engine:
             from eyas.engine.graphs import enable_cuda_graphs
 
             enable_cuda_graphs(self)
+        self._plan_summary = plan_summary(self)
+
+    def execution_plan_summary(self) -> dict:
+        """The execution plan in force at build and the paths it implies here (engine/plan_summary.py)."""
+        return self._plan_summary
 
     # -- requests -------------------------------------------------------------------------------
     def add(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:

@@ -69,7 +69,7 @@ class SpeculativeDecoder:
         # Columns past the longest row's cache that each pass of a cycle reaches (its graph's attention bound):
         # the draft's tree writes (steps - 1) * topk, the verify pass draft_tokens, the extend pass steps + 1.
         self.reach = {"tree": (s - 1) * k, "verify": self.spec.draft_tokens, "commit": s + 1}
-        self.ahead = SpecAhead(self)  # greedy cycles one ahead of the host
+        self.ahead = SpecAhead(self)  # greedy cycles one ahead of the host (off: execution_plan's decode_ahead)
         # Which of the two modes each step runs, and the policy's books.
         self.step_loop = AdaptiveSteps(self.policy, self.ahead, engine.ahead,
                                        speculative_cycle=self.speculative_cycle, plain_step=self.plain_step,

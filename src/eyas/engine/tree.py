@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
+from eyas import execution_plan
 from eyas.kernels import enabled
 from eyas.layers.topk import topk
-from eyas.options import off
 
 
 @dataclass
@@ -110,8 +110,8 @@ def accept_greedy_batched(tokens: torch.Tensor, parents: torch.Tensor, depth: to
 def accept_greedy_chain(tokens: torch.Tensor, target_argmax: torch.Tensor):
     """accept_greedy_batched for chains (node j is the child of node j-1): the same outputs from a running
     product of the matches instead of walks up the tree. With the kernels enabled, one launch
-    (eyas.kernels.chain_accept); EYAS_ACCEPT_KERNEL=0 keeps the torch ops, the switch benchmarks flip."""
-    if not off("EYAS_ACCEPT_KERNEL") and enabled(tokens):
+    (eyas.kernels.chain_accept); the plan's accept_kernel=False keeps the torch ops (execution_plan)."""
+    if execution_plan.current().accept_kernel and enabled(tokens):
         from eyas.kernels.chain_accept import chain_accept
 
         return chain_accept(tokens, target_argmax)

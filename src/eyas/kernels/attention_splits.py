@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import triton
 
-from eyas.options import get as option
+from eyas import execution_plan
 
 
 def attention_block_n(head_dim: int) -> int:
@@ -40,10 +40,10 @@ def choose_splits(programs: int, columns: int, split_cols: int = SPLIT_COLUMNS) 
     """Column splits per row, for `programs` (batch x kv heads x row blocks) over rows of up to `columns`:
     enough programs for ~128 SMs, each split keeping at least twice split_cols (128) of a long row
     (> 512 columns) and split_cols of a short one. With the merge in the kernel this is an upper bound:
-    each row takes its own count from its length (one_pass_columns, split_cols). EYAS_SHORT_ROW_SPLITS=0
-    launches rows of up to 512 columns in one pass."""
+    each row takes its own count from its length (one_pass_columns, split_cols). The plan's
+    short_row_splits=False (eyas.execution_plan) launches rows of up to 512 columns in one pass."""
     if columns <= 512:
-        if option("EYAS_SHORT_ROW_SPLITS") == "0":
+        if not execution_plan.current().short_row_splits:
             return 1
         return max(1, min(triton.cdiv(128, programs), columns // split_cols, 16))
     return max(1, min(triton.cdiv(128, programs), columns // (2 * split_cols), 16))

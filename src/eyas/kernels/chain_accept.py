@@ -2,8 +2,8 @@
 
 A chain's acceptance is a dozen tiny torch ops on [B, L] integers (compare, cast, running product, sum,
 arange, two wheres, a gather, a roll): each a launch of ~2-4 µs inside a cycle's CUDA graph, where one
-program per row does all of it: 12 launches fewer per cycle (docs/kernels.md). EYAS_ACCEPT_KERNEL=0 keeps the
-torch ops.
+program per row does all of it: 12 launches fewer per cycle (docs/kernels.md). The execution plan's
+accept_kernel=False keeps the torch ops.
 """
 
 from __future__ import annotations

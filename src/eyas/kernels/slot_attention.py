@@ -14,7 +14,7 @@ which it then zeroes): at batch 1 with a few kv heads a single pass would occupy
 that in-kernel merge, `splits` is an upper bound: each row takes its own count from its length as the kernel
 runs (one pass up to one_pass_columns(), else pieces of SPLIT_COLUMNS or more: attention_splits.py), so one captured graph serves
 rows of every length, and programs past a row's count end at once. With
-EYAS_MERGE_IN_KERNEL=0 a second small kernel merges instead (one more launch per layer, and a slower step).
+the plan's merge_in_kernel=False (execution_plan) a second small kernel merges instead (one more launch per layer, and a slower step).
 With `rotary`, the kernel also does what eyas.kernels.rotary.rotate_and_store does before it, saving that
 launch: each program rotates its query rows as it loads them, and rotates and stores the new keys and values
 of the columns it will read itself, so no program waits for another (a new column may fall in any split).
@@ -29,11 +29,11 @@ import torch
 import triton
 import triton.language as tl
 
+from eyas import execution_plan
 from eyas.kernels.attention_splits import SPLIT_COLUMNS, attention_block_n, check_columns, choose_splits, \
     merge_unrolled, one_pass_columns
 from eyas.kernels.pdl import pdl_args, wait_for_previous
 from eyas.kernels.rounding import rounded
-from eyas.options import get as option
 
 LOG2E = 1.4426950408889634
 MAX_BLOCK_M = 64  # query rows (token x head of one kv head) per program; more rows take more programs
@@ -289,11 +289,11 @@ _outgrown: list[torch.Tensor] = []  # counters replaced by larger ones, kept ali
 
 def merge_in_kernel(q: torch.Tensor, blocks: int) -> torch.Tensor | None:
     """The zeroed per-row-block counters with which the attention kernel merges its splits itself, or None
-    to launch the merge kernel (EYAS_MERGE_IN_KERNEL=0, or during a graph capture before any eager run). The
+    to launch the merge kernel (the plan's merge_in_kernel=False, or during a graph capture before any eager run). The
     counters live per device and are zero between launches (the merging program resets its own); they are
     only allocated outside CUDA-graph capture, whose first, eager warm-up run allocates them. Kernels on one
     device share them, which is safe for launches in one stream."""
-    if option("EYAS_MERGE_IN_KERNEL") == "0":
+    if not execution_plan.current().merge_in_kernel:
         return None
     have = _counters.get(q.device)
     if have is None or have.numel() < blocks:

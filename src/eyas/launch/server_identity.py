@@ -79,7 +79,7 @@ def ask_server(url: str, api_key: str | None = None) -> tuple[dict, str | None]:
         info = _json(_get(client, url + "/server_info"))
         if isinstance(info, dict) and "workers" in info and "config" in info:
             out.update(backend="eyas", config=info["config"], versions=info.get("versions"),
-                       env_check=info.get("env_check"))
+                       env_check=info.get("env_check"), execution_plan=info.get("execution_plan"))
             model = (info.get("config") or {}).get("model")
         elif isinstance(info, dict) and ("tp_size" in info or "launch_command" in info):
             out.update(backend="sglang", server_args=sglang_facts(info))

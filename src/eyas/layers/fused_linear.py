@@ -5,7 +5,7 @@ The torch meaning of each function is its fallback, written out below: the resid
 are enabled for these tensors (CUDA, no autograd), there are at most MAX_ROWS tokens (decode steps of one or
 two sequences: verify passes and prefills keep cuBLAS; projections of at most NARROW_N outputs up to
 NARROW_ROWS) of at most MAX_K features (small models, where launches dominate; large ones keep cuBLAS),
-everything shares one dtype, and EYAS_FUSED_LINEAR is not "0" (the switch that benchmarks flip to measure
+everything shares one dtype, and the execution plan's fused_linear is on (benchmarks turn it off to measure
 the fusion).
 The target's layers take column- and row-parallel linears; the EAGLE-3 draft's steps (models/eagle3.py) take
 plain weights through `linear_rows` and `add_silu_mul_linear` (the residual add after its MLP in the down
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
+from eyas import execution_plan
 from eyas.kernels import enabled
 from eyas.layers.activation import silu_mul
 from eyas.layers.linear import dense
 from eyas.layers.norm import RMSNorm
-from eyas.options import off
 
 
 def fused_kernel_fits(x: torch.Tensor, features: int, *tensors: torch.Tensor | None,
@@ -34,7 +34,7 @@ def fused_kernel_fits(x: torch.Tensor, features: int, *tensors: torch.Tensor | N
     from eyas.kernels.fused_linear import MAX_K, MAX_ROWS, NARROW_N, NARROW_ROWS
 
     rows = max(MAX_ROWS, NARROW_ROWS) if outputs is not None and outputs <= NARROW_N else MAX_ROWS
-    return (not off("EYAS_FUSED_LINEAR") and features <= MAX_K
+    return (execution_plan.current().fused_linear and features <= MAX_K
             and x.numel() <= rows * x.shape[-1] and enabled(x, *present)
             and all(t.dtype == x.dtype for t in present))
 
@@ -55,14 +55,18 @@ def norm_linear(norm: RMSNorm, linear, h: torch.Tensor,
 def project_rows(linear, x: torch.Tensor) -> torch.Tensor:
     """linear(x) for a row-parallel `linear` (the attention's output projection): up to MAX_K features (small
     models) through the kernels' decode GEMV tiles, which launch under PDL while attention finishes
-    (EYAS_FUSED_O_PROJ=0: cuBLAS); otherwise cuBLAS."""
-    if off("EYAS_FUSED_O_PROJ") or not enabled(x, linear.weight):  # enabled: the kernel module imports Triton
-        return linear(x)
-    if fused_kernel_fits(x, x.shape[-1], linear.weight, outputs=linear.weight.shape[0]):
+    (the plan's fused_o_proj=False: cuBLAS); otherwise cuBLAS."""
+    if project_rows_fused(linear, x):
         from eyas.kernels.fused_linear import linear_rows
 
         return linear.finish(linear_rows(x, linear.weight))
     return linear(x)
+
+
+def project_rows_fused(linear, x: torch.Tensor) -> bool:
+    """Whether project_rows takes the GEMV tiles for x."""
+    return execution_plan.current().fused_o_proj and fused_kernel_fits(x, x.shape[-1], linear.weight,
+                                                                        outputs=linear.weight.shape[0])
 
 
 def silu_mul_linear(linear, gate_up: torch.Tensor) -> torch.Tensor:

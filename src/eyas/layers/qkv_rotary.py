@@ -4,8 +4,8 @@ norm_linear then rotate_and_store: one launch fewer per layer.
 
 By default it runs up to two rows (a decode step of one or two sequences, a verify of two tokens): there it
 makes SmolLM2's step shorter (docs/kernels.md), but a verify of 4-8 rows longer: each program recomputes the
-rows' norm and rotates its pairs, work that grows with the rows. EYAS_QKV_ROTARY=1 takes it at every row
-count where it applies, =0 never. It applies where both kernels it replaces would run: the fused
+rows' norm and rotates its pairs, work that grows with the rows. The execution plan's qkv_rotary_rows sets the
+row count (0: never; the kernel's own limit or more: wherever it applies). It applies where both kernels it replaces would run: the fused
 projection's conditions (eyas.layers.fused_linear: kernels enabled, a narrow projection of few rows and at
 most MAX_K input features) and the slot-attention kernel's, with no q/k norm between projection and rotary
 and the rotary not inside the attention kernel.
@@ -15,23 +15,17 @@ from __future__ import annotations
 
 import torch
 
+from eyas import execution_plan
 from eyas.kernels import enabled
 from eyas.layers.attention import AttentionBatch, attend_cached, rotary_in_attention_at, slot_kernel_fits
 from eyas.layers.fused_linear import fused_kernel_fits, norm_linear, project_rows
-from eyas.options import get as option
-
-DEFAULT_ROWS = 2  # rows up to which the kernel runs: a verify of 4-8 rows was 1-3% slower with it (above)
-
 
 def max_rows() -> int:
-    """Rows (batch x tokens) up to which the layer takes the kernel: 0 with EYAS_QKV_ROTARY=0, the kernel's
-    own limit with =1, else DEFAULT_ROWS. Read per call, so a benchmark can time both in one process."""
+    """Rows (batch x tokens) up to which the layer takes the kernel: the execution plan's qkv_rotary_rows, at
+    most the kernel's own limit. Read per call, so a benchmark can time both in one process."""
     from eyas.kernels.fused_linear import KERNEL_ROWS
 
-    switch = option("EYAS_QKV_ROTARY")
-    if switch in ("0", "1"):
-        return 0 if switch == "0" else KERNEL_ROWS
-    return DEFAULT_ROWS
+    return min(execution_plan.current().qkv_rotary_rows, KERNEL_ROWS)
 
 
 def fused(attn, h: torch.Tensor, delta: torch.Tensor | None, norm, batch: AttentionBatch) -> bool:

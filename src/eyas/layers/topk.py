@@ -1,18 +1,18 @@
 """The k largest entries of each row, and of each row's log-softmax: torch.topk's meaning, one kernel at
-decode for short rows (eyas.kernels.topk; EYAS_TOPK_KERNEL=0 keeps torch's, the switch benchmarks flip)."""
+decode for short rows (eyas.kernels.topk; the execution plan's topk_kernel=False keeps torch's)."""
 
 from __future__ import annotations
 
 import torch
 
+from eyas import execution_plan
 from eyas.kernels import enabled
-from eyas.options import off
 
 
 def topk(x: torch.Tensor, k: int, log_softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, indices) of the k largest entries along the last dim, largest first; with log_softmax, of
     torch.log_softmax(x.float(), -1) (fp32 values). Ties may come out in another order than torch.topk's."""
-    if enabled(x) and not off("EYAS_TOPK_KERNEL"):
+    if enabled(x) and execution_plan.current().topk_kernel:
         from eyas.kernels.topk import fits, topk as fused
 
         if fits(x, k):

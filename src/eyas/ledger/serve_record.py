@@ -4,6 +4,7 @@ report, and a summary when it stops.
 Usage:
     rec = ServeRecorder.open(db, sys.argv, config.public(), model, draft, {**os.environ, **config.env}, warn)
     rec.workers([report.to_dict() for report in group.reports])
+    rec.execution_plan(info.execution_plan)  # what the workers' engines decided (Engine.execution_plan_summary)
     rec.finish("ok", {"requests_ok": 12, ...})
 
 Recording is best effort: a locked or unwritable ledger is one warning, and the server serves on. A server
@@ -25,6 +26,7 @@ class ServeRecorder:
     def __init__(self, ledger: Ledger | None, run_id: str | None, warn: Callable[[str], None]):
         self.ledger, self.run_id, self.warn = ledger, run_id, warn
         self.started = time.monotonic()
+        self.noted: dict[str, Any] = {}  # results known while it runs, kept in the finished run's results too
 
     @classmethod
     def open(cls, db: str | None, argv: list[str], config: dict[str, Any], model: str | None, draft: str | None,
@@ -56,8 +58,13 @@ class ServeRecorder:
                                            {**info, "env_source": "worker report"})
         self._guard("the workers' environments", add)
 
+    def execution_plan(self, summary: dict) -> None:
+        """The engines' execution plan and the paths it implies, in the run's results from now on."""
+        self.noted["execution_plan"] = summary
+        self._guard("the execution plan", lambda: self.ledger.note_running(self.run_id, self.noted))
+
     def finish(self, status: str, results: dict[str, Any]) -> None:
-        summary = {"uptime_s": round(time.monotonic() - self.started, 1), **results}
+        summary = {"uptime_s": round(time.monotonic() - self.started, 1), **self.noted, **results}
         self._guard("how it ended", lambda: self.ledger.finish_run(self.run_id, status, summary))
         if self.ledger is not None:
             self.ledger.close()

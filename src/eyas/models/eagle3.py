@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eyas import execution_plan
 from eyas.dist.parallel import SINGLE
 from eyas.draft_config import DraftConfig
 from eyas.kernels import enabled
@@ -29,16 +30,15 @@ from eyas.layers.linear import dense
 from eyas.layers.norm import RMSNorm, rms_norm_pair
 from eyas.layers.rotary import RotaryEmbedding
 from eyas.models.mla import MLAttention
-from eyas.options import off
 
 
 def step_fusions() -> bool:
     """Whether a drafting step runs its fc and o projections through the fused GEMV tiles, its two input norms
     as one kernel and the residual add inside the down projection's kernel (each falls back to torch's ops
     where the kernels do not apply), and whether the draft's state keeps its head's logits rather than fp32
-    log-probs (engine.drafter.Drafter.scores). EYAS_DRAFT_FUSIONS=0 keeps the separate ops: the switch
-    benchmarks flip. Read as the step is traced, so a captured graph keeps it."""
-    return not off("EYAS_DRAFT_FUSIONS")
+    log-probs (engine.drafter.Drafter.scores). The execution plan's draft_fusions=False keeps the
+    separate ops. Read as the step is traced, so a captured graph keeps it."""
+    return execution_plan.current().draft_fusions
 
 
 def fuse_linears(owner: nn.Module, linears: list[nn.Linear], name: str):

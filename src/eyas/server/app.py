@@ -229,7 +229,9 @@ def build_app(state: ServerState) -> FastAPI:
     @app.get("/server_info")
     async def server_info(request: Request):
         authorize(request)
-        return {"config": cfg.public(), "model": asdict(info), "versions": state.versions,
+        model = asdict(info)
+        plan = model.pop("execution_plan")
+        return {"config": cfg.public(), "model": model, "execution_plan": plan, "versions": state.versions,
                 "started": state.started, "healthy": state.scheduler.healthy,
                 "env_check": {"mode": cfg.env_check, "problems": state.env_problems},
                 "workers": [r.to_dict() for r in state.reports]}

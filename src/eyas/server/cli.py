@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import os
 import platform
 import signal
@@ -48,6 +49,9 @@ def add_arguments(p) -> None:
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 routes and /server_info")
     p.add_argument("--max-running", type=int, default=8, help="requests decoded together: KV cache slots (default 8)")
     p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 503s (default 64)")
+    p.add_argument("--steps-in-flight", default="2", metavar="N",
+                   help="steps queued at the workers at once (default 2; 1 lets requests join, and stop strings "
+                        "act, one step sooner)")
     p.add_argument("--max-model-len", type=int, help="tokens per sequence (default: the model's, at most 2048)")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), help="default fp32 on CPU, bf16 on CUDA")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -67,7 +71,12 @@ def config_from_args(args) -> ServeConfig:
                        env_check=args.env_check, host=args.host, port=args.port, api_key=args.api_key,
                        max_running=args.max_running, max_queue=args.max_queue, max_model_len=args.max_model_len,
                        dtype=args.dtype, device=args.device, profile=args.profile,
-                       cuda_graphs=not args.no_cuda_graphs)
+                       cuda_graphs=not args.no_cuda_graphs, steps_in_flight=_positive_int(args.steps_in_flight))
+
+
+def _positive_int(text: str) -> int | str:
+    """text as an int where it is one, else as given, for ServeConfig to refuse in its own words."""
+    return int(text) if text.isdigit() else text
 
 
 def log(msg: str) -> None:
@@ -90,10 +99,8 @@ def run(args) -> int:
     from eyas.dist.launch import STOP_GRACE_S, WorkerGroup
     from eyas.models.demo import resolve_model_path
     from eyas.models.tokenizer import load_tokenizer
-    from eyas.server.scheduler import steps_in_flight
 
     config = config_from_args(args)
-    steps_in_flight()  # a bad EYAS_STEPS_IN_FLIGHT fails here, before any worker starts
     # The front end owns text. A bad checkpoint is reported as such (not as a tokenizer problem) before any
     # worker starts; the tokenizer loads while the workers import and load (seconds each, on a CPU the most
     # of a small server's start), and a bad one stops them before they report.
@@ -121,6 +128,7 @@ def run(args) -> int:
     try:
         info = group.wait_ready()
         recorder.workers([r.to_dict() for r in group.reports])
+        recorder.execution_plan(info.execution_plan)
         server, scheduler = _prepare(config, group, info, tokenizer, fatal)
         scheduler.start()
         server.run(sockets=[listener])
@@ -208,7 +216,7 @@ def _prepare(config, group, info, tokenizer, fatal: list[str]):
             server.should_exit = True
             server.force_exit = True
 
-    scheduler = Scheduler(group, config.max_running, config.max_queue, metrics, on_fatal)
+    scheduler = Scheduler(group, config.max_running, config.max_queue, metrics, on_fatal, config.steps_in_flight)
     state = ServerState(config=config, info=info, tokenizer=tokenizer, scheduler=scheduler, metrics=metrics,
                         reports=group.reports, env_problems=group.env_problems, versions=versions(group.reports),
                         draining=lambda: server is not None and server.should_exit)
@@ -226,4 +234,5 @@ def _prepare(config, group, info, tokenizer, fatal: list[str]):
         f"{info.dtype}, max_model_len={info.max_len}, max_running={config.max_running}, "
         f"weights {info.weight_bytes / 2 ** 20:.1f} MiB + KV cache {info.kv_cache_bytes / 2 ** 20:.1f} MiB per rank"
         + (f", draft={config.draft} {config.spec}" if config.draft else "") + ")")
+    log(f"eyas: execution plan {json.dumps(info.execution_plan, separators=(',', ':'))}")
     return server, scheduler

@@ -42,6 +42,7 @@ class ServeConfig:
     device: str = "auto"
     profile: bool = False
     cuda_graphs: bool = True
+    steps_in_flight: int = 2  # Steps queued at the workers at once (server/scheduler.py)
 
     def __post_init__(self):
         if self.tp < 1:
@@ -52,6 +53,8 @@ class ServeConfig:
             raise EyasError(f"--port must be in 0..65535, got {self.port}")
         if self.max_running < 1:
             raise EyasError(f"--max-running must be >= 1, got {self.max_running}")
+        if type(self.steps_in_flight) is not int or self.steps_in_flight < 1:
+            raise EyasError(f"--steps-in-flight must be a positive integer, not {self.steps_in_flight!r}")
         if self.max_queue < 0:
             raise EyasError(f"--max-queue must be >= 0, got {self.max_queue}")
         if self.max_model_len is not None and self.max_model_len < 2:

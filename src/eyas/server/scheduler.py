@@ -1,7 +1,7 @@
 """The front end's scheduler: one thread that batches requests into the workers' lockstep and hands tokens back.
 
 Between two steps it forwards every new request and every abort to all workers and sends Steps. The workers
-hold steps_in_flight() Steps at once: when rank 0's result arrives, the thread tops the queue up (new
+hold `steps_in_flight` Steps at once (eyas serve --steps-in-flight, default 2): when rank 0's result arrives, the thread tops the queue up (new
 requests and aborts first) and only then hands the result's tokens out, so the workers never wait on it.
 Requests join and leave a running batch at step boundaries (continuous batching), and the Engine admits
 waiting requests while cache slots are free. An abort that a result's tokens prompt (a stop string) reaches
@@ -24,21 +24,7 @@ from typing import Callable
 
 from eyas.dist.launch import POLL_S, WorkerDied, WorkerGroup
 from eyas.dist.messages import Abort, AddRequest, Step
-from eyas.errors import EyasError
 from eyas.layers.sampling import SamplingParams
-from eyas.options import get as option
-
-
-def steps_in_flight() -> int:
-    """Steps queued at the workers at once (EYAS_STEPS_IN_FLIGHT, default 2). With 2 the workers go on with
-    the next step while this thread waits for a result, for the GIL, or hands tokens out; with 1, the adaptive
-    server was once slower than plain under load. Requests join, and aborts land, one step later per extra
-    step."""
-    raw = option("EYAS_STEPS_IN_FLIGHT")
-    raw = "2" if raw is None else raw
-    if not raw.isdigit() or int(raw) < 1:
-        raise EyasError(f"EYAS_STEPS_IN_FLIGHT must be a positive integer, not {raw!r}")
-    return int(raw)
 
 
 @dataclass
@@ -63,7 +49,8 @@ class Unavailable(Exception):
 
 
 class Scheduler:
-    def __init__(self, group: WorkerGroup, max_running: int, max_queue: int, metrics, on_fatal=None):
+    def __init__(self, group: WorkerGroup, max_running: int, max_queue: int, metrics, on_fatal=None,
+                 steps_in_flight: int = 2):
         self.group = group
         self.capacity = max_running + max_queue
         self.metrics = metrics
@@ -76,7 +63,10 @@ class Scheduler:
         self.healthy = True
         self.error: str | None = None
         self._in_flight = 0                      # Steps sent whose results have not been received
-        self.steps_in_flight = steps_in_flight()
+        # With 2 the workers go on with the next step while this thread waits for a result, for the GIL, or hands
+        # tokens out; with 1, the adaptive server was once slower than plain under load. Requests join, and aborts
+        # land, one step later per extra step.
+        self.steps_in_flight = steps_in_flight
         self.thread = threading.Thread(target=self._run, name="eyas-scheduler", daemon=True)
 
     # -- called from the HTTP side ----------------------------------------------------------------

@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override any recipe value, e.g. --set train.lr=3e-4 (value in TOML syntax)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--profile", action="store_true",
+                        help="synth and regen: time the engine's prefill and decode steps, printed after the stage")
 
 
 def _toml_value(text: str):
@@ -108,5 +110,5 @@ def run(args) -> int:
         if recipe.synth.num:
             recipe.synth.num = min(recipe.synth.num, args.num_samples + recipe.data.heldout)
     _check_paths(recipe, args.stage)
-    Pipeline(recipe, progress=not args.no_progress).run([args.stage], argv=getattr(args, "argv", []))
+    Pipeline(recipe, progress=not args.no_progress, profile=args.profile).run([args.stage], argv=getattr(args, "argv", []))
     return 0

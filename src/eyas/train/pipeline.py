@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from eyas.errors import EyasError
-from eyas.options import get as option
 from eyas.train import sample_cache
 from eyas.train.distributed import init_distributed, log
 from eyas.train.prompts import as_prompt, build_pool, data_dir, read_conversations
@@ -31,7 +30,7 @@ SAMPLES_FILE = "samples.safetensors"  # the tokenized conversations (sample_cach
 
 
 class Pipeline:
-    def __init__(self, recipe, progress: bool = True):
+    def __init__(self, recipe, progress: bool = True, profile: bool = False):
         self.recipe = recipe
         device = recipe.resolved_device()
         self.dist = init_distributed(device)
@@ -39,6 +38,7 @@ class Pipeline:
         self.dtype = recipe.target_dtype()
         self.progress = progress and self.dist.main
         self.out = recipe.out
+        self.profile = profile  # synth and regen time their engine's phases (eyas train --profile)
         self._tokenizer = self._samples = self._config = None
 
     # -- shared pieces ----------------------------------------------------------------------------
@@ -65,19 +65,19 @@ class Pipeline:
         return self._tokenizer
 
     def engine(self, max_batch: int, max_len: int):
-        """The generation engine of synth and regen; with EYAS_PROFILE=1 it times prefill and decode steps
+        """The generation engine of synth and regen; with --profile it times prefill and decode steps
         (printed after the stage), to tell where a slow generation stage spends its time. Freed slots are
         refilled an eighth of the batch at a time, so prefills are few and full."""
         from eyas.engine.engine import Engine
         from eyas.engine.profile import Profiler
 
-        profiler = Profiler(self.device) if option("EYAS_PROFILE") == "1" else None
+        profiler = Profiler(self.device) if self.profile else None
         return Engine(self.recipe.target, dtype=self.dtype, device=self.device, max_batch=max_batch, max_len=max_len,
                       profiler=profiler, admit_batch=max(1, max_batch // 8))
 
     def _report_profile(self, engine, stage: str):
         if engine.profiler is not None:
-            log(self.dist, f"eyas train: [{stage}] engine phases (EYAS_PROFILE=1)\n{engine.profiler.table()}")
+            log(self.dist, f"eyas train: [{stage}] engine phases (--profile)\n{engine.profiler.table()}")
 
     def samples(self):
         """Tokenized regenerated conversations and a hash of exactly what training will see."""
