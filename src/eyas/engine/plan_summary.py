@@ -4,7 +4,7 @@ device and its target's layer shapes (eyas.execution_plan).
     summary = plan_summary(engine)  # JSON-able; logged at start, in /server_info and the ledger
 
 Every derived entry comes from the predicate the layer itself asks at run time (kernels.enabled, pdl_on,
-fused_kernel_fits, project_rows_fused, qkv_rotary.max_rows, decode_ahead.may_run_ahead), called on an empty
+fused_kernel_fits, project_rows_fused, qkv_rotary.max_rows, ahead.may_run_ahead), called on an empty
 probe tensor of the engine's device and dtype shaped as a step of that many rows: the summary cannot disagree
 with the layers about the plan in force when it was built.
 """
