@@ -35,8 +35,8 @@ def main():
     ap.add_argument("--context", type=int, default=300, help="prompt tokens before the first cycle")
     ap.add_argument("--cycles", type=int, default=20)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--twin", default="", help="also each row with NAME=VALUE[,NAME=VALUE...] set: execution "
-                    "plan fields (e.g. topk_kernel=0) or EYAS_* variables")
+    ap.add_argument("--twin", default="", help="also each row with FIELD=VALUE[,FIELD=VALUE...] set: execution "
+                    "plan fields (e.g. topk_kernel=0)")
     ap.add_argument("--out", default="cycle_graph.json")
     args = ap.parse_args()
     if args.context < 1 or args.cycles < 1:

@@ -22,7 +22,7 @@ import statistics
 import torch
 
 from eyas import execution_plan
-from ablation import FIELDS, plan_changes  # benchmarks/ablation.py
+from ablation import plan_changes  # benchmarks/ablation.py
 from bench_join import SMOLLM2
 from bench_tp import LLAMA_8B, random_runner
 from timing import kernel_table, median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
@@ -55,7 +55,7 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
         env = {}
         for kv in filter(None, settings.split(",")):
             k, eq, v = kv.partition("=")
-            if not eq or (k not in FIELDS and k != "blas") or (k == "blas" and v not in BLAS):
+            if not eq or (k == "blas" and v not in BLAS):
                 raise SystemExit(f"bench_step_ab: setting {kv!r} of {name} is not FIELD=VALUE (an execution plan "
                                  f"field, or blas: {' or '.join(BLAS)})")
             env[k] = v

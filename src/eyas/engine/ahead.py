@@ -16,7 +16,8 @@ the longest outcome of those in flight leaves every sequence short of max_tokens
 inside what admission reserved). A stop is learned a step late: the step already enqueued is read for the
 other sequences and dropped for the stopped one (it wrote past that sequence's end only). Before anything else
 touches the batch (an admission, an abort, a sampled request, the other mode) the engine drains: it reads every
-step in flight and leaves the mode. execution_plan's decode_ahead=False turns both modes off (docs/kernels.md has the gains).
+step in flight and leaves the mode. execution_plan's decode_ahead=False turns both modes off (docs/kernels.md
+has the gains).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ Our kernels signal once their own wait has returned, so that one kernel at most 
 running: signalling as they start instead let a row of waiting kernels hold SM room and weight tiles, and
 replayed SmolLM2's decode step 11% slower (bench_step_ab.py side by side; docs/kernels.md).
 
-It is on for CUDA devices of compute capability 9.0 and up; the plan's pdl=False (eyas.execution_plan) switches it off.
+It is on for CUDA devices of compute capability 9.0 and up; the plan's pdl=False (eyas.execution_plan) switches
+it off.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def _capable(device_index: int) -> bool:
 
 
 def pdl_on(x: torch.Tensor) -> bool:
-    """Whether kernels on x's device launch with PDL: a CUDA device of sm_90 or later, unless the plan's pdl is False."""
+    """Whether kernels on x's device launch with PDL: a CUDA device of sm_90 or later, unless the plan's pdl is
+    False."""
     if not execution_plan.current().pdl or not x.is_cuda:
         return False
     return _capable(x.device.index if x.device.index is not None else torch.cuda.current_device())

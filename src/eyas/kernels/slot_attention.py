@@ -13,8 +13,8 @@ by the last split program of each row block to finish (it learns it is last from
 which it then zeroes): at batch 1 with a few kv heads a single pass would occupy a handful of SMs. With
 that in-kernel merge, `splits` is an upper bound: each row takes its own count from its length as the kernel
 runs (one pass up to one_pass_columns(), else pieces of SPLIT_COLUMNS or more: attention_splits.py), so one captured graph serves
-rows of every length, and programs past a row's count end at once. With
-the plan's merge_in_kernel=False (execution_plan) a second small kernel merges instead (one more launch per layer, and a slower step).
+rows of every length, and programs past a row's count end at once. With the plan's merge_in_kernel=False
+(execution_plan) a second small kernel merges instead (one more launch per layer, and a slower step).
 With `rotary`, the kernel also does what eyas.kernels.rotary.rotate_and_store does before it, saving that
 launch: each program rotates its query rows as it loads them, and rotates and stores the new keys and values
 of the columns it will read itself, so no program waits for another (a new column may fall in any split).
@@ -289,8 +289,8 @@ _outgrown: list[torch.Tensor] = []  # counters replaced by larger ones, kept ali
 
 def merge_in_kernel(q: torch.Tensor, blocks: int) -> torch.Tensor | None:
     """The zeroed per-row-block counters with which the attention kernel merges its splits itself, or None
-    to launch the merge kernel (the plan's merge_in_kernel=False, or during a graph capture before any eager run). The
-    counters live per device and are zero between launches (the merging program resets its own); they are
+    to launch the merge kernel (the plan's merge_in_kernel=False, or during a graph capture before any eager
+    run). The counters live per device and are zero between launches (the merging program resets its own); they are
     only allocated outside CUDA-graph capture, whose first, eager warm-up run allocates them. Kernels on one
     device share them, which is safe for launches in one stream."""
     if not execution_plan.current().merge_in_kernel:

@@ -5,7 +5,8 @@ norm_linear then rotate_and_store: one launch fewer per layer.
 By default it runs up to two rows (a decode step of one or two sequences, a verify of two tokens): there it
 makes SmolLM2's step shorter (docs/kernels.md), but a verify of 4-8 rows longer: each program recomputes the
 rows' norm and rotates its pairs, work that grows with the rows. The execution plan's qkv_rotary_rows sets the
-row count (0: never; the kernel's own limit or more: wherever it applies). It applies where both kernels it replaces would run: the fused
+row count (0: never; the kernel's own limit or more: wherever it applies). It applies where both kernels it
+replaces would run: the fused
 projection's conditions (eyas.layers.fused_linear: kernels enabled, a narrow projection of few rows and at
 most MAX_K input features) and the slot-attention kernel's, with no q/k norm between projection and rotary
 and the rotary not inside the attention kernel.
@@ -19,6 +20,7 @@ from eyas import execution_plan
 from eyas.kernels import enabled
 from eyas.layers.attention import AttentionBatch, attend_cached, rotary_in_attention_at, slot_kernel_fits
 from eyas.layers.fused_linear import fused_kernel_fits, norm_linear, project_rows
+
 
 def max_rows() -> int:
     """Rows (batch x tokens) up to which the layer takes the kernel: the execution plan's qkv_rotary_rows, at

@@ -1,8 +1,8 @@
 """The front end's scheduler: one thread that batches requests into the workers' lockstep and hands tokens back.
 
 Between two steps it forwards every new request and every abort to all workers and sends Steps. The workers
-hold `steps_in_flight` Steps at once (eyas serve --steps-in-flight, default 2): when rank 0's result arrives, the thread tops the queue up (new
-requests and aborts first) and only then hands the result's tokens out, so the workers never wait on it.
+hold `steps_in_flight` Steps at once (eyas serve --steps-in-flight, default 2): when rank 0's result arrives,
+the thread tops the queue up (new requests and aborts first) and only then hands the result's tokens out, so the workers never wait on it.
 Requests join and leave a running batch at step boundaries (continuous batching), and the Engine admits
 waiting requests while cache slots are free. An abort that a result's tokens prompt (a stop string) reaches
 the workers after the steps already queued: those steps' tokens for it are dropped. The thread is the only

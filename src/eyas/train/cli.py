@@ -110,5 +110,6 @@ def run(args) -> int:
         if recipe.synth.num:
             recipe.synth.num = min(recipe.synth.num, args.num_samples + recipe.data.heldout)
     _check_paths(recipe, args.stage)
-    Pipeline(recipe, progress=not args.no_progress, profile=args.profile).run([args.stage], argv=getattr(args, "argv", []))
+    Pipeline(recipe, progress=not args.no_progress, profile=args.profile).run([args.stage],
+                                                                             argv=getattr(args, "argv", []))
     return 0
