@@ -93,7 +93,7 @@ def main():
         raise SystemExit(f"bench_step_ab: --context must be in 1..{MAX_LEN - max(tokens)}, --rounds >= 1")
     from eyas.engine.graphs import CudaGraphs
 
-    from eyas.dist.parallel import TPContext
+    from eyas.tensor_parallel import TPContext
 
     cfg, model, runner = random_runner(SHAPES[args.shape], TPContext(), args.context, MAX_LEN)
     steps = {}

@@ -70,7 +70,7 @@ def _worker(rank, tp, port, queue, graphs, shape, context):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=tp, device_id=torch.device("cuda", rank))
-    from eyas.dist.parallel import TPContext
+    from eyas.tensor_parallel import TPContext
     from eyas.engine.graphs import CudaGraphs
 
     cfg, model, runner = random_runner(shape, TPContext(rank, tp, dist.group.WORLD), context)
@@ -139,7 +139,7 @@ def draft_step_ms(cfg, device="cuda") -> float:
     from types import SimpleNamespace
 
     from eyas.engine.graphs import capture
-    from eyas.engine.kv_cache import KVCache
+    from eyas.layers.kv_cache import KVCache
     from eyas.layers.attention import AttentionBatch
     from eyas.models.eagle3 import Eagle3Draft
     from eyas.train.draft_init import draft_config_for

@@ -99,7 +99,7 @@ def test_the_layer_takes_the_kernel_only_where_both_kernels_it_replaces_would_ru
     slot-attention kernel's cache, and the rotary not inside the attention kernel."""
     from types import SimpleNamespace
 
-    from eyas.engine.kv_cache import KVCache
+    from eyas.layers.kv_cache import KVCache
     import eyas.layers.attention as attention
     from eyas.layers.attention import AttentionBatch
     from eyas.layers.linear import ColumnParallelLinear

@@ -7,7 +7,7 @@ finite garbage there instead, since SDPA's additive mask does not survive NaN.""
 import pytest
 import torch
 
-from eyas.engine.kv_cache import KVCache
+from eyas.layers.kv_cache import KVCache
 from eyas.kernels.attention_splits import SPLIT_COLUMNS, choose_splits, merge_unrolled, one_pass_columns
 from eyas.kernels.slot_attention import slot_attention, store_kv
 from eyas.layers.attention import AttentionBatch, attend

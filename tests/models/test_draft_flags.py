@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eyas.draft_config import DraftConfig
-from eyas.engine.kv_cache import KVCache
+from eyas.layers.kv_cache import KVCache
 from eyas.errors import EyasError
 from eyas.layers.attention import AttentionBatch
 from eyas.models.draft_io import SPECULATORS_VERSION, load_draft, save_draft

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from eyas.engine.kv_cache import KVCache
+from eyas.layers.kv_cache import KVCache
 from eyas.layers.attention import AttentionBatch
 from tests.helpers import random_draft
 

@@ -8,7 +8,7 @@ from safetensors import safe_open
 
 from eyas.config import ModelConfig
 from eyas.draft_config import DraftConfig
-from eyas.engine.kv_cache import KVCache
+from eyas.layers.kv_cache import KVCache
 from eyas.errors import EyasError
 from eyas.layers.attention import AttentionBatch
 from eyas.models.draft_io import load_draft, save_draft
@@ -90,7 +90,7 @@ def test_fused_projections_give_the_same_logits_and_follow_loaded_weights():
     """Inference fuses q/k/v and gate/up into one matmul each; the output is unchanged, checkpoints keep the
     separate weights, and weights loaded afterwards (training-time evaluation reloads every eval) reach the
     fused matmul."""
-    from eyas.engine.kv_cache import KVCache
+    from eyas.layers.kv_cache import KVCache
     from eyas.layers.attention import AttentionBatch
     from tests.helpers import random_draft
 

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from eyas.config import ModelConfig, SpecConfig
 from eyas.draft_config import DraftConfig
 from eyas.engine.engine import Engine
-from eyas.engine.kv_cache import KVCache
+from eyas.layers.kv_cache import KVCache
 from eyas.engine.profile import Profiler
 from eyas.errors import EyasError
 from eyas.layers.attention import AttentionBatch

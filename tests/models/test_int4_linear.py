@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eyas.dist.parallel import TPContext
+from eyas.tensor_parallel import TPContext
 from eyas.errors import EyasError
 from eyas.layers import quant_linear
 from eyas.layers.fused_linear import norm_linear

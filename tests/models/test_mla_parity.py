@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from eyas.config import ModelConfig
 from eyas.dist.launch import free_port
-from eyas.dist.parallel import TPContext
+from eyas.tensor_parallel import TPContext
 from eyas.engine.runner import ModelRunner
 from eyas.errors import EyasError
 from eyas.layers.rotary import attention_factor

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from eyas.config import ModelConfig
-from eyas.dist.parallel import TPContext
+from eyas.tensor_parallel import TPContext
 from eyas.models.loader import load_model, load_weights
 from eyas.models.llama import CausalLM
 from eyas.models.moe import GROUPED_MM, Experts, Router

@@ -3,7 +3,7 @@ and eyas), not the test module, whose transformers import took it seconds."""
 
 import torch
 
-from eyas.dist.parallel import TPContext
+from eyas.tensor_parallel import TPContext
 from eyas.engine.runner import ModelRunner
 from eyas.models.loader import load_model
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eyas.engine.kv_cache import KVCache
+from eyas.layers.kv_cache import KVCache
 from eyas.layers.attention import AttentionBatch
 from eyas.models.draft_io import load_draft, save_draft
 from eyas.train.ttt import unroll

@@ -4,7 +4,7 @@ when fed the same chain, and the loss pairs each step with the right target posi
 import pytest
 import torch
 
-from eyas.engine.kv_cache import KVCache
+from eyas.layers.kv_cache import KVCache
 from eyas.layers.attention import AttentionBatch
 from eyas.train.ttt import TTTModel, teacher_from_logits, unroll
 from tests.helpers import random_draft

@@ -62,7 +62,7 @@ def build_engine(config: WorkerConfig, rank: int, size: int, device: str):
     import torch.distributed as dist
 
     from eyas.config import ModelConfig
-    from eyas.dist.parallel import TPContext
+    from eyas.tensor_parallel import TPContext
     from eyas.engine.engine import Engine
     from eyas.engine.profile import Profiler
     from eyas.models.demo import resolve_model_path

@@ -14,7 +14,7 @@ from collections import deque
 
 import torch
 
-from eyas.dist.parallel import SINGLE, TPContext
+from eyas.tensor_parallel import SINGLE, TPContext
 from eyas.engine.ahead import DecodeAhead
 from eyas.engine.plan_summary import plan_summary
 from eyas.engine.profile import NULL_PROFILER

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from eyas.engine.kv_cache import KVCache
+from eyas.layers.kv_cache import KVCache
 from eyas.layers.attention import AttentionBatch
 from eyas.models.llama import ModelOutput
 

@@ -31,7 +31,7 @@ from eyas.engine.ahead import SpecAhead, StepInputs, step_inputs
 from eyas.engine.draft_state import set_states
 from eyas.engine.drafter import Drafter
 from eyas.engine.graphs import bucket_rows, graph_kv_len
-from eyas.engine.kv_cache import KVCache
+from eyas.layers.kv_cache import KVCache
 from eyas.engine.profile import NULL_PROFILER
 from eyas.engine.runner import PREFILL_CHUNK, chunked_length
 from eyas.engine.spec_policy import SpecPolicy

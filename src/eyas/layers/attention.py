@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from eyas.engine.kv_cache import KVCache
+from eyas.layers.kv_cache import KVCache
 from eyas.kernels import enabled
 
 

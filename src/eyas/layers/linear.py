@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eyas.dist.parallel import SINGLE, TPContext
+from eyas.tensor_parallel import SINGLE, TPContext
 from eyas.errors import EyasError
 
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eyas import execution_plan
-from eyas.dist.parallel import SINGLE
+from eyas.tensor_parallel import SINGLE
 from eyas.draft_config import DraftConfig
 from eyas.kernels import enabled
 from eyas.layers.attention import AttentionBatch, rotate_and_attend

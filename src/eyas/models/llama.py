@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from eyas.config import ModelConfig
-from eyas.dist.parallel import SINGLE, TPContext
+from eyas.tensor_parallel import SINGLE, TPContext
 from eyas.layers.activation import silu_mul
 from eyas.layers.attention import AttentionBatch, rotate_and_attend
 from eyas.layers.fused_linear import norm_linear, project_rows, silu_mul_linear

@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 
 from eyas.config import ModelConfig
-from eyas.dist.parallel import SINGLE, TPContext
+from eyas.tensor_parallel import SINGLE, TPContext
 from eyas.errors import EyasError
 from eyas.models.llama import CausalLM
 from eyas.models.quant import PIECE_SUFFIX, castable, keep_quantized, quantized_modules

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from eyas.config import ModelConfig
-from eyas.dist.parallel import TPContext
+from eyas.tensor_parallel import TPContext
 from eyas.layers.attention import AttentionBatch, attend
 from eyas.layers.linear import ColumnParallelLinear, RowParallelLinear
 from eyas.layers.norm import RMSNorm

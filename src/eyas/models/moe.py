@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eyas.config import ModelConfig
-from eyas.dist.parallel import TPContext
+from eyas.tensor_parallel import TPContext
 from eyas.layers.linear import copy_weight
 
 # Public from torch 2.10; older releases have only the private op, the oldest neither (then: the reference path).

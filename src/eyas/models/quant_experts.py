@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eyas.dist.parallel import TPContext
+from eyas.tensor_parallel import TPContext
 from eyas.kernels import enabled
 from eyas.layers.quant_linear import QuantFormat, check_logical_shape, copy_piece, span, take
 from eyas.models.moe import experts_reference

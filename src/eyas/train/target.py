@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from eyas.config import ModelConfig
-from eyas.engine.kv_cache import KVCache
+from eyas.layers.kv_cache import KVCache
 from eyas.errors import EyasError
 from eyas.layers.attention import AttentionBatch
 from eyas.models.llama import CausalLM

@@ -8,7 +8,7 @@ from eyas.dist.launch import free_port
 def _agree(rank, port, flags, out):
     import torch.distributed as dist
 
-    from eyas.dist.parallel import TPContext
+    from eyas.tensor_parallel import TPContext
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     ctx = TPContext(rank, 2, dist.group.WORLD)
