@@ -1,7 +1,9 @@
-"""The persistent decoder step (one launch, W=1 in Triton's interpreter) equals eyas's model and HF: logits,
-KV-cache rows and tokens for a plain step and a 4-row verify, with every counter at the schedule's target."""
+"""The persistent decoder step (one launch, W=1: in Triton's interpreter, or compiled on a GPU with
+EYAS_TEST_CUDA=1) equals eyas's model and HF: logits, KV-cache rows and tokens for a plain step and a 4-row
+verify, with every counter at the schedule's target."""
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from eyas.models.loader import load_model
 
 TILES = Tiles(o_proj=16, gate_up=32, down=16, lm_head=64)  # several tiles per op at this size
 PROMPT = 10
+DEVICE = "cuda" if os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(scope="module")
@@ -25,17 +28,18 @@ def tiny(tmp_path_factory):
     hf = transformers.LlamaForCausalLM(cfg).eval()
     path = tmp_path_factory.mktemp("tiny-llama")
     hf.save_pretrained(path)
-    model = load_model(path, "fp32", "cpu")
-    ids = torch.randint(0, 256, (1, PROMPT + 8), generator=torch.Generator().manual_seed(1))
+    model = load_model(path, "fp32", DEVICE)
+    ids = torch.randint(0, 256, (1, PROMPT + 8), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     return hf, model, ids
 
 
 def run_both(model, ids, rows, prefetch=False):
     """(persistent logits, tokens, its cache, eyas's logits, eyas's cache, the step) after a shared prefill."""
-    runner = ModelRunner(model, num_slots=1, max_len=64, device="cpu")
-    runner.forward(ids[:, :PROMPT], torch.arange(PROMPT)[None], [0], [0])
+    runner = ModelRunner(model, num_slots=1, max_len=64, device=DEVICE)
+    runner.forward(ids[:, :PROMPT], torch.arange(PROMPT, device=DEVICE)[None], [0], [0])
     k, v = runner.kv.k.clone(), runner.kv.v.clone()
-    out = runner.forward(ids[:, PROMPT:PROMPT + rows], torch.arange(PROMPT, PROMPT + rows)[None], [0], [PROMPT])
+    out = runner.forward(ids[:, PROMPT:PROMPT + rows], torch.arange(PROMPT, PROMPT + rows, device=DEVICE)[None], [0],
+                         [PROMPT])
     want = model.logits(out.hidden)[0]
     step = PersistentStep(pack_llama(model), rows, programs=1, tiles=TILES, block_n=16, block_k=32, block_t=16,
                           prefetch=prefetch)
@@ -51,7 +55,7 @@ def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows, prefetch):
     assert (logits - want).abs().max() <= 1e-4 * scale
     assert torch.equal(tokens.long(), want.argmax(-1))
     with torch.no_grad():
-        hf_logits = hf(ids[:, :PROMPT + rows]).logits[0, PROMPT:]
+        hf_logits = hf(ids[:, :PROMPT + rows].cpu()).logits[0, PROMPT:].to(DEVICE)
     assert (logits - hf_logits).abs().max() <= 1e-4 * scale
     # Every cache row: the step's new rows equal eyas's, and the prompt's rows are untouched.
     assert (k - k_want).abs().max() <= 1e-5 and (v - v_want).abs().max() <= 1e-5
@@ -63,7 +67,7 @@ def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows, prefetch):
 def test_item_table_and_counter_targets_are_the_schedules(tiny):
     _, model, _ = tiny
     schedule = build_schedule(pack_llama(model).shape, TILES)
-    table = item_table(schedule, "cpu")
+    table = item_table(schedule, DEVICE)
     assert table.shape == (len(schedule.items), 8)
     counts = expected_counts(schedule)
     for item, row in zip(schedule.items, table.tolist()):
@@ -78,7 +82,7 @@ def test_an_unfinished_step_fails_the_counter_check(tiny):
     # Dropping the argmax item from the table (a step that stops early) leaves its counter short.
     step.schedule = dataclasses.replace(step.schedule, items=step.schedule.items[:-1])
     step.table = step.table[:-1].contiguous()
-    kv = torch.zeros(2, 2, 64, 16)
+    kv = torch.zeros(2, 2, 64, 16, device=DEVICE)
     step(ids[0, :1].to(torch.int32), 0, kv, kv.clone())
     assert not step.counters_complete()
     with pytest.raises(ValueError, match="1..8 rows"):

@@ -77,17 +77,18 @@ def test_the_layer_falls_back_to_torch(monkeypatch, plan):
     assert torch.equal(values, torch.log_softmax(small, dim=-1).topk(3, dim=-1).values)
 
 
-def test_a_tree_keeps_every_parent_when_scores_tie(monkeypatch):
+def test_a_tree_keeps_every_parent_when_scores_tie(monkeypatch, device):
     """Exact ties between a parent and its children (children the draft was sure of, where the depth penalty
     vanishes in fp32 rounding at this magnitude): the kernel takes the lower pool index, which pool order
     gives to the parent, so no kept node's parent is left out."""
     from eyas.engine.tree import select_tree
 
     monkeypatch.setenv("EYAS_KERNELS", "force")
-    scores = torch.full((1, 6), -20.0)
-    depth = torch.tensor([[1, 1, 2, 2, 2, 2]])
-    parents = torch.tensor([[-1, -1, 0, 0, 1, 1]])
+    scores = torch.full((1, 6), -20.0, device=device)
+    depth = torch.tensor([[1, 1, 2, 2, 2, 2]], device=device)
+    parents = torch.tensor([[-1, -1, 0, 0, 1, 1]], device=device)
     assert (scores - 1e-6 * depth).unique().numel() == 1  # the penalty rounds away: every key ties
-    tree = select_tree(torch.tensor([7]), torch.arange(10, 16)[None], scores, parents, depth, num_nodes=4)
+    tree = select_tree(torch.tensor([7], device=device), torch.arange(10, 16, device=device)[None], scores, parents,
+                       depth, num_nodes=4)
     assert tree.tokens.tolist() == [[7, 10, 11, 12]]
     assert tree.parents.tolist() == [[-1, 0, 0, 1]]
