@@ -11,7 +11,7 @@ that many slots are free), it reports:
   - an instrumented pass of the same loop, the GPU settled around every part of a step: per step that admitted
     requests, the wall ms of the target's prefill, of the draft's prefill (speculative engines) and of the
     decode step or cycle after it; per step without joins, the wall ms of the step.
-The serving benchmark of the sixth session booked ~30 ms per joining request to prefill under speculation
+A serving benchmark booked ~30 ms per joining request to prefill under speculation
 at concurrency 64; this isolates where it goes. `--model random` (the default) is SmolLM2-135M's shape with
 random weights (timing only: with it the draft's guesses are random, so the speculative throughput says
 nothing); `demo` is the real model.

@@ -78,10 +78,10 @@ def draft_arg(args, model_path):
     return random_draft(cfg.hidden_size, cfg.vocab_size, draft_vocab=8192)
 
 
-# The attention's short rows in one pass and cuBLAS for SmolLM2's output projection: the decode step before
-# the twentieth session (2026-12-01), for --old-step rows beside the default's.
+# The attention's short rows in one pass and cuBLAS for SmolLM2's output projection: the decode step without
+# those two fusions, for --old-step rows beside the default's.
 OLD_STEP = ("short_row_splits", "0", "fused_o_proj", "0")  # execution plan fields (ablation.py)
-IN_STEP = ("decode_ahead", "0")  # the host in step with the GPU: the default before 2026-12-01's 21st session
+IN_STEP = ("decode_ahead", "0")  # the host in step with the GPU, one step at a time
 
 
 def eyas_engine(model_path, dtype, warm_prompt, draft=None, spec=None):
@@ -158,7 +158,7 @@ def hf_speed(model_path, prompts, new_tokens=None, lookup=False):
 def hf_speed_isolated(model_path, prompts, lookup=False):
     """hf_speed in a child process of its own. transformers compiles the static-cache forward with
     torch.compile; after the warmed-up HF runs, the next eyas graph run in the same process failed with an
-    illegal memory access (H200, torch 2.11, 2026-11-30; not diagnosed further). A separate process keeps
+    illegal memory access (H200, torch 2.11; not diagnosed further). A separate process keeps
     each side's compiled state, and its numbers, its own."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -328,7 +328,7 @@ def batch_scaling(model_path, prompts, draft, batches, new_tokens=None, rounds=1
     captures them at start). Per batch size each engine runs once untimed (for the adaptive policy its first
     windows of both modes and a switch back, whose catch-up pass compiles its kernels), then the three are
     timed in `rounds` rounds, each in the opposite order of the one before: a short run at a large batch moves
-    by 10-15% between processes (docs/BENCHMARKS.md, thirty-second session), so the modes are compared side
+    by 10-15% between processes (docs/BENCHMARKS.md), so the modes are compared side
     by side in time. Reported per mode: the median tok/s, every round's, and every round's phases
     (generate_with_phases: prefill and first step, full batch, tail); the adaptive rows also say what
     the policy believed after the last round and where that round's time went. `report(row)` is called as

@@ -1,4 +1,4 @@
-"""The vocab stage's token count: one bincount per sample (what `count_tokens` did until 2026-12-01) against
+"""The vocab stage's token count: one bincount per sample (the stage's earlier way) against
 `count_tokens`'s one bincount over all samples, each timed alone and with other processes counting at once
 (the training-arms runner starts one vocab stage per GPU on a shared host). The counts are checked equal.
 

@@ -90,8 +90,7 @@ def texts_from_conversations(args, tokenizer) -> tuple[list[list[int]], list[int
 def chain_starts(hits: list[list[bool]], ids: list[int], start: int, steps: int, t2d) -> list[tuple[int, int, bool, bool]]:
     """(reply offset of the first drafted token, accepted run, the token repeats, it is outside the draft
     vocabulary) for a chain started at every index whose chain lies within the sequence. The reply's first
-    token comes from the prefill and is never drafted (this script counted it as a chain start before the
-    eighth session)."""
+    token comes from the prefill and is never drafted, so it is no chain start."""
     from eyas.train.repeats import repeat_mask
 
     T = len(ids)

@@ -1,6 +1,6 @@
 """What the draft's catch-up compiles the first time a batch of B sequences catches up over L pairs (CUDA).
 
-On an H200 (2026-12-01) a speculative window of the adaptive policy took ~1 s where its neighbours took
+On an H200 a speculative window of the adaptive policy took ~1 s where its neighbours took
 ~20 ms, all of it in the catch-up pass (benchmarks/bench_smollm2.py --sections scaling, its slowest
 windows): something compiled mid-traffic. This script warms an engine up as a server does, then for each
 (B, L) runs L plain steps and one speculative cycle, and prints the cycle's time, every Triton compilation

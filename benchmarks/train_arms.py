@@ -173,7 +173,7 @@ def measure(args, out: Path, name: str, draft: Path, device: str):
 def on_devices(jobs: list, devices: list[str]):
     """Run jobs (callables taking a device) spread round-robin over the devices, one at a time per listed
     device: a device listed twice (cuda:0,cuda:0) runs two jobs at once (two fits of the SmolLM2 recipe on one
-    H200 did 0.92x the work of one after the other: docs/BENCHMARKS.md, sixteenth session).
+    H200 did 0.92x the work of one after the other).
     Raises the first failure once every device has stopped."""
     queues = [(d, jobs[i::len(devices)]) for i, d in enumerate(devices)]
     errors = []

@@ -59,7 +59,7 @@ def test_the_report_holds_the_run_s_numbers_and_their_ratios():
 
 
 def test_a_cycle_s_cost_bounds_what_any_draft_could_give():
-    """The thirty-fourth session's sweep (plain 1,946.0, chain 3/1/4 2,209.8 tok/s at acceptance 2.291): a
+    """A sweep's figures (plain 1,946.0, chain 3/1/4 2,209.8 tok/s at acceptance 2.291): a
     1.037-ms cycle, so a draft that is always right would give 1.98x plain, and 2x needs 4.04 of its 4
     tokens per cycle. A tree's bound is its deepest path, steps + 1 tokens."""
     got = bench.cycle_arithmetic(2209.8, 2.2911, 1946.0, "3/1/4")
@@ -107,7 +107,7 @@ def test_a_report_of_a_run_cut_short_shows_what_it_has():
 
 
 def test_the_8b_report_holds_each_row_against_its_bound():
-    """bench_tp's tables from a row as this session's H200 run reported it (call 2, 2026-12-03)."""
+    """bench_tp's tables from a row as an H200 run of bench_tp reported it."""
     import bench_tp
 
     row = {"tp": 1, "variant": "default", "decode_ms": 4.5359, "decode_steady_ms": 4.5504,

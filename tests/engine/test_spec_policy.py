@@ -411,8 +411,8 @@ def test_a_bucket_new_to_plain_borrows_a_clear_lead_of_speculation_above():
     q.rates = {(1, True): 300.0, (1, False): 100.0, (16, True): 140.0, (32, True): 120.0}
     q.measured = {key: q.window for key in q.rates}
     assert q.speculate(16) is False
-    # the nearest larger bucket with both measured decides, past one with plain unmeasured (batch 8's tail at
-    # bucket 2 on an H200, 2026-12-03: bucket 4 had no plain window, bucket 8 a 1.8x lead)
+    # the nearest larger bucket with both measured decides, past one with plain unmeasured (a batch's tail at
+    # bucket 2 where bucket 4 had no plain window and bucket 8 a 1.8x lead)
     u = SpecPolicy(adaptive=True, window=4, probe_every=3)
     u.rates = {(2, True): 230.0, (4, True): 210.0, (8, True): 190.0, (8, False): 105.0, (16, True): 100.0,
                (16, False): 120.0}
@@ -421,8 +421,8 @@ def test_a_bucket_new_to_plain_borrows_a_clear_lead_of_speculation_above():
     u.rates[(8, False)] = 170.0  # a close call at the nearest: plain is measured, whatever lies beyond
     u.windows.clear()
     assert u.speculate(2) is False
-    # the top bucket of a batch: a far lead at 32, below it, is not borrowed at 64 (on an H200, 2026-12-03, a
-    # batch of 64 borrowed bucket 32's 1.66x and never measured plain, in a run where plain beat the fixed chain)
+    # the top bucket of a batch: a far lead at 32, below it, is not borrowed at 64 (borrowed, a batch of 64 would
+    # take bucket 32's 1.66x and never measure plain, even where plain beats the fixed chain)
     t = SpecPolicy(adaptive=True, window=4, probe_every=3)
     t.rates = {(32, True): 166.0, (32, False): 100.0, (64, True): 100.0}
     t.measured = {key: t.window for key in t.rates}

@@ -110,7 +110,7 @@ def test_a_hard_opening_does_not_decide_a_short_response(seed):
 def test_a_smaller_batch_lead_does_not_decide_a_short_run_at_a_larger_one():
     """Speculation led plain by 1.66x per sequence at bucket 32, and a batch of 64 then runs for 20 windows,
     where plain decoding is 1.12x faster. The policy measures plain at 64 instead of borrowing bucket 32's lead
-    (on an H200, 2026-12-03, a version that borrowed it speculated the whole run, plain never measured)."""
+    (a policy that borrowed it would speculate the whole run and never measure plain)."""
     kw = dict(n=64, plain_s=5.5e-3, cycle_s=8e-3, accept=1.3, churn=0.0, steps=320,
               known={(32, True): 1660.0, (32, False): 1000.0})
     rate, share, _ = simulate(**kw)
@@ -124,8 +124,7 @@ def test_a_smaller_batch_lead_does_not_decide_a_short_run_at_a_larger_one():
 def test_a_clear_lead_of_speculation_is_not_measured_again_and_again(seed):
     """A batch's tail: 2 sequences for 12 windows, where speculation leads plain by about 1.4x per sequence.
     Plain decoding's rate does not depend on the text, so once measured it is probed on the slow schedule; a
-    version that gave it every second window until it had SETTLE windows ran 3 plain windows more here (on
-    an H200, 2026-12-03, it ran an 11-ms plain window again in batch 32's tail at bucket 2)."""
+    policy that gave it every second window until it had SETTLE windows would run 3 plain windows more here."""
     kw = dict(n=2, plain_s=1.0e-3, cycle_s=1.5e-3, accept=2.1, churn=0.0, steps=192, seed=seed)
     rate, share, _ = simulate(**kw)
     spec = simulate(**kw, mode=True)[0]

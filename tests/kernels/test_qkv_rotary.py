@@ -61,8 +61,7 @@ def test_matches_norm_linear_then_rotate_and_store(device, dtype, B, T, H, Hk, D
 
 def _assert_same(got: torch.Tensor, want: torch.Tensor):
     """Bit for bit in the interpreter. Compiled, the two kernels' sums over K may run in different orders
-    (their tiles differ), so fp32 may differ in the last bits and bf16 by a rounding step (an H200, 2026-12-03:
-    fp32 differed, bf16 was equal)."""
+    (their tiles differ), so fp32 may differ in the last bits and bf16 by a rounding step."""
     if not got.is_cuda:
         assert torch.equal(got, want)
         return
