@@ -12,9 +12,8 @@ the fused kernel's timing picked.
 
     python3 benchmarks/bench_fused_linear.py --shape smollm2 --rows 1,2 --out fused_linear.json
 
-Projections wider than MAX_K (every one of the 8B shape) run the kernels' wide chunked tiles, which the
-layers leave to cuBLAS (they lost there); wider than WIDE_MAX_K, they are listed as skipped. The copy bandwidth
-measured at the start puts the weight bytes per µs in proportion.
+The kernels take at most MAX_K input features (wider projections, such as an 8B model's, stay with cuBLAS), so
+the shapes are small models'. The copy bandwidth measured at the start puts the weight bytes per µs in proportion.
 """
 
 from __future__ import annotations
@@ -27,12 +26,12 @@ import torch
 import torch.nn.functional as F
 
 from bench_join import SMOLLM2
-from bench_tp import LLAMA_8B, copy_bandwidth
+from bench_tp import copy_bandwidth
 from eyas.engine.graphs import capture
-from eyas.kernels.fused_linear import KERNEL_ROWS, WIDE_MAX_K
+from eyas.kernels.fused_linear import KERNEL_ROWS
 from timing import median_ms  # benchmarks/timing.py (the script's own folder is on sys.path)
 
-SHAPES = {"smollm2": SMOLLM2, "llama-8b": LLAMA_8B}
+SHAPES = {"smollm2": SMOLLM2}
 def graphed_us(fn, copies: list, reps: int = 20) -> float:
     """Median µs per call of fn(w), called once per weight copy in one CUDA graph (captured as the engine's
     are): the copies outgrow the L2 cache, so each call reads its weights from device memory, as in a step."""
@@ -122,9 +121,6 @@ def main():
     print("| shape | proj | K | N | rows | unfused µs | fused µs | speedup | fused weight GB/s | tile |")
     for shape in shapes:
         for name, kind, k, n in cases(SHAPES[shape]):
-            if k > WIDE_MAX_K:
-                print(f"| {shape} | {name} | {k} | {n} | skipped: K > WIDE_MAX_K = {WIDE_MAX_K}, cuBLAS runs it |")
-                continue
             for r in rows:
                 m = dict(shape=shape, **measure(name, kind, k, n, r))
                 out["results"].append(m)

@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/kernel_registers.py [--rows 1,4,8] [--k 576] [--out registers.json]
 
-For each row count and each tile the warm-up may time (eyas.kernels.fused_linear._CONFIGS, after its
+For each row count and each tile the warm-up may time (eyas.kernels.fused_linear.CONFIGS, after its
 pruning), compiles the fused norm + projection (K input features, SmolLM2's q/k/v and gate/up by default)
 with Triton for compute capability 9.0 and runs Triton's own ptxas with --verbose on the PTX. A tile that
 spills, or needs so many registers that few warps fit on a multiprocessor, is unlikely to win the timing.
@@ -74,15 +74,15 @@ def main(argv=None) -> int:
     except ValueError:
         print(f"kernel_registers: error: --rows must be comma-separated integers, got {args.rows!r}", file=sys.stderr)
         return 2
-    if not all(1 <= r <= fused_linear.KERNEL_ROWS for r in rows) or not 1 <= args.k <= fused_linear.WIDE_MAX_K:
+    if not all(1 <= r <= fused_linear.KERNEL_ROWS for r in rows) or not 1 <= args.k <= fused_linear.MAX_K:
         print(f"kernel_registers: error: rows must lie in 1..{fused_linear.KERNEL_ROWS} and --k in "
-              f"1..{fused_linear.WIDE_MAX_K}", file=sys.stderr)
+              f"1..{fused_linear.MAX_K}", file=sys.stderr)
         return 2
     results = []
     print("| rows | BLOCK_N | CHUNK_K | warps | registers | spill bytes |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        for config in fused_linear._prune(fused_linear._CONFIGS, {"M": r, "K": args.k}):
+        for config in fused_linear._prune(fused_linear.CONFIGS, {"M": r, "K": args.k}):
             c = tile_counts(r, args.k, config)
             results.append(c)
             print(f"| {r} | {c['BLOCK_N']} | {c['CHUNK_K'] or 'whole'} | {c['num_warps']} | {c['registers']} "

@@ -214,12 +214,12 @@ def test_layers_keep_torch_paths_for_training(monkeypatch, device):
 def test_tile_pruning_keeps_every_tile_of_decode_rows():
     """The warm-up times every tile for 1-2 rows (as before the K-chunked tiles existed); at 8 rows of 1,536
     features the wide whole-row tiles, whose products would spill, are not even compiled."""
-    from eyas.kernels.fused_linear import _CONFIGS, SMALL_CONFIGS, _prune
+    from eyas.kernels.fused_linear import CONFIGS, _prune
 
     def tiles(**args):
-        return {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in _prune(_CONFIGS, args)}
+        return {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in _prune(CONFIGS, args)}
 
-    every = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in SMALL_CONFIGS}
+    every = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in CONFIGS}
     assert tiles(M=1, K=576) == tiles(M=2, I=1536) == every
     eight = tiles(M=8, I=1536)
     assert {(n, w) for n, c, w in every - eight} == {(8, 4), (8, 8), (16, 4), (16, 8)}
@@ -229,52 +229,30 @@ def test_tile_pruning_keeps_every_tile_of_decode_rows():
 def test_a_lower_product_limit_drops_the_larger_whole_row_tiles():
     """The limit (a timing keyword, PRODUCT_LIMIT by default) bounds the products of the tiles timed: at
     16,384 a 4-row verify of 576 features keeps whole rows of at most 4 outputs and every chunked tile."""
-    from eyas.kernels.fused_linear import _CONFIGS, PRODUCT_LIMIT, _prune
+    from eyas.kernels.fused_linear import CONFIGS, PRODUCT_LIMIT, _prune
 
-    kept = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"]) for c in _prune(_CONFIGS, {"M": 4, "K": 576}, limit=16384)}
+    kept = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"]) for c in _prune(CONFIGS, {"M": 4, "K": 576}, limit=16384)}
     assert {n for n, c in kept if c == 0} == {2, 4} and {(32, 128), (16, 64)} <= kept
-    default = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"]) for c in _prune(_CONFIGS, {"M": 4, "K": 576})}
+    default = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"]) for c in _prune(CONFIGS, {"M": 4, "K": 576})}
     assert PRODUCT_LIMIT == 65536 and kept < default
 
 
-def test_wide_rows_take_the_wide_chunks_only():
-    """Past MAX_K (an 8B model's 4,096 and 14,336 features) only the 256-1,024-column chunks are timed,
-    those of up to 65,536 products at 8 rows."""
-    from eyas.kernels.fused_linear import _CONFIGS, WIDE_CONFIGS, _prune
-
-    def tiles(**args):
-        return {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in _prune(_CONFIGS, args)}
-
-    wide = {(c.kwargs["BLOCK_N"], c.kwargs["CHUNK_K"], c.num_warps) for c in WIDE_CONFIGS}
-    assert tiles(M=1, K=4096) == tiles(M=2, I=14336) == wide
-    assert {(n, c) for n, c, _ in tiles(M=8, K=4096)} == {(4, 256), (4, 512), (4, 1024), (8, 256), (8, 512),
-                                                           (8, 1024), (16, 256), (16, 512)}
-    import copy  # the autotuner may hand the pruning copies of the configs: it sorts them by value
-
-    copies = [copy.deepcopy(c) for c in _CONFIGS]
-    assert len(_prune(copies, {"M": 1, "K": 4096})) == len(WIDE_CONFIGS)
-    assert len(_prune(copies, {"M": 1, "K": 576})) == len(_CONFIGS) - len(WIDE_CONFIGS)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_wide_rows_in_chunks(device, dtype, monkeypatch):
-    """K past MAX_K, in 256-column chunks with a partial last one (2,304 = 9 x 256; 2,200 for the activation)."""
+def test_kernels_refuse_inputs_wider_than_max_k(device):
+    """Past MAX_K input features (an 8B model's 4,096 and 14,336) every kernel refuses the call with a one-line
+    ValueError naming the limit: those projections stay with cuBLAS. MAX_K features themselves run."""
     import eyas.kernels.fused_linear as kernels
 
-    monkeypatch.setattr(kernels, "_INTERPRETER_CHUNK_K", 256)
-    k, inter = kernels.MAX_K + 256, kernels.MAX_K + 152
-    x, delta = rand((1, 2, k), dtype, device, 0), rand((1, 2, k), dtype, device, 1)
-    norm = RMSNorm(k, EPS).to(device)
-    norm.weight.data = 1 + 0.3 * rand(k, dtype, device, 2)
-    w = rand((N, k), dtype, device, 3, k ** -0.5)
-    h, y = norm_linear(x, delta, norm.weight, EPS, w)
-    h_ref, x_in = norm.residual(x, delta)
-    assert torch.equal(h, h_ref)
-    assert_product_close(y, x_in, w)
-    gate_up = rand((1, 2 * inter), dtype, device, 4, 4.0)
-    w2 = rand((N, inter), dtype, device, 5, inter ** -0.5)
-    gate, up = gate_up.chunk(2, dim=-1)
-    assert_product_close(silu_mul_linear(gate_up, w2), F.silu(gate) * up, w2)
+    k = kernels.MAX_K
+    x, norm_w = torch.zeros(1, k + 1), torch.ones(k + 1)
+    calls = {"norm_linear": lambda: norm_linear(x, None, norm_w, EPS, torch.zeros(N, k + 1)),
+             "linear_rows": lambda: linear_rows(x, torch.zeros(N, k + 1)),
+             "silu_mul_linear": lambda: silu_mul_linear(torch.zeros(1, 2 * (k + 1)), torch.zeros(N, k + 1))}
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=f"^{name}: {k + 1} input features exceed the {k} it takes") as err:
+            call()
+        assert "\n" not in str(err.value)
+    x, w = rand((1, k), torch.float32, device, 0), rand((N, k), torch.float32, device, 1, k ** -0.5)
+    assert_product_close(linear_rows(x, w), x, w)
 
 
 def test_layers_keep_cublas_for_wide_rows(device, monkeypatch):

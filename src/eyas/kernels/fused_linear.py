@@ -9,7 +9,7 @@ previous kernel into the projection's input load:
   Programs of the first column block also store h, the residual stream the next layer adds to.
 - `silu_mul_linear`: y = (silu(gate) * up) @ W^T, the activation computed as the rows are loaded (and, for the
   EAGLE-3 draft, a residual added to y as it is stored).
-- `linear_rows`: y = x @ W^T through the same tiles, for wide projections that no norm precedes.
+- `linear_rows`: y = x @ W^T through the same tiles, for projections that no norm precedes.
 
 Rounding follows torch's unfused ops (each intermediate rounded to the tensor dtype), so the projection's
 input holds exactly the values the unfused kernels would write. The products are accumulated in fp32, in
@@ -26,11 +26,8 @@ redo the rows' norm or activation. The kernels therefore also loop over K in chu
 output tiles of up to 32 columns (the norm then takes a first pass over the rows for their sums of squares);
 the warm-up's timing picks per shape among both kinds.
 
-Wide projections (K > MAX_K: an 8B model's 4,096 and 14,336) take only chunked tiles, of 256-1,024 columns
-(WIDE_CONFIGS), so that each program keeps tens of KB of weights in flight: there cuBLAS reads at 73-98% of
-the copy bandwidth, and the fusion would save the norm's and the activation's launches and cuBLAS's split-K
-reduces. They lost all the same (the 8B-shaped decode step 16-18% slower: docs/kernels.md), so the layers
-fuse only up to MAX_K; benchmarks/bench_fused_linear.py times the wide tiles directly.
+The kernels take at most MAX_K input features. Wider projections (an 8B model's 4,096 and 14,336) stay
+with cuBLAS: fused through chunked tiles, they made the 8B-shaped decode step 16-18% slower (docs/kernels.md).
 
 The kernels take up to KERNEL_ROWS rows; the layers fuse up to MAX_ROWS (NARROW_ROWS for narrow
 projections): at 4 and 8 rows of SmolLM2's shapes the timing still chose whole-row tiles, which lost to
@@ -49,10 +46,9 @@ from eyas.kernels.rounding import rounded
 
 KERNEL_ROWS = 8  # rows (tokens) the kernels take: up to a tree verify's 8
 MAX_ROWS = 2     # rows up to which the layers fuse every projection: a verify's 4-8 rows fused lost (above)
-MAX_K = 2048     # input features up to which the layers fuse (and whole-row tiles are timed)
+MAX_K = 2048     # input features the kernels take and the layers fuse up to: wider ones stay with cuBLAS
 NARROW_N = 1024  # output features up to which a projection counts as narrow (a small model's q/k/v, o_proj)
 NARROW_ROWS = 8  # rows up to which narrow projections fuse: a verify of 4, 5, 8 rows replayed 5.5-8.5% faster
-WIDE_MAX_K = 32768  # input features up to which the kernels run, in wide chunks past MAX_K
 
 
 @triton.jit
@@ -172,32 +168,25 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # On a GPU the tile is timed at first use of each (rows, N, K) by eyas.kernels.tile_choice, which the engine's
 # warm-up runs before any CUDA graph is captured: whole rows (CHUNK_K 0) with small output tiles, or K in
 # chunks with wider ones.
-# Wide rows (K > MAX_K) are timed over chunks of 256-1,024 columns alone.
-SMALL_CONFIGS = ([triton.Config({"BLOCK_N": n, "CHUNK_K": 0}, num_warps=w) for n in (2, 4, 8, 16) for w in (4, 8)]
-                 + [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=4) for n in (8, 16, 32) for c in (64, 128)])
-WIDE_CONFIGS = [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=w)
-                for n in (4, 8, 16) for c in (256, 512, 1024) for w in (4, 8)]
-_CONFIGS = SMALL_CONFIGS + WIDE_CONFIGS
-_WIDE_CHUNK = 256  # the smallest chunk of a wide tile
+CONFIGS = ([triton.Config({"BLOCK_N": n, "CHUNK_K": 0}, num_warps=w) for n in (2, 4, 8, 16) for w in (4, 8)]
+           + [triton.Config({"BLOCK_N": n, "CHUNK_K": c}, num_warps=4) for n in (8, 16, 32) for c in (64, 128)])
 PRODUCT_LIMIT = 65536  # rows x output columns x input columns of one product: every tile of 1-2 rows fits
 
 
 def _prune(configs, named_args, limit: int = PRODUCT_LIMIT, **kwargs):
-    """The small tiles up to MAX_K input features, the wide ones past it; of those, the tiles whose [rows,
-    BLOCK_N, K or CHUNK_K] product is at most `limit`: the others spill registers by the kilobyte. Sized from
-    the runtime arguments M and K (I), which every Triton version hands over in named_args."""
+    """The tiles whose [rows, BLOCK_N, K or CHUNK_K] product is at most `limit`: the others spill registers
+    by the kilobyte. Sized from the runtime arguments M and K (I), which every Triton version hands over in
+    named_args."""
     m = triton.next_power_of_2(named_args["M"])
     k = triton.next_power_of_2(named_args["K"] if "K" in named_args else named_args["I"])
-    kind = [c for c in configs if (c.kwargs["CHUNK_K"] >= _WIDE_CHUNK) == (k > MAX_K)]  # by value: the
-    # autotuner may hand over copies of the configs
-    fit = [c for c in kind
+    fit = [c for c in configs
            if m * c.kwargs["BLOCK_N"] * (c.kwargs["CHUNK_K"] or k) <= limit and c.kwargs["CHUNK_K"] < k]
-    return fit or kind[:1] or configs[:1]
+    return fit or configs[:1]
 
 
 def _candidates(m: int, k: int) -> list:
-    """The tiles timed for m rows of k input features (_prune over _CONFIGS)."""
-    return _prune(_CONFIGS, {"M": m, "K": k})
+    """The tiles timed for m rows of k input features (_prune over CONFIGS)."""
+    return _prune(CONFIGS, {"M": m, "K": k})
 
 
 def _check(what: str, x: torch.Tensor, weight: torch.Tensor, k: int):
@@ -206,8 +195,10 @@ def _check(what: str, x: torch.Tensor, weight: torch.Tensor, k: int):
     if weight.dim() != 2 or weight.shape[1] != k:
         raise ValueError(f"{what}: weight {tuple(weight.shape)} does not take inputs of {k} features")
     rows = x.numel() // max(x.shape[-1], 1)
-    if k > WIDE_MAX_K or rows > KERNEL_ROWS:
-        raise ValueError(f"{what}: {rows} rows of {k} features exceed the {KERNEL_ROWS} x {WIDE_MAX_K} it takes")
+    if k > MAX_K:
+        raise ValueError(f"{what}: {k} input features exceed the {MAX_K} it takes (wider projections stay with cuBLAS)")
+    if rows > KERNEL_ROWS:
+        raise ValueError(f"{what}: {rows} rows exceed the {KERNEL_ROWS} it takes")
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -264,9 +255,8 @@ def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.
 
 
 def linear_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, weight) for a few rows, through the same tiles with no norm before them: for a wide
-    projection that no norm precedes (the attention's output projection), where cuBLAS reads the weights at
-    ~73% of the copy bandwidth and adds a split-K reduce."""
+    """F.linear(x, weight) for a few rows, through the same tiles with no norm before them: for a projection
+    that no norm precedes (the attention's output projection, the EAGLE-3 draft's q/k/v, fc and head)."""
     k = x.shape[-1]
     _check("linear_rows", x, weight, k)
     xr = _rows(x)
