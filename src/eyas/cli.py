@@ -20,7 +20,7 @@ VERBS = {
     "serve": ("eyas.server.cli", "serve a model behind an OpenAI-compatible API"),
     "bench": ("eyas.commands.bench", "benchmark an OpenAI-compatible endpoint"),
     "runs": ("eyas.commands.runs", "query the run ledger: list, show, best, diff, replay, export, plot"),
-    "launch": ("eyas.commands.launch", "start a server from a launch spec, verify its environment, bench, record"),
+    "launch": ("eyas.commands.launch", "start a server from a launch config, verify its environment, bench, record"),
     "tune": ("eyas.commands.tune", "sweep speculative settings (and env sets) against a baseline, record each"),
     "remote": ("eyas.commands.remote", "status, logs or stop of a launched server (local or over ssh)"),
     "train": ("eyas.train.cli", "train an EAGLE-3 draft"),

@@ -190,51 +190,53 @@ def test_runs_replay_threshold_nan(capsys, ledger_db):
 @pytest.mark.parametrize("where, needle", [("dir", "is a directory"), ("under_file", "is not a directory")])
 def test_launch_from_shell_write_unwritable(capsys, tmp_path, where, needle):
     (tmp_path / "file").write_text("x")
-    out = tmp_path if where == "dir" else tmp_path / "file" / "spec.toml"
+    out = tmp_path if where == "dir" else tmp_path / "file" / "config.toml"
     code, _, err = run_cli(capsys, "launch", "--from-shell", "eyas serve --model x", "--write", out)
     assert_one_line(code, err, "--write", needle)
     assert (tmp_path / "file").read_text() == "x"
 
 
-def test_launch_spec_missing_key_names_the_key_not_an_argument(capsys, tmp_path):
-    spec = tmp_path / "spec.toml"
-    spec.write_text("tp = 1\n")
-    code, _, err = run_cli(capsys, "launch", spec, "--dry-run")
+def test_launch_config_missing_key_names_the_key_not_an_argument(capsys, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("tp = 1\n")
+    code, _, err = run_cli(capsys, "launch", config, "--dry-run")
     assert_one_line(code, err, "missing required key", "'backend'", "'model'")
     assert "positional" not in err
 
 
 @pytest.fixture
-def tune_spec(tmp_path, monkeypatch):
+def tune_config(tmp_path, monkeypatch):
     import eyas.ledger.tune
 
     def no_sweep(*a, **k):
         raise AssertionError("the sweep started")
 
     monkeypatch.setattr(eyas.ledger.tune, "run_sweep", no_sweep)
-    spec = tmp_path / "spec.toml"
-    spec.write_text('backend = "eyas"\nmodel = "/nonexistent/m"\ndraft = "/nonexistent/d"\n'
-                    '[bench]\ndataset = "mt-bench"\nnum_prompts = 1\n')
-    return spec
+    config = tmp_path / "config.toml"
+    config.write_text('backend = "eyas"\nmodel = "/nonexistent/m"\ndraft = "/nonexistent/d"\n'
+                      '[bench]\ndataset = "mt-bench"\nnum_prompts = 1\n')
+    return config
 
 
-def test_tune_env_sets_is_a_directory(capsys, tmp_path, tune_spec):
-    code, _, err = run_cli(capsys, "tune", "--spec", tune_spec, "--db", tmp_path / "runs.db", "--env-sets", tmp_path)
+def test_tune_env_sets_is_a_directory(capsys, tmp_path, tune_config):
+    code, _, err = run_cli(capsys, "tune", "--config", tune_config, "--db", tmp_path / "runs.db",
+                           "--env-sets", tmp_path)
     assert_one_line(code, err, "cannot read --env-sets", "Is a directory")
 
 
 @pytest.mark.parametrize("where, needle", [("dir", "is a directory"), ("under_file", "is not a directory")])
-def test_tune_plot_unwritable_is_refused_before_the_sweep(capsys, tmp_path, tune_spec, where, needle):
+def test_tune_plot_unwritable_is_refused_before_the_sweep(capsys, tmp_path, tune_config, where, needle):
     (tmp_path / "file").write_text("x")
     out = tmp_path if where == "dir" else tmp_path / "file" / "p.png"
-    code, _, err = run_cli(capsys, "tune", "--spec", tune_spec, "--db", tmp_path / "runs.db", "--plot", out)
+    code, _, err = run_cli(capsys, "tune", "--config", tune_config, "--db", tmp_path / "runs.db", "--plot", out)
     assert_one_line(code, err, "--plot", needle)
 
 
-def test_tune_plot_without_extension_checks_the_png_it_writes_before_the_sweep(capsys, tmp_path, tune_spec):
+def test_tune_plot_without_extension_checks_the_png_it_writes_before_the_sweep(capsys, tmp_path, tune_config):
     # matplotlib writes p.png for --plot p: a directory there failed only after the sweep.
     (tmp_path / "p.png").mkdir()
-    code, _, err = run_cli(capsys, "tune", "--spec", tune_spec, "--db", tmp_path / "runs.db", "--plot", tmp_path / "p")
+    code, _, err = run_cli(capsys, "tune", "--config", tune_config, "--db", tmp_path / "runs.db",
+                           "--plot", tmp_path / "p")
     assert_one_line(code, err, f"--plot {tmp_path / 'p.png'} is a directory")
 
 

@@ -41,7 +41,7 @@ def prompts(tmp_path_factory):
 
 
 def write_config(path, **fields) -> str:
-    """A launch spec for the eyas backend on CPU; `bench` is a dict for the [bench] table."""
+    """A launch config for the eyas backend on CPU; `bench` is a dict for the [bench] table."""
     from eyas.launch.launch_config import LaunchConfig
 
     fields.setdefault("backend", "eyas")

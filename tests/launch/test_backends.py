@@ -10,7 +10,7 @@ from eyas.errors import EyasError
 from eyas.launch.launch_backends import build_command, config_fields
 from eyas.launch.launch_config import LaunchConfig
 
-# The known-good 94 tok/s configuration, as a spec.
+# The known-good 94 tok/s configuration, as a launch config.
 KIMI = dict(model="/shared/kimi-k2.5-int4", draft="/data/eagle3/output_100k_sglang/4", spec_steps=2, spec_topk=1,
             spec_draft_tokens=3, tp=8, host="0.0.0.0", port=8000, python="/opt/ml-env/bin/python3",
             extra_args=["--trust-remote-code", "--disable-custom-all-reduce"])
@@ -34,8 +34,8 @@ def test_sglang_command_uses_the_documented_flags():
 
 
 def test_vllm_command_uses_the_documented_flags():
-    spec = LaunchConfig(backend="vllm", **{**KIMI, "python": None, "spec_draft_tokens": None})
-    argv = build_command(spec)
+    config = LaunchConfig(backend="vllm", **{**KIMI, "python": None, "spec_draft_tokens": None})
+    argv = build_command(config)
     assert argv[:3] == ["vllm", "serve", "/shared/kimi-k2.5-int4"]
     opts = options(argv)
     assert json.loads(opts["--speculative-config"]) == {
@@ -51,16 +51,16 @@ def test_no_draft_means_no_speculative_flags():
     assert not [a for a in argv if "speculative" in a]
 
 
-def test_extra_args_may_not_fight_the_spec():
+def test_extra_args_may_not_fight_the_config():
     with pytest.raises(EyasError, match="--port"):
         build_command(LaunchConfig(backend="sglang", model="/m", extra_args=["--port=9000"]))
 
 
 @pytest.mark.parametrize("backend", ["eyas", "sglang", "vllm"])
-def test_command_reads_back_into_the_same_spec(backend):
-    spec = LaunchConfig(backend=backend, **{**KIMI, "spec_draft_tokens": None})
-    fields = config_fields(build_command(spec))
-    assert LaunchConfig(**fields) == spec
+def test_command_reads_back_into_the_same_config(backend):
+    config = LaunchConfig(backend=backend, **{**KIMI, "spec_draft_tokens": None})
+    fields = config_fields(build_command(config))
+    assert LaunchConfig(**fields) == config
 
 
 def test_dry_run_prints_the_exact_command_and_starts_nothing(tmp_path, capsys, home):
@@ -86,8 +86,8 @@ def test_dry_run_prints_the_exact_command_and_starts_nothing(tmp_path, capsys, h
 def test_eyas_launches_speculate_every_step_unless_asked_to_adapt():
     """SGLang and vLLM speculate at every step with the settings they are given; an eyas launch does the same
     (eyas serve alone would adapt), so a launch or tune point measures the configuration it names."""
-    spec = LaunchConfig(backend="eyas", **{**KIMI, "spec_draft_tokens": None})
-    assert "--no-spec-adaptive" in build_command(spec)
+    config = LaunchConfig(backend="eyas", **{**KIMI, "spec_draft_tokens": None})
+    assert "--no-spec-adaptive" in build_command(config)
     adaptive = LaunchConfig(backend="eyas", **{**KIMI, "spec_draft_tokens": None, "extra_args": ["--spec-adaptive"]})
     argv = build_command(adaptive)
     assert "--no-spec-adaptive" not in argv and argv[-1] == "--spec-adaptive"

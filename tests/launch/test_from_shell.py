@@ -1,4 +1,4 @@
-"""`eyas launch --from-shell`: what a pasted line really sets and runs, and the spec it is equivalent to."""
+"""`eyas launch --from-shell`: what a pasted line really sets and runs, and the launch config it is equivalent to."""
 
 from eyas.cli import main
 from eyas.launch.launch_config import load_config
@@ -16,30 +16,30 @@ PASTED = ("ssh root@10.1.230.174 'NCCL_PROTO=LL NCCL_ALGO=Ring NCCL_P2P_LEVEL=SY
           "echo \"EAGLE3 2-step + NCCL starting...\"")
 
 
-def test_pasted_line_is_explained_and_written_as_the_spec_it_meant(tmp_path, capsys):
+def test_pasted_line_is_explained_and_written_as_the_config_it_meant(tmp_path, capsys):
     out_path = tmp_path / "kimi.toml"
     assert main(["launch", "--from-shell", PASTED, "--write", str(out_path)]) == 0
     out = capsys.readouterr().out
     assert "as pasted, the line starts no server" in out and "NCCL_BUFFSIZE" in out
-    assert "eyas launch SPEC --host root@10.1.230.174" in out
-    spec = load_config(out_path)
-    assert spec.backend == "sglang" and spec.python == "~/ml-env/bin/python3"
-    assert (spec.model, spec.tp, spec.port, spec.host) == ("/shared/kimi-k2.5-int4", 8, 8000, "0.0.0.0")
-    assert (spec.draft, spec.spec_steps, spec.spec_topk, spec.spec_draft_tokens) == (
+    assert "eyas launch CONFIG.toml --host root@10.1.230.174" in out
+    config = load_config(out_path)
+    assert config.backend == "sglang" and config.python == "~/ml-env/bin/python3"
+    assert (config.model, config.tp, config.port, config.host) == ("/shared/kimi-k2.5-int4", 8, 8000, "0.0.0.0")
+    assert (config.draft, config.spec_steps, config.spec_topk, config.spec_draft_tokens) == (
         "/data/eagle3/output_100k_sglang/4", 2, 1, 3)
-    assert spec.env == {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
+    assert config.env == {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
                         "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512", "EAGLE3_PROFILE": "1",
                         "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
-    assert spec.extra_args == ["--trust-remote-code", "--mem-fraction-static", "0.88",
+    assert config.extra_args == ["--trust-remote-code", "--mem-fraction-static", "0.88",
                                "--num-continuous-decode-steps", "4", "--disable-custom-all-reduce"]
 
 
-def test_unexported_variable_is_not_in_the_real_spec(tmp_path, capsys):
+def test_unexported_variable_is_not_in_the_real_config(tmp_path, capsys):
     line = "NCCL_PROTO=LL; NCCL_ALGO=Ring python3 -m sglang.launch_server --model-path /m --tp 2"
     assert main(["launch", "--from-shell", line]) == 0
     out = capsys.readouterr().out
     assert "not exported" in out and "the server does not get: NCCL_PROTO=LL" in out
-    real = out.split("equivalent launch spec:\n", 1)[1]
+    real = out.split("equivalent launch config:\n", 1)[1]
     assert 'NCCL_ALGO = "Ring"' in real and "NCCL_PROTO" not in real and "tp = 2" in real
     assert main(["launch", "--from-shell", line, "--as-intended", "--write", str(tmp_path / "s.toml")]) == 0
     assert load_config(tmp_path / "s.toml").env == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}

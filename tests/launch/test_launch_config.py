@@ -1,4 +1,4 @@
-"""Launch specs: typed TOML with one clear error per mistake, and a lossless round trip."""
+"""Launch configs: typed TOML with one clear error per mistake, and a lossless round trip."""
 
 import pytest
 
@@ -27,16 +27,16 @@ max_tokens = 256
 """
 
 
-def test_spec_loads_typed_and_round_trips(tmp_path):
+def test_config_loads_typed_and_round_trips(tmp_path):
     path = tmp_path / "s.toml"
     path.write_text(GOOD)
-    spec = load_config(path)
-    assert spec.env == {"NCCL_PROTO": "LL", "NCCL_BUFFSIZE": "16777216", "ODD": "a b 'q' \"dq\" $X \\ \n2"}
-    assert (spec.tp, spec.spec_draft_tokens, spec.bench.num_prompts, spec.bench.concurrency) == (8, 3, 80, 1)
+    config = load_config(path)
+    assert config.env == {"NCCL_PROTO": "LL", "NCCL_BUFFSIZE": "16777216", "ODD": "a b 'q' \"dq\" $X \\ \n2"}
+    assert (config.tp, config.spec_draft_tokens, config.bench.num_prompts, config.bench.concurrency) == (8, 3, 80, 1)
     again = tmp_path / "again.toml"
-    again.write_text(spec.to_toml())
-    assert load_config(again) == spec
-    assert LaunchConfig.from_dict(spec.to_dict()) == spec
+    again.write_text(config.to_toml())
+    assert load_config(again) == config
+    assert LaunchConfig.from_dict(config.to_dict()) == config
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -64,7 +64,7 @@ def test_each_mistake_is_one_clear_error(tmp_path, edit, message):
 
 def test_missing_file_bad_toml_and_missing_key(tmp_path, capsys):
     assert main(["launch", str(tmp_path / "nope.toml")]) == 2
-    assert "no launch spec at" in capsys.readouterr().err
+    assert "no launch config at" in capsys.readouterr().err
     (tmp_path / "bad.toml").write_text("backend = ")
     assert main(["launch", str(tmp_path / "bad.toml")]) == 2
     assert "is not valid TOML" in capsys.readouterr().err
@@ -75,8 +75,8 @@ def test_missing_file_bad_toml_and_missing_key(tmp_path, capsys):
 
 
 def test_speculation_is_written_out_in_full():
-    spec = LaunchConfig(backend="eyas", model="m", draft="d", spec_steps=3, spec_topk=2)
-    assert (spec.spec_steps, spec.spec_topk, spec.spec_draft_tokens) == (3, 2, 7)  # SpecConfig's default tree
+    config = LaunchConfig(backend="eyas", model="m", draft="d", spec_steps=3, spec_topk=2)
+    assert (config.spec_steps, config.spec_topk, config.spec_draft_tokens) == (3, 2, 7)  # SpecConfig's default tree
     with pytest.raises(EyasError, match="need a draft"):
         LaunchConfig(backend="eyas", model="m", spec_steps=2)
     with pytest.raises(EyasError, match="drafts a chain"):

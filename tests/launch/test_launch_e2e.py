@@ -1,4 +1,4 @@
-"""End to end on CPU: launch a TP=2 eyas server from a spec with NCCL_PROTO=LL, verify every process got it,
+"""End to end on CPU: launch a TP=2 eyas server from a launch config with NCCL_PROTO=LL, verify every process got it,
 bench, find the run with `runs best`, replay it, then launch the same server through a real shell line that
 never exports the variable and check that `runs diff` names the missing worker variable first."""
 
@@ -20,8 +20,8 @@ def eyas(capsys, *argv):
 
 def test_launch_best_replay_and_diff_against_an_unexported_launch(tmp_path, capsys, tiny, prompts):
     bench = {"dataset": str(prompts), "num_prompts": 3, "max_tokens": 8}
-    spec = write_config(tmp_path / "good.toml", model=str(tiny), tp=2, env={"NCCL_PROTO": "LL"}, bench=bench)
-    code, out, err = eyas(capsys, "launch", spec)
+    config = write_config(tmp_path / "good.toml", model=str(tiny), tp=2, env={"NCCL_PROTO": "LL"}, bench=bench)
+    code, out, err = eyas(capsys, "launch", config)
     assert code == 0, err
     good = run_id_of(out)
     assert "environment verified in" in out
@@ -70,8 +70,8 @@ def test_launch_best_replay_and_diff_against_an_unexported_launch(tmp_path, caps
 
 
 def test_a_dying_server_shows_its_log_and_is_recorded_failed(tmp_path, capsys):
-    spec = write_config(tmp_path / "dead.toml", model=str(tmp_path / "no-such-model"))
-    code, out, err = eyas(capsys, "launch", spec)
+    config = write_config(tmp_path / "dead.toml", model=str(tmp_path / "no-such-model"))
+    code, out, err = eyas(capsys, "launch", config)
     assert code == 2
     assert "the server exited before" in err and "no-such-model" in err  # the log tail says why
     with Ledger() as ledger:
@@ -83,8 +83,8 @@ def test_a_port_already_in_use_records_nothing(tmp_path, capsys, tiny):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
-        spec = write_config(tmp_path / "busy.toml", model=str(tiny), port=s.getsockname()[1])
-        code, _, err = eyas(capsys, "launch", spec)
+        config = write_config(tmp_path / "busy.toml", model=str(tiny), port=s.getsockname()[1])
+        code, _, err = eyas(capsys, "launch", config)
     assert code == 2 and "already answers" in err and err.count("\n") == 1
     with Ledger() as ledger:
         assert ledger.list() == []

@@ -83,9 +83,9 @@ def test_launch_verifies_every_retitled_process(tmp_path, capsys, drop):
     port = free_port()
     assigns = " ".join(f"{k}={v}" for k, v in NCCL.items())
     line = f"{assigns} {sys.executable} {TREE} {port}" + (" --drop-spt-noenv" if drop else "")
-    spec = write_config(tmp_path / "tree.toml", backend="sglang", model="tree", port=port, env=NCCL, shell_line=line,
+    config = write_config(tmp_path / "tree.toml", backend="sglang", model="tree", port=port, env=NCCL, shell_line=line,
                         startup_timeout_s=60.0, stop_timeout_s=5.0)
-    code = main(["launch", spec])
+    code = main(["launch", config])
     out, err = capsys.readouterr()
     assert code == 0, out + err
     with Ledger() as ledger:
@@ -107,7 +107,7 @@ def test_a_launch_fails_when_another_server_answers_on_its_port(tmp_path, capsys
     port = free_port()
     # The launched line never listens; a server started by hand takes the port once the launch has started it
     # (past the check that the port is free), as one still loading there would.
-    spec = write_config(tmp_path / "idle.toml", backend="sglang", model="idle", port=port,
+    config = write_config(tmp_path / "idle.toml", backend="sglang", model="idle", port=port,
                         shell_line=f"{sys.executable} -c 'import time; time.sleep(60)'", startup_timeout_s=60.0,
                         stop_timeout_s=5.0)
     stranger = subprocess.Popen(
@@ -115,7 +115,7 @@ def test_a_launch_fails_when_another_server_answers_on_its_port(tmp_path, capsys
                 f"{port} --tp 1"], start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        code = main(["launch", spec])
+        code = main(["launch", config])
         out, err = capsys.readouterr()
     finally:
         _stop(stranger)

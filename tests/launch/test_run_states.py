@@ -25,10 +25,10 @@ def _running_server_pid():
 
 def test_a_killed_launcher_leaves_an_abandoned_run_that_remote_stop_closes(tmp_path, capsys, home):
     # A server that never answers /health, so the launcher is still waiting for it when it is killed.
-    spec = write_config(tmp_path / "slow.toml", backend="sglang", model="slow", port=free_port(),
+    config = write_config(tmp_path / "slow.toml", backend="sglang", model="slow", port=free_port(),
                         shell_line=f"{sys.executable} -c 'import time; time.sleep(120)'", startup_timeout_s=300.0,
                         stop_timeout_s=5.0)
-    launcher = subprocess.Popen([sys.executable, "-m", "eyas.cli", "launch", spec], stdout=subprocess.DEVNULL,
+    launcher = subprocess.Popen([sys.executable, "-m", "eyas.cli", "launch", config], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120

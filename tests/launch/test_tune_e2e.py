@@ -9,14 +9,14 @@ from tests.launch.conftest import write_config
 
 def test_tiny_sweep_records_each_point_and_plots(tmp_path, capsys, pair, prompts):
     target, draft = pair
-    spec = write_config(tmp_path / "t.toml", model=str(target), draft=str(draft), env={"OMP_NUM_THREADS": "1"})
+    config = write_config(tmp_path / "t.toml", model=str(target), draft=str(draft), env={"OMP_NUM_THREADS": "1"})
     png = tmp_path / "tune.png"
-    code = main(["tune", "--spec", spec, "--steps", "2", "--topk", "1,2", "--draft-tokens", "9",
+    code = main(["tune", "--config", config, "--steps", "2", "--topk", "1,2", "--draft-tokens", "9",
                  "--dataset", str(prompts), "--num-prompts", "2", "--max-tokens", "12", "--plot", str(png)])
     out, err = capsys.readouterr()
     assert code == 0, out + err
     assert "skipped steps 2, topk 2, draft tokens 9" in err  # more than 2 steps of top-2 drafting hold
-    rows = [ln for ln in out.splitlines() if ln.startswith("spec ")]
+    rows = [ln for ln in out.splitlines() if ln.startswith("config ")]
     assert len(rows) == 2 and rows[0].split()[1:4] == ["-", "-", "-"]  # baseline first
     assert [r.split()[1:4] for r in rows[1:]] == [["2", "1", "3"]]
     best = next(ln for ln in out.splitlines() if ln.startswith("best: "))

@@ -22,11 +22,11 @@ def test_vllm_sweeps_chains_only():
     assert points == [(2, 1, 3)] and "topk 1 only" in skipped[0]
 
 
-def test_point_spec_and_baseline():
-    spec = LaunchConfig(backend="eyas", model="m", draft="d", env={"A": "1"})
-    base = point_config(spec, None, {"B": "2"})
+def test_point_config_and_baseline():
+    config = LaunchConfig(backend="eyas", model="m", draft="d", env={"A": "1"})
+    base = point_config(config, None, {"B": "2"})
     assert base.draft is None and base.spec_steps is None and base.env == {"A": "1", "B": "2"}
-    assert point_config(spec, (2, 2, 5), {}).spec_draft_tokens == 5
+    assert point_config(config, (2, 2, 5), {}).spec_draft_tokens == 5
 
 
 def test_env_sets_file(tmp_path):

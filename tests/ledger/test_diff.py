@@ -122,8 +122,8 @@ def test_env_missing_in_hand_started_workers_is_the_first_cause():
 
 def test_a_bash_c_line_is_compared_as_the_command_it_runs():
     line = record("1", argv=["bash", "-c", "NCCL_ALGO=Ring python -m sglang.launch_server --model-path /m --tp 2"])
-    spec = record("2", argv=["python", "-m", "sglang.launch_server", "--model-path", "/m", "--tp", "4"])
-    rows = {r.key: r for r in diff_runs(line, spec).sections["arguments"]}
+    built = record("2", argv=["python", "-m", "sglang.launch_server", "--model-path", "/m", "--tp", "4"])
+    rows = {r.key: r for r in diff_runs(line, built).sections["arguments"]}
     assert set(rows) == {"--tp", "(started by)"} and (rows["--tp"].a, rows["--tp"].b) == ("2", "4")
     assert (rows["(started by)"].a, rows["(started by)"].b) == ("bash -c line", "command")
 

@@ -19,12 +19,12 @@ NCCL = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_
 def test_vllm_tp3_launch_verifies_every_process(tmp_path, capsys, demo_dir):
     python = peer_python("vllm")
     env = {**NCCL, "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    spec = LaunchConfig(backend="vllm", model=str(demo_dir), tp=3, port=free_port(), python=python, env=env,
+    config = LaunchConfig(backend="vllm", model=str(demo_dir), tp=3, port=free_port(), python=python, env=env,
                         extra_args=["--dtype", "float32", "--max-model-len", "512", "--enforce-eager",
                                     "--distributed-executor-backend", "mp"],
                         bench=BenchConfig(dataset="mt-bench", num_prompts=1, max_tokens=4), startup_timeout_s=600.0)
     path = tmp_path / "vllm-tp3.toml"
-    path.write_text(spec.to_toml())
+    path.write_text(config.to_toml())
     code = main(["launch", str(path)])
     out, err = capsys.readouterr()
     assert code == 0, out + err[-3000:]

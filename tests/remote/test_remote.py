@@ -34,9 +34,9 @@ def test_remote_launch_verifies_env_outlives_its_ssh_connection_stops_and_replay
     stops) the usual way. (`sshd`: skipped where no sshd can run.)"""
     own = Sshd(tmp_path / "sshd").start()  # this test kills its sshd; the shared one stays up
     try:
-        spec = write_config(tmp_path / "r.toml", model=str(tiny), env={"NCCL_PROTO": "LL", "HOSTILE": HOSTILE},
+        config = write_config(tmp_path / "r.toml", model=str(tiny), env={"NCCL_PROTO": "LL", "HOSTILE": HOSTILE},
                             bench={"dataset": str(prompts), "num_prompts": 2, "max_tokens": 8})
-        code, out, err = eyas(capsys, "launch", spec, *remote(own, tmp_path), "--keep-running")
+        code, out, err = eyas(capsys, "launch", config, *remote(own, tmp_path), "--keep-running")
         assert code == 0 and "eyas remote status|logs|stop" in out, err
         run_id = run_id_of(out)
         with Ledger() as ledger:
@@ -89,7 +89,7 @@ def _no_successful_run():
 
 
 def test_bad_hosts_fail_in_one_line_and_record_no_success(sshd, tmp_path, capsys, tiny, home):
-    spec = write_config(tmp_path / "b.toml", model=str(tiny))
+    config = write_config(tmp_path / "b.toml", model=str(tiny))
     bare = tmp_path / "bare-venv"  # a Python that exists but has no eyas
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     cases = {
@@ -99,7 +99,7 @@ def test_bad_hosts_fail_in_one_line_and_record_no_success(sshd, tmp_path, capsys
         "cannot import eyas": [*remote(sshd, tmp_path), "--python", str(bare / "bin" / "python")],
     }
     for expected, args in cases.items():
-        code, out, err = eyas(capsys, "launch", spec, *args)
+        code, out, err = eyas(capsys, "launch", config, *args)
         assert code == 2, (expected, err)
         assert err.startswith("eyas: error: ") and err.count("\n") == 1 and expected in err, err
     assert not (home / "runs.db").exists() or _no_successful_run()

@@ -14,8 +14,8 @@ def eyas(capsys, *argv):
     return code, out, err
 
 
-def _launch(capsys, spec, sshd, tmp_path, *extra):
-    code, out, err = eyas(capsys, "launch", spec, "--host", "root@127.0.0.1", *sshd.options(), "--remote-dir",
+def _launch(capsys, config, sshd, tmp_path, *extra):
+    code, out, err = eyas(capsys, "launch", config, "--host", "root@127.0.0.1", *sshd.options(), "--remote-dir",
                           str(tmp_path / "remote"), *extra)
     assert code == 0, err
     with Ledger() as ledger:
@@ -28,9 +28,9 @@ def test_login_environment_reaches_the_server_unless_clean_and_weights_are_finge
     model.mkdir()
     for f in tiny.iterdir():
         (model / f.name).write_bytes(f.read_bytes())
-    spec = write_config(tmp_path / "r.toml", model=str(model), env={"NCCL_PROTO": "LL"})
+    config = write_config(tmp_path / "r.toml", model=str(model), env={"NCCL_PROTO": "LL"})
 
-    inherited = _launch(capsys, spec, sshd, tmp_path)
+    inherited = _launch(capsys, config, sshd, tmp_path)
     assert inherited.status == "ok" and inherited.workers
     assert all(w.env[k] == v for w in inherited.workers for k, v in LOGIN_ENV.items())
     login = inherited.config["launch"]["login_env"]
@@ -38,7 +38,7 @@ def test_login_environment_reaches_the_server_unless_clean_and_weights_are_finge
     assert inherited.env["NCCL_SOCKET_IFNAME"] == "lo"  # what each process should get includes the login's
     assert len(inherited.model_fingerprint) == 64  # computed on the host, over ssh
 
-    clean = _launch(capsys, spec, sshd, tmp_path, "--clean-env")
+    clean = _launch(capsys, config, sshd, tmp_path, "--clean-env")
     assert clean.status == "ok" and clean.config["launch"]["clean_env"] is True
     assert not any(k in w.env for w in clean.workers for k in LOGIN_ENV)
     assert all(w.env["NCCL_PROTO"] == "LL" for w in clean.workers)

@@ -315,13 +315,13 @@ def test_from_shell_first_line_says_whether_the_pasted_line_starts_a_server(caps
                       "--write", str(tmp_path / "v.toml"))
     assert out.splitlines()[0] == ("as pasted, the line starts the sglang server, but without NCCL_PROTO=LL, "
                                    "NCCL_ALGO=Ring")
-    spec = load_config(tmp_path / "v.toml")
-    assert spec.env == {} and spec.tp == 8  # what really runs; --as-intended adds the variables
+    config = load_config(tmp_path / "v.toml")
+    assert config.env == {} and config.tp == 8  # what really runs; --as-intended adds the variables
     out = _from_shell(capsys, f"{server} \\ \n  --tp-size 8 \\\n  --port 8000\n", "--write", str(tmp_path / "f.toml"))
     first = out.splitlines()[0]
     assert first.startswith("as pasted, the line starts no server: the line ends in `\\ `") and "--tp-size 8" in first
-    spec = load_config(tmp_path / "f.toml")
-    assert (spec.tp, spec.port, spec.extra_args) == (8, 8000, [])  # never extra_args = [" "]
+    config = load_config(tmp_path / "f.toml")
+    assert (config.tp, config.port, config.extra_args) == (8, 8000, [])  # never extra_args = [" "]
     out = _from_shell(capsys, f"{server} \\ --tp-size 8 \\ --port 8000", "--write", str(tmp_path / "b.toml"))
     assert out.startswith("as pasted, the line starts no server: arguments ' --tp-size', ' --port'")
     assert load_config(tmp_path / "b.toml").extra_args == []
@@ -332,7 +332,7 @@ def test_from_shell_reads_vllm_api_server_and_carries_ssh_options(capsys):
     out = _from_shell(capsys, "ssh -p 2222 -i ~/.ssh/k -l ubuntu -o 'ServerAliveInterval 30' gpu1 "
                               "'python -m vllm.entrypoints.openai.api_server --model /m --tensor-parallel-size 2'")
     assert "as pasted, the line starts the vllm server" in out and 'backend = "vllm"' in out and "tp = 2" in out
-    assert ("eyas launch SPEC --host ubuntu@gpu1 --ssh-option Port=2222 --ssh-option 'IdentityFile=~/.ssh/k' "
+    assert ("eyas launch CONFIG.toml --host ubuntu@gpu1 --ssh-option Port=2222 --ssh-option 'IdentityFile=~/.ssh/k' "
             "--ssh-option ServerAliveInterval=30") in out
 
 
@@ -343,18 +343,19 @@ def test_from_shell_leaves_unnamed_speculative_numbers_to_the_engine(capsys):
     line = ("python -m sglang.launch_server --model-path /m --speculative-algorithm EAGLE3 "
             "--speculative-draft-model-path /d")
     imported = import_line(line)
-    spec = imported.config()
-    assert (spec.spec_steps, spec.spec_topk, spec.spec_draft_tokens) == (None, None, None)
+    config = imported.config()
+    assert (config.spec_steps, config.spec_topk, config.spec_draft_tokens) == (None, None, None)
     assert "names no speculative numbers" in imported.explain() and "SGLang's defaults" in imported.explain()
     assert not any(a.startswith("--speculative-num") or a == "--speculative-eagle-topk"
-                   for a in build_command(spec, "python"))
+                   for a in build_command(config, "python"))
     vllm = import_line("vllm serve /m --speculative-config '{\"method\": \"eagle3\", \"model\": \"/d\"}'").config()
     assert vllm.spec_steps is None and '"num_speculative_tokens"' not in " ".join(build_command(vllm, "python"))
-    # SGLang turns draft tokens 3 at topk 1 and 3 steps into 4, with a warning: the spec does the same, and says so.
+    # SGLang turns draft tokens 3 at topk 1 and 3 steps into 4, with a warning: the launch config does the same,
+    # and says so.
     imported = import_line(f"{line} --speculative-eagle-topk 1 --speculative-num-steps 3 "
                            f"--speculative-num-draft-tokens 3")
-    spec = imported.config()
-    assert (spec.spec_steps, spec.spec_topk, spec.spec_draft_tokens) == (3, 1, 4)
+    config = imported.config()
+    assert (config.spec_steps, config.spec_topk, config.spec_draft_tokens) == (3, 1, 4)
     assert SGLANG_TOPK1_WARNING in imported.explain()
 
 

@@ -23,20 +23,20 @@ from eyas.launch.launch_config import BenchConfig, LaunchConfig, load_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", nargs="?", metavar="SPEC.toml", help="the launch spec")
+    p.add_argument("config", nargs="?", metavar="CONFIG.toml", help="the launch config")
     p.add_argument("--dry-run", action="store_true", help="print the command (and remote script); start nothing")
     p.add_argument("--keep-running", action="store_true", help="leave the server up (stop it: eyas remote stop ID)")
     add_host_arguments(p)
-    p.add_argument("--python", help="the server's interpreter (overrides the spec's `python`)")
+    p.add_argument("--python", help="the server's interpreter (overrides the config's `python`)")
     p.add_argument("--db", help="ledger file (default: $EYAS_HOME/runs.db)")
     add_bench_arguments(p)
     g = p.add_argument_group("importing a pasted command line")
     g.add_argument("--from-shell", metavar="LINE", help="read a shell line: show what it really sets and runs")
-    g.add_argument("--write", metavar="SPEC.toml", help="with --from-shell: write the equivalent spec here")
+    g.add_argument("--write", metavar="CONFIG.toml", help="with --from-shell: write the equivalent launch config here")
     g.add_argument("--as-intended", action="store_true",
-                   help="with --from-shell: put every assignment the line meant to set into the spec")
+                   help="with --from-shell: put every assignment the line meant to set into the config")
     g.add_argument("--run", action="store_true",
-                   help="with --from-shell: run the line itself with bash -c, verify and record it like a spec")
+                   help="with --from-shell: run the line itself with bash -c, verify and record it like a config")
 
 
 def add_host_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,12 +50,12 @@ def add_host_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("bench (overrides the spec's [bench])")
+    g = p.add_argument_group("bench (overrides the config's [bench])")
     g.add_argument("--bench-dataset", help="mt-bench, humaneval or PATH.jsonl")
     g.add_argument("--bench-prompts", type=int, metavar="N")
     g.add_argument("--bench-concurrency", type=int, metavar="N")
     g.add_argument("--bench-max-tokens", type=int, metavar="N")
-    g.add_argument("--no-bench", action="store_true", help="skip the spec's bench")
+    g.add_argument("--no-bench", action="store_true", help="skip the config's bench")
 
 
 def apply_overrides(config: LaunchConfig, args: argparse.Namespace) -> LaunchConfig:
@@ -120,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
     from eyas.launch.launch import launch, plan_for
     from eyas.ledger.ledger import Ledger
 
-    if bool(args.spec) == bool(args.from_shell):
-        raise EyasError("give a SPEC.toml or --from-shell LINE (one of them)")
+    if bool(args.config) == bool(args.from_shell):
+        raise EyasError("give a CONFIG.toml or --from-shell LINE (one of them)")
     if args.from_shell:
         config = _from_shell(args)
         if config is None:
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.write or args.as_intended or args.run:
             raise EyasError("--write, --as-intended and --run go with --from-shell")
-        config = apply_overrides(load_config(args.spec), args)
+        config = apply_overrides(load_config(args.config), args)
     check_before_launch(config.draft, config.model, config.backend)  # a draft the engine would run wrongly stops here
     host = make_host(args)
     plan = plan_for(config, host)
@@ -153,11 +153,11 @@ def _from_shell(args: argparse.Namespace) -> LaunchConfig | None:
         write_output(args.write, config.to_toml(), "--write")
         print(f"wrote {args.write}", file=sys.stderr)
     else:
-        print("\nequivalent launch spec:\n" + config.to_toml(), end="")
+        print("\nequivalent launch config:\n" + config.to_toml(), end="")
     if not args.run:
         return None
     if imported.host or args.host:
         raise EyasError("--run runs the line on this machine; for a remote line use --write, then "
-                        "eyas launch SPEC --host HOST")
+                        "eyas launch CONFIG.toml --host HOST")
     # The line itself runs; the config's env is what it *meant* to set, checked in every process it starts.
     return apply_overrides(replace(imported.config(as_intended=True), shell_line=args.from_shell), args)

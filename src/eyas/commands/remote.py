@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("-n", "--lines", type=int, default=40)
     s = sub.add_parser("stop", help="stop every process the launch started")
     s.add_argument("id")
-    s.add_argument("--timeout", type=float, help="seconds between SIGTERM and SIGKILL (default: the spec's)")
+    s.add_argument("--timeout", type=float, help="seconds between SIGTERM and SIGKILL (default: the launch config's)")
 
 
 def locate(run):

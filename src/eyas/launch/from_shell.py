@@ -70,14 +70,14 @@ class Imported:
     def explain(self) -> str:
         lines = [self.verdict(), self.pasted.explain()]
         if not self.starts_server:
-            lines.append("the spec below is that repaired reading")
+            lines.append("the launch config below is that repaired reading")
         lines += [f"note: {n}" for n in self.notes]
         if self.lost:
             lines.append(f"the server does not get: {', '.join(f'{k}={v}' for k, v in self.lost.items())} "
-                         f"(--as-intended puts them in the spec)")
+                         f"(--as-intended puts them in the launch config)")
         if self.host:
-            lines.append(f"it runs on {self.host}: launch the spec there with "
-                         f"`eyas launch SPEC {self.host_arguments()}`")
+            lines.append(f"it runs on {self.host}: launch the config there with "
+                         f"`eyas launch CONFIG.toml {self.host_arguments()}`")
         return "\n".join(lines)
 
 
@@ -87,14 +87,14 @@ def _speculation_notes(fields: dict) -> list[str]:
         return []
     backend = fields["backend"]
     if not any(k in fields for k in _SPEC_KEYS):
-        return [f"the line names no speculative numbers: the spec leaves them unset, so the server runs with "
+        return [f"the line names no speculative numbers: the launch config leaves them unset, so the server runs with "
                 f"{_ENGINE_DEFAULTS[backend]}"]
     steps, topk, tokens = (fields.get(k) for k in _SPEC_KEYS)
     if topk == 1 and steps is not None and tokens is not None and tokens != steps + 1:
         fields["spec_draft_tokens"] = steps + 1
         who = "SGLang" if backend == "sglang" else "eyas serve"
         return [f"--speculative-num-draft-tokens {tokens} with topk 1 and {steps} steps: {who} runs a chain of "
-                f"{steps + 1} tokens instead and logs \"{SGLANG_TOPK1_WARNING}\"; the spec says {steps + 1}"]
+                f"{steps + 1} tokens instead and logs \"{SGLANG_TOPK1_WARNING}\"; the launch config says {steps + 1}"]
     return []
 
 

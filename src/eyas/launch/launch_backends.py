@@ -57,7 +57,7 @@ def build_command(config: LaunchConfig, python: str | None = None) -> list[str]:
     managed = {flag for names in FLAGS[config.backend].values() for flag in names}
     for arg in config.extra_args:
         if arg.split("=", 1)[0] in managed:
-            raise EyasError(f"extra_args sets {arg.split('=', 1)[0]}, which the spec's own keys control: use "
+            raise EyasError(f"extra_args sets {arg.split('=', 1)[0]}, which the launch config's own keys control: use "
                             f"model/draft/spec_*/tp/host/port instead")
     flag = {k: v[0] for k, v in FLAGS[config.backend].items()}
     argv = _program_prefix(config, python)
@@ -136,7 +136,7 @@ def config_fields(argv: list[str]) -> dict:
         i += 1
         if key == "algorithm":
             if value.upper() != "EAGLE3":
-                raise EyasError(f"the line uses --speculative-algorithm {value}; launch specs describe EAGLE3 runs")
+                raise EyasError(f"the line uses --speculative-algorithm {value}; launch configs describe EAGLE3 runs")
         elif key == "speculative_config":
             conf = _speculative_config(value)
             steps = conf.get("num_speculative_tokens")  # None: vLLM's default, left to it

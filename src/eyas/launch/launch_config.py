@@ -137,7 +137,7 @@ class LaunchConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "spec") -> LaunchConfig:
+    def from_dict(cls, d: dict[str, Any], where: str = "launch config") -> LaunchConfig:
         return cls(**_known(d, cls, "", where))
 
     def to_toml(self) -> str:
@@ -158,7 +158,7 @@ def load_config(path: str | Path) -> LaunchConfig:
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise EyasError(f"no launch spec at {path}") from None
+        raise EyasError(f"no launch config at {path}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise EyasError(f"cannot read {path}: {e}") from None
     except tomllib.TOMLDecodeError as e:
@@ -176,7 +176,7 @@ def load_config(path: str | Path) -> LaunchConfig:
     return config
 
 
-def _known(d: dict, cls: type, prefix: str, where: str = "spec") -> dict:
+def _known(d: dict, cls: type, prefix: str, where: str = "launch config") -> dict:
     names = [f.name for f in fields(cls)]
     unknown = [k for k in d if k not in names]
     if unknown:

@@ -68,7 +68,7 @@ class LocalHost:
     def probe(self, python: str, program: str, module: str | None) -> dict:
         python, program = os.path.expanduser(python), os.path.expanduser(program)
         if shutil.which(python) is None:
-            raise EyasError(f"no Python at {python}: set `python` in the spec (or --python) to the server's "
+            raise EyasError(f"no Python at {python}: set `python` in the launch config (or --python) to the server's "
                             f"interpreter")
         try:
             done = subprocess.run([python, "-", "probe", program, module or "-"], input=PROBE_SOURCE,
@@ -127,7 +127,8 @@ class LocalHost:
 def parse_probe(rc: int, stdout: bytes, stderr: bytes, python: str, where: str) -> dict:
     last = next((ln for ln in reversed(stderr.decode(errors="replace").splitlines()) if ln.strip()), "")
     if rc == 127:
-        raise EyasError(f"no Python at {python} on {where} ({last.strip()}): set `python` in the spec or --python")
+        raise EyasError(f"no Python at {python} on {where} ({last.strip()}): set `python` in the launch config "
+                        "or --python")
     if rc != 0:
         raise EyasError(f"{python} on {where} failed to report its versions: {last.strip() or f'exit {rc}'}")
     try:

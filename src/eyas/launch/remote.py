@@ -79,7 +79,7 @@ class SshHost:
 
     def http_host(self, bind_host: str) -> str:
         if bind_host.startswith(_LOOPBACK) and not self.hostname.startswith(_LOOPBACK):
-            raise EyasError(f"the spec binds {bind_host}, which {self.hostname} only serves to itself: set "
+            raise EyasError(f"the launch config binds {bind_host}, which {self.hostname} only serves to itself: set "
                             f'host = "0.0.0.0" (or an address of {self.hostname}) so /health can be reached from here')
         return self.hostname if bind_host in ("0.0.0.0", "::", "") else bind_host
 

@@ -72,14 +72,15 @@ def render(changes: list[Change]) -> str:
 def plan_from_record(run: RunRecord) -> tuple[Plan, object]:
     if run.kind not in ("launch", "tune") or "launch" not in run.config:
         raise EyasError(f"run {run.run_id} is a {run.kind} run; only runs started by `eyas launch` or `eyas tune` "
-                        f"hold the spec a replay needs")
+                        f"hold the launch config a replay needs")
     launch_cfg = run.config["launch"]
     config = LaunchConfig.from_dict({k: v for k, v in run.config.items() if k != "launch"},
                                     f"record of run {run.run_id}")
     host = host_from_config(launch_cfg)
     python = launch_cfg.get("python") or host.default_python()
     if config.shell_line is None and build_command(config, python) != run.argv:
-        log("eyas: note: this eyas builds a different command from the recorded spec; replaying the recorded one")
+        log("eyas: note: this eyas builds a different command from the recorded launch config; replaying the "
+            "recorded one")
     env = {} if config.shell_line is not None else dict(config.env)
     return Plan(config, list(run.argv), env, dict(config.env), python, "launch", {"replay_of": run.run_id}), host
 
