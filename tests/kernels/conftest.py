@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.[test]' brings it)")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # session-wide, so module fixtures (models built once) can use it too
 def device():
     import torch
 

@@ -3,7 +3,6 @@ EYAS_TEST_CUDA=1) equals eyas's model and HF: logits, KV-cache rows and tokens f
 verify, with every counter at the schedule's target."""
 
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -16,11 +15,10 @@ from eyas.models.loader import load_model
 
 TILES = Tiles(o_proj=16, gate_up=32, down=16, lm_head=64)  # several tiles per op at this size
 PROMPT = 10
-DEVICE = "cuda" if os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, device):
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
@@ -28,17 +26,18 @@ def tiny(tmp_path_factory):
     hf = transformers.LlamaForCausalLM(cfg).eval()
     path = tmp_path_factory.mktemp("tiny-llama")
     hf.save_pretrained(path)
-    model = load_model(path, "fp32", DEVICE)
-    ids = torch.randint(0, 256, (1, PROMPT + 8), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    model = load_model(path, "fp32", device)
+    ids = torch.randint(0, 256, (1, PROMPT + 8), generator=torch.Generator().manual_seed(1)).to(device)
     return hf, model, ids
 
 
 def run_both(model, ids, rows, prefetch=False):
     """(persistent logits, tokens, its cache, eyas's logits, eyas's cache, the step) after a shared prefill."""
-    runner = ModelRunner(model, num_slots=1, max_len=64, device=DEVICE)
-    runner.forward(ids[:, :PROMPT], torch.arange(PROMPT, device=DEVICE)[None], [0], [0])
+    dev = ids.device
+    runner = ModelRunner(model, num_slots=1, max_len=64, device=dev)
+    runner.forward(ids[:, :PROMPT], torch.arange(PROMPT, device=dev)[None], [0], [0])
     k, v = runner.kv.k.clone(), runner.kv.v.clone()
-    out = runner.forward(ids[:, PROMPT:PROMPT + rows], torch.arange(PROMPT, PROMPT + rows, device=DEVICE)[None], [0],
+    out = runner.forward(ids[:, PROMPT:PROMPT + rows], torch.arange(PROMPT, PROMPT + rows, device=dev)[None], [0],
                          [PROMPT])
     want = model.logits(out.hidden)[0]
     step = PersistentStep(pack_llama(model), rows, programs=1, tiles=TILES, block_n=16, block_k=32, block_t=16,
@@ -55,7 +54,7 @@ def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows, prefetch):
     assert (logits - want).abs().max() <= 1e-4 * scale
     assert torch.equal(tokens.long(), want.argmax(-1))
     with torch.no_grad():
-        hf_logits = hf(ids[:, :PROMPT + rows].cpu()).logits[0, PROMPT:].to(DEVICE)
+        hf_logits = hf(ids[:, :PROMPT + rows].cpu()).logits[0, PROMPT:].to(ids.device)
     assert (logits - hf_logits).abs().max() <= 1e-4 * scale
     # Every cache row: the step's new rows equal eyas's, and the prompt's rows are untouched.
     assert (k - k_want).abs().max() <= 1e-5 and (v - v_want).abs().max() <= 1e-5
@@ -65,9 +64,9 @@ def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows, prefetch):
 
 
 def test_item_table_and_counter_targets_are_the_schedules(tiny):
-    _, model, _ = tiny
+    _, model, ids = tiny
     schedule = build_schedule(pack_llama(model).shape, TILES)
-    table = item_table(schedule, DEVICE)
+    table = item_table(schedule, ids.device)
     assert table.shape == (len(schedule.items), 8)
     counts = expected_counts(schedule)
     for item, row in zip(schedule.items, table.tolist()):
@@ -82,7 +81,7 @@ def test_an_unfinished_step_fails_the_counter_check(tiny):
     # Dropping the argmax item from the table (a step that stops early) leaves its counter short.
     step.schedule = dataclasses.replace(step.schedule, items=step.schedule.items[:-1])
     step.table = step.table[:-1].contiguous()
-    kv = torch.zeros(2, 2, 64, 16, device=DEVICE)
+    kv = torch.zeros(2, 2, 64, 16, device=ids.device)
     step(ids[0, :1].to(torch.int32), 0, kv, kv.clone())
     assert not step.counters_complete()
     with pytest.raises(ValueError, match="1..8 rows"):

@@ -34,16 +34,13 @@ from eyas.engine.graphs import bucket_rows, graph_kv_len
 from eyas.layers.attention import AttentionBatch
 
 
-def decode_ahead_on() -> bool:
-    return execution_plan.current().decode_ahead
-
-
 def may_run_ahead(engine, seqs) -> bool:
     """What both modes need: the switch on, CUDA graphs for the batch, one GPU, no profiler (it times each
     phase), and only greedy sequences (no generator to draw from) that want no log-probabilities (the host
     reads no logits)."""
     graphs = engine.runner.graphs
-    if not decode_ahead_on() or graphs is None or engine.profiler is not None or engine.target.tp.size != 1:
+    if (not execution_plan.current().decode_ahead or graphs is None or engine.profiler is not None
+            or engine.target.tp.size != 1):
         return False
     return len(seqs) <= graphs.max_batch and all(s.params.greedy and s.generator is None and not s.wants_logprobs
                                                  for s in seqs)
