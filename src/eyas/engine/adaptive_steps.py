@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from eyas.engine.spec_policy import SpecPolicy
+from eyas.spec_policy import SpecPolicy
 
 StepFn = Callable[[list], None]  # runs one step (or the catch-up) for these sequences
 

@@ -12,7 +12,7 @@ A greedy cycle is one body (greedy_cycle) that runs on the device from its input
 and the extend pass included, and the host reads the result once: ahead of the host (ahead.py) the body is
 one CUDA graph; in step with it (tensor parallelism, the profiler) each pass is its own graph. Batches with
 sampled sequences accept on the host. A chain (topk 1) drafts and accepts through shorter functions of its
-own (Drafter.chain, tree.accept_greedy_chain) that give the general tree's results with k = 1 in fewer kernels.
+own (Drafter.chain, draft_tree.accept_greedy_chain) that give the general tree's results with k = 1 in fewer kernels.
 When the policy chooses a plain step, the draft does not run: the step's (feature, token) pair is kept
 in the sequence's lag, and the draft catches up before it drafts again (catch_up.py). Plain steps then cost
 what plain decoding costs, ahead of the host too. Which of the two a step runs, and the policy's books, is the
@@ -31,16 +31,16 @@ from eyas.engine.ahead import SpecAhead, StepInputs, step_inputs
 from eyas.engine.draft_state import set_states
 from eyas.engine.drafter import Drafter
 from eyas.engine.graphs import bucket_rows, graph_kv_len
-from eyas.layers.kv_cache import KVCache
 from eyas.engine.profile import NULL_PROFILER
 from eyas.engine.runner import PREFILL_CHUNK, chunked_length
-from eyas.engine.spec_policy import SpecPolicy
-from eyas.engine.tree import accept_greedy, accept_greedy_batched, accept_greedy_chain, accept_sampled
 from eyas.layers.attention import AttentionBatch
+from eyas.layers.draft_tree import accept_greedy, accept_greedy_batched, accept_greedy_chain, accept_sampled
+from eyas.layers.kv_cache import KVCache
 from eyas.layers.rotary import RotaryEmbedding
 from eyas.layers.sampling import adjusted_probs, token_logprobs
 from eyas.models.draft_io import load_draft
 from eyas.models.eagle3 import Eagle3Draft
+from eyas.spec_policy import SpecPolicy
 
 
 class SpeculativeDecoder:
@@ -236,7 +236,7 @@ class SpeculativeDecoder:
             s.append(tokens, self.engine.eos_ids, logprobs[i] if logprobs else None)
 
     def _sampled_cycle(self, seqs):
-        """A cycle with sampled sequences: acceptance draws on the host (tree.accept_sampled)."""
+        """A cycle with sampled sequences: acceptance draws on the host (draft_tree.accept_sampled)."""
         prof, dev = self.profiler, self.engine.device
         S, N = self.spec.steps, self.spec.draft_tokens
         B = len(seqs)
