@@ -18,6 +18,19 @@ if os.environ.get("EYAS_TEST_CUDA") != "1":
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+def on_gpu() -> bool:
+    """Whether tests run on the GPU, the kernels compiled: EYAS_TEST_CUDA=1 on a machine with CUDA. Else the
+    CPU, the kernels in Triton's interpreter."""
+    import torch
+
+    return os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available()
+
+
+@pytest.fixture(scope="session")  # session-wide, so module fixtures (models built once) can use it too
+def device():
+    return "cuda" if on_gpu() else "cpu"
+
+
 @pytest.fixture
 def plan():
     """plan(**changes) changes eyas's execution plan for the rest of the test (execution_plan.using), and

@@ -254,7 +254,7 @@ class SpecConfig:
     # Above this many running sequences a step decodes plainly (the draft only keeps up): past the batch size
     # where verifying N tokens per sequence costs more than it saves, speculation would be slower. None = always.
     max_batch: int | None = None
-    # Per batch-size bucket, speculate where it measures more tokens/s than plain decoding (engine/spec_policy.py):
+    # Per batch-size bucket, speculate where it measures more tokens/s than plain decoding (spec_policy.py):
     # on by default, as `eyas serve` and `eyas generate` run, so that speculation never makes decoding slower. False
     # speculates at every step (--no-spec-adaptive): what a measurement of one speculative setting needs.
     adaptive: bool = True

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from eyas.engine.tree import accept_greedy, accept_greedy_batched, accept_greedy_chain, select_tree
+from eyas.layers.draft_tree import accept_greedy, accept_greedy_batched, accept_greedy_chain, select_tree
 
 
 def random_tree(B, steps, topk, num_nodes, vocab, g):

@@ -1,11 +1,11 @@
-"""graphs.capture warms up, captures, and captures again once after the driver invalidated a capture."""
+"""graph_capture.capture warms up, captures, and captures again once after the driver invalidated a capture."""
 
 import contextlib
 
 import pytest
 import torch
 
-import eyas.engine.graphs as graphs_mod
+import eyas.kernels.graph_capture as graph_capture
 
 
 class _Stream:
@@ -45,7 +45,7 @@ def counting():
 def test_an_invalidated_capture_is_captured_again(fake_cuda, capsys):
     fake_cuda.append(torch.AcceleratorError("CUDA error: operation failed due to a previous error during capture"))
     fn, calls = counting()
-    graph, out = graphs_mod.capture(fn, None)
+    graph, out = graph_capture.capture(fn, None)
     assert out == 6 and len(calls) == 6  # two warm-ups and a capture, twice
     assert "capture failed (CUDA error: operation failed due to a previous error during capture)" \
         in capsys.readouterr().err
@@ -55,15 +55,15 @@ def test_the_error_is_raised_when_every_attempt_fails(fake_cuda):
     fake_cuda.extend(RuntimeError("operation failed due to a previous error during capture") for _ in range(2))
     fn, calls = counting()
     with pytest.raises(RuntimeError, match="previous error during capture"):
-        graphs_mod.capture(fn, None)
-    assert len(calls) == 3 * graphs_mod.CAPTURE_ATTEMPTS
+        graph_capture.capture(fn, None)
+    assert len(calls) == 3 * graph_capture.CAPTURE_ATTEMPTS
 
 
 def test_other_errors_are_not_retried(fake_cuda):
     fake_cuda.append(RuntimeError("CUDA out of memory"))
     fn, calls = counting()
     with pytest.raises(RuntimeError, match="out of memory"):
-        graphs_mod.capture(fn, None)
+        graph_capture.capture(fn, None)
     assert len(calls) == 3
 
 
@@ -83,7 +83,7 @@ def test_no_garbage_collection_during_a_capture(fake_cuda, fail):
     assert gc.isenabled()
     if fail:
         with pytest.raises(RuntimeError):
-            graphs_mod.capture(fn, None)
+            graph_capture.capture(fn, None)
     else:
-        graphs_mod.capture(fn, None)
+        graph_capture.capture(fn, None)
     assert enabled == [True, True, False] and gc.isenabled()

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from eyas.config import SpecConfig
-from eyas.engine.catch_up import in_one_eager_pass
+from eyas.engine.catch_up import catch_up, in_one_eager_pass
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
 from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
@@ -49,10 +49,10 @@ def test_catch_up_over_ragged_lags_matches_a_pass_per_sequence(target_dir):
     states = [s.draft_state for s in seqs]
     want = []
     for s, state in zip(seqs, states):
-        engine.decoder.catch_up([s])
+        catch_up(engine.decoder, [s])
         want.append((s.draft_state.hidden.clone(), s.draft_state.scores.clone()))
         s.draft_state = state
-    engine.decoder.catch_up(seqs)
+    catch_up(engine.decoder, seqs)
     for s, (h, scores) in zip(seqs, want):
         assert not s.draft_state.lag_tokens
         torch.testing.assert_close(s.draft_state.hidden, h, atol=1e-5, rtol=1e-5)
@@ -68,10 +68,10 @@ def test_warm_up_runs_the_eager_passes_that_would_compile_in_traffic(tmp_path, m
     engine = Engine(str(tmp_path), dtype="fp32", max_batch=2, max_len=640, draft=random_draft(64, 32, draft_vocab=24),
                     spec=SpecConfig(2, 1, adaptive=True))
     lags, starts = [], []
-    catch_up = engine.decoder.step_loop.catch_up
+    real = engine.decoder.step_loop.catch_up
     monkeypatch.setattr(engine.decoder.step_loop, "catch_up", lambda seqs: (
         seqs and (lags.append([len(s.draft_state.lag_tokens) for s in seqs]),
-                  starts.append(seqs[0].cached - len(seqs[0].draft_state.lag_tokens))), catch_up(seqs)))
+                  starts.append(seqs[0].cached - len(seqs[0].draft_state.lag_tokens))), real(seqs)))
     free = engine.runner.kv.free_slots
     engine.warm_eager_passes(long_rows=True)
     assert lags == [[2], [8], [12], [16]] * 2
@@ -95,7 +95,7 @@ def test_graphed_passes_of_s_plus_1_pairs_match_the_eager_pass(target_dir, fake_
     for s, state in zip(seqs, states):
         s.draft_state = state
     keys = set(engine.runner.graphs.graphs)
-    engine.decoder.catch_up(seqs)
+    catch_up(engine.decoder, seqs)
     new = set(engine.runner.graphs.graphs) - keys
     assert new <= {k for k in engine.runner.graphs.graphs if k[0] == "extend"}
     for s, (h, scores) in zip(seqs, want):
@@ -128,7 +128,7 @@ def test_wide_passes_match_the_eager_pass_and_capture_nothing(target_dir, fake_g
                                                                           extend(group, ids, *a)))
     graphs = engine.runner.graphs.graphs
     keys = set(graphs)
-    engine.decoder.catch_up(seqs)
+    catch_up(engine.decoder, seqs)
     assert widths[0] == spec.steps + 1 and 30 in widths  # the row near its end first, then a wide pass
     assert all(k[3][0] != (30,) for k in set(graphs) - keys)  # no wide graph captured in traffic
     for s, (h, scores) in zip(seqs, want):

@@ -3,21 +3,19 @@ CPU (each graph body runs twice per replay, as fake_cuda_graphs.py explains): th
 equal plain greedy decoding's through stops learned a step late, max_tokens, admissions, aborts and a change
 of attention bound, and the mode really runs steps ahead."""
 
-import os
-
 import pytest
-import torch
 
 import eyas.engine.ahead as ahead_mod
 import eyas.engine.graphs as graphs_mod
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
+from tests.conftest import on_gpu
 from tests.engine.ahead_scenarios import (VOCAB, a_stop_learned_late, admission_and_abort_in_flight, prompts,
                                           reference)
 from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
 from tests.helpers import tiny_llama
 
-CUDA = os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available()  # compiled kernels, no interpreter
+CUDA = on_gpu()  # compiled kernels, no interpreter
 
 
 @pytest.fixture

@@ -3,19 +3,18 @@ interpreter): the same greedy tokens as the torch reference paths, plain and spe
 
 On a GPU (EYAS_TEST_CUDA=1) the same test runs the compiled kernels in bf16 against the reference."""
 
-import os
-
 import pytest
 import torch
 
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
+from tests.conftest import on_gpu
 from tests.helpers import random_draft, tiny_llama
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.[test]' brings it)")
 
-CUDA = os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available()
+CUDA = on_gpu()
 
 
 @pytest.fixture(scope="module")

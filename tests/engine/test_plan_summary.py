@@ -19,7 +19,7 @@ def target(tmp_path_factory):
 
 def test_a_cpu_engine_runs_no_kernels(target, monkeypatch):
     monkeypatch.delenv("EYAS_KERNELS", raising=False)
-    summary = Engine(target, dtype="fp32", device="cpu", max_batch=1, max_len=32).execution_plan_summary()
+    summary = Engine(target, dtype="fp32", device="cpu", max_batch=1, max_len=32).execution_plan_summary
     assert json.loads(json.dumps(summary)) == summary  # JSON as it is, for /server_info and the ledger
     assert summary["plan"] == execution_plan.DEFAULT.to_dict()
     assert not summary["kernels"] and not summary["pdl"] and not summary["cuda_graphs"] and not summary["run_ahead"]
@@ -30,13 +30,13 @@ def test_a_cpu_engine_runs_no_kernels(target, monkeypatch):
 
 def test_forced_kernels_fuse_the_decode_projections_unless_the_plan_says_no(target, monkeypatch):
     monkeypatch.setenv("EYAS_KERNELS", "force")
-    summary = Engine(target, dtype="fp32", device="cpu", max_batch=1, max_len=32).execution_plan_summary()
+    summary = Engine(target, dtype="fp32", device="cpu", max_batch=1, max_len=32).execution_plan_summary
     assert summary["kernels"] and not summary["pdl"]  # PDL needs an sm_90 GPU
     assert summary["qkv_rotary_rows"] == 2 and summary["attention"]["merge_in_kernel"]
     assert {name: rows["1"] for name, rows in summary["projections"].items()} == dict.fromkeys(
         ("qkv", "o_proj", "gate_up", "down"), "fused")
     with execution_plan.using(fused_linear=False, fused_o_proj=False, qkv_rotary_rows=0, merge_in_kernel=False):
-        ablated = Engine(target, dtype="fp32", device="cpu", max_batch=1, max_len=32).execution_plan_summary()
+        ablated = Engine(target, dtype="fp32", device="cpu", max_batch=1, max_len=32).execution_plan_summary
     assert not ablated["plan"]["fused_linear"] and ablated["qkv_rotary_rows"] == 0
     assert not ablated["attention"]["merge_in_kernel"]
     assert all(path == "torch" for rows in ablated["projections"].values() for path in rows.values())

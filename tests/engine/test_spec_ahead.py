@@ -3,8 +3,6 @@
 finish reasons equal plain greedy decoding's through stops learned a cycle late, max_tokens, admissions,
 aborts and batch buckets with padding rows, and the mode really keeps a cycle in flight."""
 
-import os
-
 import pytest
 import torch
 
@@ -14,12 +12,13 @@ from eyas.config import SpecConfig
 from eyas.engine.draft_state import lag_features
 from eyas.engine.engine import Engine
 from eyas.layers.sampling import SamplingParams
+from tests.conftest import on_gpu
 from tests.engine.ahead_scenarios import (VOCAB, a_stop_learned_late, admission_and_abort_in_flight, prompts,
                                           reference)
 from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
 from tests.helpers import random_draft, tiny_llama
 
-CUDA = os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available()  # compiled kernels, no interpreter
+CUDA = on_gpu()  # compiled kernels, no interpreter
 SPECS = [SpecConfig(3, 1, adaptive=False), SpecConfig(3, 2, 5, adaptive=False)]
 
 

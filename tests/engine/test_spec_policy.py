@@ -3,7 +3,7 @@
 import eyas.engine.adaptive_steps as adaptive_steps
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.spec_policy import SETTLE, SpecPolicy, bucket
+from eyas.spec_policy import SETTLE, SpecPolicy, bucket
 from eyas.layers.sampling import SamplingParams
 from tests.helpers import random_draft, tiny_llama
 

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from eyas.engine.spec_policy import SpecPolicy
+from eyas.spec_policy import SpecPolicy
 
 
 def simulate(n, plain_s, cycle_s, accept, churn, mode=None, steps=8000, catch_up_s=0.4e-3, prefill_s=3e-3,

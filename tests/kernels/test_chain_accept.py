@@ -4,7 +4,7 @@ GPU with EYAS_TEST_CUDA=1)."""
 import pytest
 import torch
 
-from eyas.engine.tree import accept_greedy_chain
+from eyas.layers.draft_tree import accept_greedy_chain
 from eyas.kernels.chain_accept import chain_accept
 
 

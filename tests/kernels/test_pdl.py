@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from eyas.kernels.pdl import pdl_args, pdl_on
+from tests.conftest import on_gpu
 
 SCRIPT = Path(__file__).with_name("pdl_ptx.py")
-CUDA = os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available()
+CUDA = on_gpu()
 # The kernels that load weights before the wait: the whole tile, or the first K chunk.
 WEIGHT_FIRST = {"norm_linear", "silu_mul_linear", "norm_linear_chunked", "silu_mul_linear_chunked", "norm_qkv_rotary"}
 

@@ -81,7 +81,7 @@ def test_a_tree_keeps_every_parent_when_scores_tie(monkeypatch, device):
     """Exact ties between a parent and its children (children the draft was sure of, where the depth penalty
     vanishes in fp32 rounding at this magnitude): the kernel takes the lower pool index, which pool order
     gives to the parent, so no kept node's parent is left out."""
-    from eyas.engine.tree import select_tree
+    from eyas.layers.draft_tree import select_tree
 
     monkeypatch.setenv("EYAS_KERNELS", "force")
     scores = torch.full((1, 6), -20.0, device=device)

@@ -6,13 +6,12 @@ EYAS_KERNELS=force runs the kernels on the CPU through Triton's interpreter (tes
 sides of each comparison run the same norm, rotary and attention kernels and differ only in the projections.
 With EYAS_TEST_CUDA=1 the same tests run the compiled kernels on the GPU."""
 
-import os
-
 import pytest
 import torch
 
 from eyas.layers.kv_cache import KVCache
 from eyas.layers.attention import AttentionBatch
+from tests.conftest import on_gpu
 from tests.helpers import random_draft
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.[test]' brings it)")
@@ -20,7 +19,7 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.
 H, V, VD = 64, 32, 24
 PREFIX = 3  # positions cached before the step under test
 FUSED = ("norm_linear", "silu_mul_linear", "linear_rows")
-DEVICE = "cuda" if os.environ.get("EYAS_TEST_CUDA") == "1" and torch.cuda.is_available() else "cpu"
+DEVICE = "cuda" if on_gpu() else "cpu"
 
 
 @pytest.fixture

@@ -111,7 +111,7 @@ def run(args) -> int:
         "seconds": seconds,
         "tokens_per_second": len(seq.output_ids) / seconds if seconds > 0 else 0.0,
         "finish_reason": seq.finish_reason,
-        "execution_plan": engine.execution_plan_summary(),
+        "execution_plan": engine.execution_plan_summary,
     }
     if spec:
         result.update(accept_length=seq.accept_length, verify_passes=seq.verify_passes)

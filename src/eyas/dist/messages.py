@@ -61,7 +61,7 @@ class ModelInfo:
     speculative: bool
     weight_bytes: int = 0    # this rank's target weights as loaded (packed, for a quantized checkpoint)
     kv_cache_bytes: int = 0  # this rank's target KV cache
-    execution_plan: dict = field(default_factory=dict)  # Engine.execution_plan_summary()
+    execution_plan: dict = field(default_factory=dict)  # Engine.execution_plan_summary
 
 
 @dataclass(frozen=True)

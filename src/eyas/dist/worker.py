@@ -129,7 +129,7 @@ def run_worker(rank: int, size: int, config: WorkerConfig, commands, results) ->
                                       vocab_size=engine.config.vocab_size, eos_token_ids=sorted(engine.eos_ids),
                                       device=device, dtype=dtype, speculative=engine.decoder is not None,
                                       weight_bytes=engine.weight_bytes(), kv_cache_bytes=engine.kv_cache_bytes(),
-                                      execution_plan=engine.execution_plan_summary())))
+                                      execution_plan=engine.execution_plan_summary)))
     try:
         Lockstep(engine, rank, results).serve(commands)
     except Exception as e:

@@ -2,10 +2,8 @@
 the policy's windows fed with the steps' tokens and times, and the waits for the GPU that keep each window's
 books its own: where the mode may change, around prefills, when the engine goes idle.
 
-Owned by the SpeculativeDecoder (speculative.py), which hands it everything a step runs: the policy, the two
-modes ahead of the host (ahead.py's SpecAhead and DecodeAhead) and the callables of a
-speculative cycle, a plain step and the draft's catch-up. The engine calls `cycle`, `drain_ahead`,
-`prefill_started` / `prefill_done` and `idle`.
+Owned by the SpeculativeDecoder (speculative.py), which hands it everything a step runs; the engine calls
+`cycle`, `drain_ahead`, `prefill_started` / `prefill_done` and `idle`.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from eyas.engine.spec_policy import SpecPolicy
+from eyas.spec_policy import SpecPolicy
 
 StepFn = Callable[[list], None]  # runs one step (or the catch-up) for these sequences
 

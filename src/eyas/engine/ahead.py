@@ -86,9 +86,8 @@ def step_inputs(seqs, rows: int, scratch: int, device, with_draft: bool) -> Step
 
 class GraphPair:
     """Two CUDA graphs of one step, `body(inputs) -> (outputs, next inputs)`: graph i reads inputs[i] and writes
-    the next step's into inputs[1 - i], so replayed in turn they run step after step with no input from the
-    host. Both sets share `slots` and `active`, which stay for a batch. A body must be pure or idempotent: its
-    capture runs it three times."""
+    the next step's into inputs[1 - i]. Both sets share `slots` and `active`, which stay for a batch. A body
+    must be pure or idempotent: its capture runs it three times."""
 
     def __init__(self, body, blank: StepInputs, pool):
         self.inputs = (blank, replace(blank.blank(0), slots=blank.slots, active=blank.active))  # rows shared

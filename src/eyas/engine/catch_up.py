@@ -44,12 +44,12 @@ def catch_up(decoder, seqs):
 
 
 def in_graphed_passes(decoder, seqs):
-    """Pass after pass over the pairs j.. of every row that still has some: WIDE of them when a graph for
-    that is captured, more than S+1 remain and each row's pass ends inside its cache row, else S+1. Shorter
-    pieces are padded at their end as a sampled cycle's accepted path is: the pads write draft cache columns
-    past the row's last pair (inside its cache row), which the next draft overwrites before reading. Each
+    """Pass after pass over the pairs j.. of every row that still has some, WIDE or S+1 of them (as the module
+    docstring says). Shorter pieces are padded at their end as a sampled cycle's accepted path is: the pads
+    write draft cache columns past the row's last pair, which the next draft overwrites before reading. Each
     row keeps the state of the pass that held its last pair."""
     dev, L, kv = decoder.engine.device, decoder.spec.steps + 1, decoder.kv
+    wide_shapes = [(WIDE,), (WIDE, feature_width(decoder)), (), (), ()]  # per row: ids, feats, last, starts, slots
     lags = [list(s.draft_state.lag_tokens) for s in seqs]  # set_states (in extend) starts each row afresh
     passes, j = [], 0
     while True:
@@ -58,7 +58,7 @@ def in_graphed_passes(decoder, seqs):
             break
         first = [seqs[i].cached - len(lags[i]) + j for i in rows]
         wide = (max(len(lags[i]) for i in rows) - j > L and max(first) + WIDE <= kv.max_len
-                and decoder.has_graph("extend", len(rows), kv, max(first) + WIDE, extend_shapes(decoder, WIDE)))
+                and decoder.has_graph("extend", len(rows), kv, max(first) + WIDE, wide_shapes))
         width = WIDE if wide else L
         passes.append((j, width, rows, first))
         j += width
@@ -75,11 +75,6 @@ def in_graphed_passes(decoder, seqs):
 def feature_width(decoder) -> int:
     """Width of a target feature: the captured layers' hidden states side by side (3H for EAGLE-3)."""
     return len(decoder.target.capture_layers) * decoder.target.config.hidden_size
-
-
-def extend_shapes(decoder, width: int) -> list[tuple]:
-    """Per-row shapes of an extend pass's inputs over `width` pairs: ids, features, last, starts, slots."""
-    return [(width,), (width, feature_width(decoder)), (), (), ()]
 
 
 def warm_wide_passes(decoder, max_batch: int) -> None:

@@ -1,6 +1,4 @@
-"""What the draft keeps per sequence between speculative cycles: its last output (hidden state and scores,
-whose log_softmax is its log-probabilities (Drafter.scores), as a row of the batched pass that produced it)
-and the plain-step pairs it has not seen yet (speculative.py's lag)."""
+"""What the draft keeps per sequence between speculative cycles (DraftState), and the batch tensors read from it."""
 
 from __future__ import annotations
 
@@ -12,8 +10,9 @@ import torch
 @dataclass
 class DraftState:
     """Row `row` of the draft pass that last ran for this sequence: its pre-norm output at position c-1
-    (c - len(lag_tokens) while lagging) and its scores for x_{c+1} (logits or log-probs). Rows stay in the
-    pass's batched tensors, so a batch that runs together again is read back without a gather."""
+    (c - len(lag_tokens) while lagging) and its scores for x_{c+1}, whose log_softmax is its log-probabilities
+    (Drafter.scores); and the plain-step pairs it has not seen yet (catch_up.py's lag). Rows stay in the pass's
+    batched tensors, so a batch that runs together again is read back without a gather."""
     batch_hidden: torch.Tensor  # [n, H]
     batch_scores: torch.Tensor  # [n, draft_vocab]
     row: int

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from eyas.engine.tree import select_tree
 from eyas.layers.attention import AttentionBatch
+from eyas.layers.draft_tree import select_tree
 from eyas.layers.topk import argmax, topk
 from eyas.models.eagle3 import step_fusions
 

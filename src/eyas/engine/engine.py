@@ -29,10 +29,9 @@ class Engine:
     def __init__(self, model: str, dtype="bf16", device="cpu", draft: str | None = None, spec=None,
                  max_batch: int = 8, max_len: int = 2048, tp: TPContext = SINGLE, cuda_graphs: bool = True,
                  profiler=None, admit_batch: int = 1):
-        self.model_path = model
         self.device = torch.device(device)
         self.dtype = parse_dtype(dtype)
-        self.target = load_model(self.model_path, self.dtype, self.device, tp, max_positions=max_len)
+        self.target = load_model(model, self.dtype, self.device, tp, max_positions=max_len)
         self.config = self.target.config
         self.max_len = max_len
         self.admit_batch = max(1, admit_batch)
@@ -51,14 +50,10 @@ class Engine:
 
             self.decoder = SpeculativeDecoder(self, draft, spec)
         if cuda_graphs and self.device.type == "cuda":
-            from eyas.engine.graphs import enable_cuda_graphs
+            from eyas.engine.graphs import CudaGraphs
 
-            enable_cuda_graphs(self)
-        self._plan_summary = plan_summary(self)
-
-    def execution_plan_summary(self) -> dict:
-        """The execution plan in force at build and the paths it implies here (engine/plan_summary.py)."""
-        return self._plan_summary
+            self.runner.graphs = CudaGraphs(self.runner)
+        self.execution_plan_summary = plan_summary(self)  # the plan in force at build and the paths it implies
 
     # -- requests -------------------------------------------------------------------------------
     def add(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
@@ -86,8 +81,7 @@ class Engine:
 
     def _release(self, seq: Sequence) -> None:
         self.runner.kv.free(seq.slot)
-        if self.decoder:
-            self.decoder.release(seq)
+        seq.draft_state = None
 
     def drain_ahead(self) -> None:
         """Read every step or cycle still in flight ahead of the host (ahead.py)."""
@@ -105,8 +99,7 @@ class Engine:
         return self.decoder.lookahead if self.decoder else 1
 
     def usable_slots(self) -> int:
-        """Cache slots requests can use: the running ones plus the free ones (the runner keeps a scratch slot
-        aside)."""
+        """Cache slots requests can use: the running ones and the free ones (not the runner's scratch slot)."""
         return len(self.running) + self.runner.kv.free_slots
 
     def weight_bytes(self) -> int:
@@ -119,9 +112,7 @@ class Engine:
 
     def policy_snapshot(self) -> dict | None:
         """The adaptive speculation policy's estimates (SpecPolicy.snapshot), or None without one."""
-        if self.decoder is None or not self.decoder.policy.adaptive:
-            return None
-        return self.decoder.policy.snapshot()
+        return self.decoder.policy.snapshot() if self.decoder and self.decoder.policy.adaptive else None
 
     def step(self) -> list[Sequence]:
         """Admit waiting requests, run one decode step or speculative cycle; returns finished sequences."""
@@ -160,9 +151,10 @@ class Engine:
 
     def warm_up(self) -> int:
         """Capture the CUDA graphs of every batch bucket now (a server's start), not on first use in the
-        middle of traffic, where each capture stalls every running request. Speculative engines capture
-        both the cycle's graphs and the plain step's, which the adaptive policy may choose. Returns the
-        number of graphs captured; a no-op without CUDA graphs."""
+        middle of traffic, where each capture stalls every running request: for greedy and sampled requests,
+        which take different graphs (ahead of the host, or in step with it), and in both of a speculative
+        engine's modes, which the adaptive policy may choose. Returns the number of graphs captured; a no-op
+        without CUDA graphs."""
         graphs = self.runner.graphs
         if graphs is None:
             return 0
@@ -177,10 +169,7 @@ class Engine:
         lengths = [8]
         if kernel and SHORT_ROWS + 8 + params.max_tokens + lookahead <= self.max_len:
             lengths.append(SHORT_ROWS + 8)
-        # Speculative engines run both modes (the adaptive policy measures nothing on these dummy prompts).
-        # Greedy and sampled requests take different graphs: greedy ones decode ahead of the host and accept
-        # on the device, sampled ones step in step with it and accept on the host (extend graphs), in both
-        # modes.
+        # Each mode forced: the adaptive policy measures nothing on these dummy prompts.
         sampled = SamplingParams(max_tokens=params.max_tokens, ignore_eos=True, temperature=0.8)
         passes = [(True, params), (False, params), (True, sampled), (False, sampled)] if self.decoder \
             else [(None, params), (None, sampled)]
@@ -212,13 +201,11 @@ class Engine:
         return len(g.graphs) + 2 * pairs
 
     def warm_eager_passes(self, long_rows: bool = True):
-        """Run the eager passes whose slot-attention kernels would otherwise compile in the middle of
-        traffic (each new variant stalls every running request for a Triton compilation): eager prefills of
-        short prompts (groups too large for graphed chunks, runner.py), and with a draft the catch-up passes
-        of a switch from plain steps to speculation, over rows up to SHORT_ROWS columns and past it (with
-        CUDA graphs those now run through the extend graphs that the sampled warm-up pass captures). Query
-        lengths 2, 8, 12 and 16 cover the kernel's row-block sizes (16, 32, 64) and its specializations on
-        the query length (1, a multiple of 16, other); decode-shaped passes are covered by the graph captures."""
+        """Run the passes whose slot-attention kernels would otherwise compile in the middle of traffic, each
+        new variant stalling every running request: eager prefills of short prompts (groups too large for
+        graphed chunks, runner.py), and with a draft the catch-up after plain steps, over rows up to SHORT_ROWS
+        columns and past it. Query lengths 2, 8, 12 and 16 cover the kernel's row-block sizes (16, 32, 64) and
+        its cases of query length (1, a multiple of 16, other); the graph captures cover decode-shaped passes."""
         from eyas.engine.graphs import SHORT_ROWS
 
         query_lengths = (2, 8, 12, 16)  # prompt lengths of the prefills, lag lengths of the catch-ups
@@ -234,8 +221,7 @@ class Engine:
                 self.decoder.policy.forced = None
         if self.decoder is None:
             return
-        policy = self.decoder.policy
-        lookahead = self.decoder.lookahead
+        policy, lookahead = self.decoder.policy, self.lookahead
         starts = [8] + ([SHORT_ROWS + 8] if long_rows else [])
         try:
             for n in starts:
@@ -322,11 +308,8 @@ class Engine:
     def step_logprobs(seqs: list[Sequence], logits: torch.Tensor, tokens: list[int]) -> list:
         """Per sequence, [its token's TokenLogprob] under its row of logits [B, V] when it asked for
         log-probabilities, else None. Nothing is computed when no sequence asked."""
-        out = [None] * len(seqs)
-        for i, s in enumerate(seqs):
-            if s.wants_logprobs:
-                out[i] = token_logprobs(logits[i:i + 1], tokens[i:i + 1], s.params.logprobs)
-        return out
+        return [token_logprobs(logits[i:i + 1], tokens[i:i + 1], s.params.logprobs) if s.wants_logprobs else None
+                for i, s in enumerate(seqs)]
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """logits [B, V] -> tokens [B]. Greedy rows take the argmax; sampled rows sharing temperature, top-p

@@ -7,19 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from eyas.kernels.graph_capture import CAPTURE_ATTEMPTS, capture  # noqa: F401 (CAPTURE_ATTEMPTS: tests)
+from eyas.kernels.graph_capture import capture
 from eyas.layers.attention import AttentionBatch, kernel_reads_cache
 from eyas.models.llama import ModelOutput
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 MAX_GRAPH_TOKENS = 64
-
-
-def kv_bucket(need: int, max_len: int) -> int:
-    b = 256
-    while b < need:
-        b *= 2
-    return min(b, max_len)
 
 
 def graph_kv_len(kv, need: int) -> int:
@@ -29,7 +22,10 @@ def graph_kv_len(kv, need: int) -> int:
     growing context then captures at most one new graph per shape."""
     if kernel_reads_cache(kv):
         return kernel_kv_len(need, kv.max_len)
-    return kv_bucket(need, kv.max_len)
+    b = 256
+    while b < need:
+        b *= 2
+    return min(b, kv.max_len)
 
 
 def kernel_kv_len(need: int, max_len: int) -> int:
@@ -103,7 +99,3 @@ def _copy_padded(buf: torch.Tensor, x: torch.Tensor, pad):
     buf[:n].copy_(x)
     if n < buf.shape[0]:
         buf[n:].fill_(pad)
-
-
-def enable_cuda_graphs(engine):
-    engine.runner.graphs = CudaGraphs(engine.runner)

@@ -4,9 +4,9 @@ device and its target's layer shapes (eyas.execution_plan).
     summary = plan_summary(engine)  # JSON-able; logged at start, in /server_info and the ledger
 
 Every derived entry comes from the predicate the layer itself asks at run time (kernels.enabled, pdl_on,
-fused_kernel_fits, project_rows_fused, qkv_rotary.max_rows, ahead.may_run_ahead), called on an empty
-probe tensor of the engine's device and dtype shaped as a step of that many rows: the summary cannot disagree
-with the layers about the plan in force when it was built.
+fused_linear.projection_paths, qkv_rotary.max_rows, ahead.may_run_ahead), called on an empty probe tensor of
+the engine's device and dtype shaped as a step of that many rows: the summary cannot disagree with the layers
+about the plan in force when it was built.
 """
 
 from __future__ import annotations
@@ -16,51 +16,22 @@ import torch
 from eyas import execution_plan
 from eyas.engine.ahead import may_run_ahead
 from eyas.kernels import enabled
+from eyas.layers.fused_linear import projection_paths
 
 ROWS = (1, 2, 4, 8)  # a decode step of one or two sequences; a verify of up to 8 rows
 
 
-def _projection_paths(layer, probe_of, other: str) -> dict:
-    """Per projection of a llama-shaped layer: for each row count (as a string, JSON's key), "fused" (the GEMV
-    kernels) or `other` (cuBLAS on CUDA, torch's matmul elsewhere)."""
-    from eyas.layers.fused_linear import fused_kernel_fits, project_rows_fused
-
-    attn, mlp = layer.self_attn, layer.mlp
-    paths: dict[str, dict[int, str]] = {}
-
-    def add(name, fits):
-        paths[name] = {str(rows): "fused" if fits(rows) else other for rows in ROWS}
-
-    if hasattr(attn, "qkv_proj"):
-        w = attn.qkv_proj.weight
-        add("qkv", lambda r: fused_kernel_fits(probe_of(r, w.shape[1]), w.shape[1], layer.input_layernorm.weight, w,
-                                               attn.qkv_proj.bias, outputs=w.shape[0]))
-    if hasattr(attn, "o_proj"):
-        add("o_proj", lambda r: project_rows_fused(attn.o_proj, probe_of(r, attn.o_proj.weight.shape[1])))
-    if hasattr(mlp, "gate_up_proj"):
-        w = mlp.gate_up_proj.weight
-        add("gate_up", lambda r: fused_kernel_fits(probe_of(r, w.shape[1]), w.shape[1],
-                                                   layer.post_attention_layernorm.weight, w, outputs=w.shape[0]))
-    if hasattr(mlp, "down_proj"):
-        w = mlp.down_proj.weight
-        add("down", lambda r: fused_kernel_fits(probe_of(r, 2 * w.shape[1]), w.shape[1], w))
-    return paths
-
-
+@torch.inference_mode()  # as the engine runs: the kernels take no tensor that wants a gradient
 def plan_summary(engine) -> dict:
     """The plan in force and what it means for `engine`: kernels, PDL, CUDA graphs, running ahead of the host,
     and per projection of the target's first layer which path a step of 1, 2, 4 and 8 rows takes."""
-    with torch.inference_mode():  # as the engine runs: the kernels take no tensor that wants a gradient
-        return _summary(engine, execution_plan.current())
+    plan = execution_plan.current()
 
-
-def _summary(engine, plan) -> dict:
     def probe_of(rows: int, width: int) -> torch.Tensor:
         return torch.empty((rows, width), device=engine.device, dtype=engine.dtype)
 
     kernels = enabled(probe_of(1, 1))
-    pdl = False
-    qkv_rotary_rows = 0
+    pdl, qkv_rotary_rows = False, 0
     if kernels:  # the kernel modules import Triton, which a CPU install may lack
         from eyas.kernels.pdl import pdl_on
         from eyas.layers.qkv_rotary import max_rows
@@ -75,7 +46,7 @@ def _summary(engine, plan) -> dict:
         "pdl": pdl,
         "cuda_graphs": engine.runner.graphs is not None,
         "run_ahead": may_run_ahead(engine, []),
-        "projections": _projection_paths(layers[0], probe_of, other) if len(layers) else {},
+        "projections": projection_paths(layers[0], probe_of, ROWS, other) if len(layers) else {},
         "qkv_rotary_rows": qkv_rotary_rows,
         "attention": {"kernel": kernels, "merge_in_kernel": kernels and plan.merge_in_kernel,
                       "short_row_splits": kernels and plan.short_row_splits},

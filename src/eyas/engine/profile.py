@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
-PHASES = ("prefill", "decode", "draft", "verify", "accept", "commit", "sample", "other")
+PHASES = ("prefill", "decode", "draft", "verify", "accept", "commit")  # the order of table()'s rows
 
 
 class Profiler:
@@ -81,11 +81,11 @@ class Profiler:
             if name in s["phases"]:
                 p = s["phases"][name]
                 lines.append(f"{name:<8} {p['count']:>6} {p['mean_ms']:>9.3f} {p['p50_ms']:>9.3f} {p['p90_ms']:>9.3f}")
-        if not s["cycles"]:  # plain decoding: no speculation to report on
-            return "\n".join(lines)
-        lines.append(f"acceptance length {s['accept_length']:.3f} over {s['cycles']} sequence-cycles")
-        lines.append("histogram " + " ".join(f"{k}:{v}" for k, v in s["accept_histogram"].items()))
-        lines.append("accept rate by position " + " ".join(f"{k}:{v:.2f}" for k, v in s["accept_rate_by_position"].items()))
+        if s["cycles"]:  # speculation to report on (plain decoding has none)
+            lines.append(f"acceptance length {s['accept_length']:.3f} over {s['cycles']} sequence-cycles")
+            lines.append("histogram " + " ".join(f"{k}:{v}" for k, v in s["accept_histogram"].items()))
+            lines.append("accept rate by position "
+                         + " ".join(f"{k}:{v:.2f}" for k, v in s["accept_rate_by_position"].items()))
         return "\n".join(lines)
 
 

@@ -39,7 +39,7 @@ class ModelRunner:
         # One extra row that no sequence owns: CUDA-graph padding rows write there.
         self.kv = KVCache(cfg.num_layers, num_slots + 1, max_len, kv_heads, head_dim, dtype, self.device, shared)
         self.scratch_slot = self.kv.allocate_scratch()
-        self.graphs = None  # set by enable_cuda_graphs()
+        self.graphs = None  # graphs.CudaGraphs, set by the Engine on CUDA
         self.chunked_prefill: bool | None = None  # None: when graphs can replay the chunks; True/False: always/never
 
     def kv_len_for(self, starts: list[int], num_new: int) -> int:

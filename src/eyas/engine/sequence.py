@@ -24,10 +24,6 @@ class Sequence:
     logprobs: list[TokenLogprob] | None = None  # one per output token, when params.logprobs asks for them
 
     @property
-    def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
-    @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 

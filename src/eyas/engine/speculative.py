@@ -12,14 +12,14 @@ A greedy cycle is one body (greedy_cycle) that runs on the device from its input
 and the extend pass included, and the host reads the result once: ahead of the host (ahead.py) the body is
 one CUDA graph; in step with it (tensor parallelism, the profiler) each pass is its own graph. Batches with
 sampled sequences accept on the host. A chain (topk 1) drafts and accepts through shorter functions of its
-own (Drafter.chain, tree.accept_greedy_chain) that give the general tree's results with k = 1 in fewer kernels.
-When the policy chooses a plain step, the draft does not run: the step's (feature, token) pair is kept
-in the sequence's lag, and the draft catches up before it drafts again (catch_up.py). Plain steps then cost
-what plain decoding costs, ahead of the host too. Which of the two a step runs, and the policy's books, is the
-step loop's (adaptive_steps.py).
+own (Drafter.chain, draft_tree.accept_greedy_chain) that give the general tree's results with k = 1 in fewer kernels.
+When the policy chooses a plain step the draft does not run, and catches up on the step's pairs before it
+drafts again (catch_up.py). Which of the two a step runs, and the policy's books, is adaptive_steps.py's.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -31,16 +31,16 @@ from eyas.engine.ahead import SpecAhead, StepInputs, step_inputs
 from eyas.engine.draft_state import set_states
 from eyas.engine.drafter import Drafter
 from eyas.engine.graphs import bucket_rows, graph_kv_len
-from eyas.layers.kv_cache import KVCache
 from eyas.engine.profile import NULL_PROFILER
 from eyas.engine.runner import PREFILL_CHUNK, chunked_length
-from eyas.engine.spec_policy import SpecPolicy
-from eyas.engine.tree import accept_greedy, accept_greedy_batched, accept_greedy_chain, accept_sampled
 from eyas.layers.attention import AttentionBatch
+from eyas.layers.draft_tree import accept_greedy, accept_greedy_batched, accept_greedy_chain, accept_sampled
+from eyas.layers.kv_cache import KVCache
 from eyas.layers.rotary import RotaryEmbedding
 from eyas.layers.sampling import adjusted_probs, token_logprobs
 from eyas.models.draft_io import load_draft
 from eyas.models.eagle3 import Eagle3Draft
+from eyas.spec_policy import SpecPolicy
 
 
 class SpeculativeDecoder:
@@ -70,10 +70,9 @@ class SpeculativeDecoder:
         # the draft's tree writes (steps - 1) * topk, the verify pass draft_tokens, the extend pass steps + 1.
         self.reach = {"tree": (s - 1) * k, "verify": self.spec.draft_tokens, "commit": s + 1}
         self.ahead = SpecAhead(self)  # greedy cycles one ahead of the host (off: execution_plan's decode_ahead)
-        # Which of the two modes each step runs, and the policy's books.
         self.step_loop = AdaptiveSteps(self.policy, self.ahead, engine.ahead,
                                        speculative_cycle=self.speculative_cycle, plain_step=self.plain_step,
-                                       catch_up=self.catch_up, agree=self.target.tp.agree,
+                                       catch_up=partial(lag.catch_up, self), agree=self.target.tp.agree,
                                        captured_graphs=engine.captured_graphs, device=engine.device)
 
     @property
@@ -87,9 +86,6 @@ class SpeculativeDecoder:
     @property
     def graphs(self):
         return self.engine.runner.graphs
-
-    def release(self, seq):
-        seq.draft_state = None
 
     def verify_body(self, tokens, depth, mask, c_t, slots, kv_len):
         """The target over the drafted tree at columns c..c+N-1; returns its greedy tokens, logits and features."""
@@ -122,8 +118,7 @@ class SpeculativeDecoder:
         return outs if padded else [o[:B] for o in outs]
 
     def _graph_key(self, name, B, kv, kv_need, shapes) -> tuple:
-        """The key of run_padded's graph for B rows of inputs of these per-row shapes: (name, batch bucket, kv
-        bound, shapes)."""
+        """run_padded's graph for B rows of inputs of these per-row shapes: (name, bucket, kv bound, shapes)."""
         return name, bucket_rows(B), graph_kv_len(kv, kv_need), tuple(tuple(s) for s in shapes)
 
     def has_graph(self, name, B, kv, kv_need, shapes) -> bool:
@@ -148,8 +143,7 @@ class SpeculativeDecoder:
         B, T = features.shape[:2]
         rows = [s.prompt_ids[1:] + s.output_ids[:1] for s in seqs]
         ids = torch.tensor([r + [0] * (T - len(r)) for r in rows], device=dev)
-        meta = torch.tensor([[n - 1 for n in lens], [s.slot for s in seqs]], device=dev)
-        last, slots = meta[0], meta[1]
+        last, slots = torch.tensor([[n - 1 for n in lens], [s.slot for s in seqs]], device=dev)  # one copy
         if self.engine.runner.prefills_in_chunks(B, T):
             set_states(seqs, *self._prefill_in_chunks(ids, features, last, slots))
         else:  # one extend pass over the whole prompts
@@ -236,7 +230,7 @@ class SpeculativeDecoder:
             s.append(tokens, self.engine.eos_ids, logprobs[i] if logprobs else None)
 
     def _sampled_cycle(self, seqs):
-        """A cycle with sampled sequences: acceptance draws on the host (tree.accept_sampled)."""
+        """A cycle with sampled sequences: acceptance draws on the host (draft_tree.accept_sampled)."""
         prof, dev = self.profiler, self.engine.device
         S, N = self.spec.steps, self.spec.draft_tokens
         B = len(seqs)
@@ -299,8 +293,9 @@ class SpeculativeDecoder:
             outs = self.run_padded(name, fn, B, kv[name], c + self.reach[name], inputs, padded=True)
             # The tree is read after the verify graph replays, which may keep its temporaries where it lives
             # (graphs.py): a chain's verify pass crosses a length bucket two columns before its draft does, so
-            # its graph is captured first and the draft's is then free to reuse that memory. Copies.
-            return [o.clone() for o in outs] if name == "tree" else outs
+            # its graph is captured first and the draft's is then free to reuse that memory. Copies, but for the
+            # mask (the last output), which only the verify pass reads, from its own buffer once copied there.
+            return [o.clone() for o in outs[:-1]] + [outs[-1]] if name == "tree" else outs
         return run
 
     def plain_step(self, seqs):
@@ -316,8 +311,4 @@ class SpeculativeDecoder:
                 lag.hold_back(seqs, out.aux_hidden[:, 0].clone(), range(len(seqs)))
                 for _ in seqs:
                     prof.record_accept(0, 0)
-            self.catch_up([s for s in seqs if len(s.draft_state.lag_tokens) >= lag.LAG_FLUSH and not s.finished])
-
-    def catch_up(self, seqs):
-        """Catch the draft up on the pairs these sequences hold back (catch_up.py)."""
-        lag.catch_up(self, seqs)
+            lag.catch_up(self, [s for s in seqs if len(s.draft_state.lag_tokens) >= lag.LAG_FLUSH and not s.finished])

@@ -1,4 +1,4 @@
-"""Greedy acceptance of a verified chain, in one launch (eyas.engine.tree.accept_greedy_chain's meaning).
+"""Greedy acceptance of a verified chain, in one launch (eyas.layers.draft_tree.accept_greedy_chain's meaning).
 
 A chain's acceptance is a dozen tiny torch ops on [B, L] integers (compare, cast, running product, sum,
 arange, two wheres, a gather, a roll): each a launch of ~2-4 µs inside a cycle's CUDA graph, where one

@@ -98,6 +98,33 @@ def add_silu_mul_linear(residual: torch.Tensor, weight: torch.Tensor, gate_up: t
     return residual + dense(silu_mul(gate_up), weight)
 
 
+def projection_paths(layer, probe_of, rows: tuple[int, ...], other: str) -> dict:
+    """Per projection of a llama-shaped decoder layer (models/llama.py), for each row count (as a string, JSON's
+    key): "fused" where a step of that many rows takes the kernels, asked as the functions above ask, else
+    `other` (cuBLAS on CUDA, torch's matmul elsewhere). probe_of(rows, width) makes an empty input of the
+    engine's device and dtype (engine/plan_summary.py reports these paths)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    paths: dict[str, dict[str, str]] = {}
+
+    def add(name, fits):
+        paths[name] = {str(n): "fused" if fits(n) else other for n in rows}
+
+    if hasattr(attn, "qkv_proj"):
+        w = attn.qkv_proj.weight
+        add("qkv", lambda r: fused_kernel_fits(probe_of(r, w.shape[1]), w.shape[1], layer.input_layernorm.weight, w,
+                                               attn.qkv_proj.bias, outputs=w.shape[0]))
+    if hasattr(attn, "o_proj"):
+        add("o_proj", lambda r: project_rows_fused(attn.o_proj, probe_of(r, attn.o_proj.weight.shape[1])))
+    if hasattr(mlp, "gate_up_proj"):
+        w = mlp.gate_up_proj.weight
+        add("gate_up", lambda r: fused_kernel_fits(probe_of(r, w.shape[1]), w.shape[1],
+                                                   layer.post_attention_layernorm.weight, w, outputs=w.shape[0]))
+    if hasattr(mlp, "down_proj"):
+        w = mlp.down_proj.weight
+        add("down", lambda r: fused_kernel_fits(probe_of(r, 2 * w.shape[1]), w.shape[1], w))
+    return paths
+
+
 def _project(linear, x: torch.Tensor) -> torch.Tensor:
     """linear(x); torch's own nn.Linear (the EAGLE-3 draft's head) through layers.linear.dense, as ours are."""
     if isinstance(linear, torch.nn.Linear):

@@ -4,7 +4,7 @@ Speculation pays at small batches (decode is memory-bound, verifying N tokens co
 stops paying as the batch grows, by an amount no model predicts well inside a server (prefills, the front end's
 work and the host's share of a cycle all move with the load). So the policy measures tokens per second of wall
 time per running sequence, over windows of `window` steps in one mode at one batch-size bucket (fed by
-adaptive_steps.py), as exponentially forgotten sums of tokens and seconds per bucket and mode; their ratio
+eyas.engine.adaptive_steps), as exponentially forgotten sums of tokens and seconds per bucket and mode; their ratio
 weighs a stalled window by its length.
 
 It runs the faster mode, switches only past a margin, and probes the slower one every `probe_every` windows

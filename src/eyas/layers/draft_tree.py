@@ -1,7 +1,8 @@
 """Draft trees: from the pool of drafted candidates to the verify tree, and acceptance along it.
 
 Nodes are numbered root first, then candidates in pool order (pool order is depth order, so every
-parent precedes its children). A chain is the tree with topk = 1.
+parent precedes its children). A chain is the tree with topk = 1. Tensor math only, the torch reference of
+the chain-acceptance and top-k kernels; the speculative engine (engine/drafter.py, engine/speculative.py) runs it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 
 from eyas import execution_plan
 from eyas.kernels import enabled
+from eyas.layers.sampling import sample_from
 from eyas.layers.topk import topk
 
 
@@ -146,6 +148,4 @@ def accept_sampled(tokens: list[int], parents: list[int], probs: torch.Tensor,
                 break
             p[tokens[c]] = 0.0
         if not moved:
-            from eyas.layers.sampling import sample_from
-
             return path, int(sample_from(p / p.sum(), generator))
