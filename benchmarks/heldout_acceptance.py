@@ -5,8 +5,8 @@ Usage: python3 benchmarks/heldout_acceptance.py --draft assets/smollm2-135m-eagl
            [--specs 3/1/4,5/4/8] [--device cpu] [--dtype fp32] [--markdown FILE]
 
 Acceptance length = generated tokens per target verify pass (SGLang's definition), greedy, over `--prompts`
-prompts of each set drawn with a fixed seed. None of these sets was used to choose a recipe setting, and the
-recipe's overlap filter keeps all four out of training data. With `--other-draft` both drafts run on the
+prompts of each set drawn with a fixed seed. HumanEval, ShareGPT and the Python FAQ never chose a recipe
+setting (MT-bench's acceptance did), and the recipe's overlap filter keeps all four out of training data. With `--other-draft` both drafts run on the
 same prompts, side by side.
 """
 
