@@ -293,9 +293,8 @@ class SpeculativeDecoder:
             outs = self.run_padded(name, fn, B, kv[name], c + self.reach[name], inputs, padded=True)
             # The tree is read after the verify graph replays, which may keep its temporaries where it lives
             # (graphs.py): a chain's verify pass crosses a length bucket two columns before its draft does, so
-            # its graph is captured first and the draft's is then free to reuse that memory. Copies, but for the
-            # mask (the last output), which only the verify pass reads, from its own buffer once copied there.
-            return [o.clone() for o in outs[:-1]] + [outs[-1]] if name == "tree" else outs
+            # its graph is captured first and the draft's is then free to reuse that memory. Copies.
+            return [o.clone() for o in outs] if name == "tree" else outs
         return run
 
     def plain_step(self, seqs):
