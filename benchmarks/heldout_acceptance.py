@@ -6,8 +6,8 @@ Usage: python3 benchmarks/heldout_acceptance.py --draft assets/smollm2-135m-eagl
 
 Acceptance length = generated tokens per target verify pass (SGLang's definition), greedy, over `--prompts`
 prompts of each set drawn with a fixed seed. HumanEval, ShareGPT and the Python FAQ never chose a recipe
-setting (MT-bench's acceptance did), and the recipe's overlap filter keeps all four out of training data. With `--other-draft` both drafts run on the
-same prompts, side by side.
+setting (MT-bench's acceptance did), and the recipe's overlap filter keeps all four out of training data.
+With `--other-draft` both drafts run on the same prompts, side by side.
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows, prefetch):
     hf, model, ids = tiny
     logits, tokens, (k, v), want, (k_want, v_want), step = run_both(model, ids, rows, prefetch)
     scale = want.abs().max()
-    tol = (TF32_TOL if ids.device.type == "cuda" else FP32_TOL) * scale
+    gpu = ids.device.type == "cuda"
+    tol = (TF32_TOL if gpu else FP32_TOL) * scale
     assert (logits - want).abs().max() <= tol
     assert torch.equal(tokens.long(), want.argmax(-1))
     with torch.no_grad():
@@ -61,7 +62,7 @@ def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows, prefetch):
     assert (logits - hf_logits).abs().max() <= tol
     # Every cache row: the step's new rows equal eyas's, and the prompt's rows are untouched.
     for got, ref in ((k, k_want), (v, v_want)):
-        kv_tol = TF32_TOL * ref.abs().max() if ids.device.type == "cuda" else 1e-5
+        kv_tol = TF32_TOL * ref.abs().max() if gpu else 1e-5
         assert (got - ref).abs().max() <= kv_tol
     assert not torch.equal(k[:, 0, :, PROMPT:PROMPT + rows], torch.zeros_like(k[:, 0, :, PROMPT:PROMPT + rows]))
     assert step.counters_complete()
