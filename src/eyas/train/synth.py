@@ -6,7 +6,7 @@ Sampling at temperature ~1 makes every row a different question; rows that ran o
 end-of-turn), are too short or long, are mostly non-ASCII letters, or repeat an earlier question are
 dropped. Resumable: questions already in the file count towards `num` and are never written twice.
 
-With `[synth] system_prompts`, row i of a round is written under system prompt i mod n: a small target
+With `[synth] system_prompts`, rows are written under each system prompt in turn: a small target
 asked for "a question" mostly asks one kind, and a system turn naming a kind of task (code, math, writing,
 role-play, ...) moves it toward that kind. The system turn is not kept; the regeneration answers the
 question under the template's default, as users' requests arrive.
