@@ -13,7 +13,9 @@ template whose renderings of a conversation's prefixes are prefixes of the whole
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
+import numpy as np
 import torch
 
 from eyas.errors import EyasError
@@ -40,7 +42,7 @@ def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[in
         if m["role"] != "assistant":
             continue
         start = render(tokenizer, messages[:i], True)
-        end = render(tokenizer, messages[: i + 1], False)
+        end = full if i + 1 == len(messages) else render(tokenizer, messages[: i + 1], False)
         if not (full.startswith(start) and full.startswith(end) and len(start) <= len(end)):
             raise EyasError("the chat template does not render conversations incrementally (an earlier turn "
                             "renders differently once later turns follow), so assistant tokens cannot be located")
@@ -64,6 +66,27 @@ def _sample(ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[in
     return Sample(ids, mask & (off[:, 1] > off[:, 0]))
 
 
+def _chunk_samples(ids: list[list[int]], offsets: list[list[tuple[int, int]]], spans: list[list[tuple[int, int]]],
+                   max_len: int) -> list[Sample]:
+    """`_sample` of every conversation of a chunk, computed on the chunk's tokens at once: the per-conversation
+    tensors and masks cost ~0.45 ms a conversation, most of the vocab stage's time at 100k conversations."""
+    ids = [x[:max_len] for x in ids]
+    lengths = [len(x) for x in ids]
+    n = sum(lengths)
+    flat_ids = torch.from_numpy(np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=n))
+    off = np.fromiter(chain.from_iterable(chain.from_iterable(o[:max_len] for o in offsets)), dtype=np.int64,
+                      count=2 * n).reshape(-1, 2)
+    owner = np.repeat(np.arange(len(ids)), lengths)
+    mask = np.zeros(n, dtype=bool)
+    for j in range(max(map(len, spans), default=0)):  # the j-th assistant turn of every conversation
+        a = np.array([s[j][0] if j < len(s) else 1 for s in spans], dtype=np.int64)[owner]
+        b = np.array([s[j][1] if j < len(s) else 0 for s in spans], dtype=np.int64)[owner]
+        mask |= (off[:, 0] >= a) & (off[:, 1] <= b)
+    mask &= off[:, 1] > off[:, 0]
+    flat_mask = torch.from_numpy(mask)
+    return [Sample(i, m) for i, m in zip(flat_ids.split(lengths), flat_mask.split(lengths))]
+
+
 def trainable(sample: Sample) -> bool:
     """Whether a sample has a token to train on: an assistant token from index 2 on (the draft predicts one
     token ahead of the target)."""
@@ -82,8 +105,7 @@ def encode_all(tokenizer, convs, max_len: int, progress: bool = True, chunk: int
         for start in range(0, len(convs), chunk):
             rendered = [assistant_spans(tokenizer, c.messages) for c in convs[start:start + chunk]]
             enc = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
-            for ids, offsets, (_, spans) in zip(enc["input_ids"], enc["offset_mapping"], rendered):
-                s = _sample(ids, offsets, spans, max_len)
+            for s in _chunk_samples(enc["input_ids"], enc["offset_mapping"], [s for _, s in rendered], max_len):
                 if not trainable(s):
                     dropped += 1
                     continue
