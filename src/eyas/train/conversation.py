@@ -53,23 +53,14 @@ def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[in
 def encode_conversation(tokenizer, messages: list[dict], max_len: int) -> Sample:
     text, spans = assistant_spans(tokenizer, messages)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    return _sample(enc["input_ids"], enc["offset_mapping"], spans, max_len)
+    return _samples([enc["input_ids"]], [enc["offset_mapping"]], [spans], max_len)[0]
 
 
-def _sample(ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int]], max_len: int) -> Sample:
-    """A token is the assistant's when its characters (at least one) lie inside one assistant span."""
-    ids = torch.tensor(ids[:max_len], dtype=torch.long)
-    off = torch.tensor(offsets[:max_len], dtype=torch.long).reshape(-1, 2)
-    mask = torch.zeros(len(off), dtype=torch.bool)
-    for a, b in spans:
-        mask |= (off[:, 0] >= a) & (off[:, 1] <= b)
-    return Sample(ids, mask & (off[:, 1] > off[:, 0]))
-
-
-def _chunk_samples(ids: list[list[int]], offsets: list[list[tuple[int, int]]], spans: list[list[tuple[int, int]]],
-                   max_len: int) -> list[Sample]:
-    """`_sample` of every conversation of a chunk, computed on the chunk's tokens at once: the per-conversation
-    tensors and masks cost ~0.45 ms a conversation, most of the vocab stage's time at 100k conversations."""
+def _samples(ids: list[list[int]], offsets: list[list[tuple[int, int]]], spans: list[list[tuple[int, int]]],
+             max_len: int) -> list[Sample]:
+    """The samples of a chunk of tokenized conversations. A token is the assistant's when its characters (at
+    least one) lie inside one of its conversation's assistant spans. Computed on the chunk's flat arrays at
+    once: built one conversation at a time, the tensors cost more than the tokenizing."""
     ids = [x[:max_len] for x in ids]
     lengths = [len(x) for x in ids]
     n = sum(lengths)
@@ -83,8 +74,7 @@ def _chunk_samples(ids: list[list[int]], offsets: list[list[tuple[int, int]]], s
         b = np.array([s[j][1] if j < len(s) else 0 for s in spans], dtype=np.int64)[owner]
         mask |= (off[:, 0] >= a) & (off[:, 1] <= b)
     mask &= off[:, 1] > off[:, 0]
-    flat_mask = torch.from_numpy(mask)
-    return [Sample(i, m) for i, m in zip(flat_ids.split(lengths), flat_mask.split(lengths))]
+    return [Sample(i, m) for i, m in zip(flat_ids.split(lengths), torch.from_numpy(mask).split(lengths))]
 
 
 def trainable(sample: Sample) -> bool:
@@ -105,7 +95,7 @@ def encode_all(tokenizer, convs, max_len: int, progress: bool = True, chunk: int
         for start in range(0, len(convs), chunk):
             rendered = [assistant_spans(tokenizer, c.messages) for c in convs[start:start + chunk]]
             enc = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
-            for s in _chunk_samples(enc["input_ids"], enc["offset_mapping"], [s for _, s in rendered], max_len):
+            for s in _samples(enc["input_ids"], enc["offset_mapping"], [s for _, s in rendered], max_len):
                 if not trainable(s):
                     dropped += 1
                     continue
