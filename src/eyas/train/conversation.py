@@ -95,7 +95,7 @@ def encode_all(tokenizer, convs, max_len: int, progress: bool = True, chunk: int
         for start in range(0, len(convs), chunk):
             rendered = [assistant_spans(tokenizer, c.messages) for c in convs[start:start + chunk]]
             enc = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True)
-            for s in _samples(enc["input_ids"], enc["offset_mapping"], [s for _, s in rendered], max_len):
+            for s in _samples(enc["input_ids"], enc["offset_mapping"], [spans for _, spans in rendered], max_len):
                 if not trainable(s):
                     dropped += 1
                     continue
