@@ -48,10 +48,50 @@ def test_tokens_equal_plain_greedy_and_steps_run_ahead(model, ahead):
     assert not eng.ahead.active and not eng.ahead.flights
 
 
+def test_a_seeded_greedy_request_still_runs_ahead(model, ahead):
+    """A seed means nothing to a greedy row (regen seeds every request): it must not keep the batch in step."""
+    make, replays = ahead
+    ps = prompts(2)
+    params = [SamplingParams(max_tokens=20, ignore_eos=True, seed=7 + i) for i in range(2)]
+    eng = make(model, max_batch=2)
+    seqs = eng.generate(ps, params)
+    assert [s.generator for s in seqs] == [None, None]
+    assert [(s.output_ids, s.finish_reason) for s in seqs] == reference(model, ps, params)
+    assert len(replays) >= 20 - 1
+
+
 def test_a_stop_learned_a_step_late_drops_that_step_for_it_only(model, ahead):
     make, replays = ahead
     a_stop_learned_late(model, make(model, max_batch=4), at=6)
     assert replays
+
+
+@pytest.mark.parametrize("finish", ["stop", "length"])
+def test_a_finished_row_rides_along_until_the_live_rows_fit_a_smaller_bucket(model, ahead, fake_graphs, finish):
+    """Rows 3 and 2 of four finish early, by a stop token or by max_tokens: after row 3 the mode keeps all four
+    rows and enqueues every step (the finished row frozen on the device, in a cache no longer than admission
+    needs), after row 2 the two live rows move to the 2-row bucket. Every request gets plain greedy decoding's
+    tokens."""
+    _, replays = ahead
+    ps = prompts(4, seed=1)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (30, 30, 9, 3)]
+    if finish == "stop":  # the tokens rows 3 and 2 emit first at indices 2 and 8
+        free = reference(model, ps, [SamplingParams(max_tokens=30, ignore_eos=True)] * 4)
+        params = [SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=[free[i][0][n - 1]] if n < 30 else [])
+                  for i, n in enumerate((30, 30, 9, 3))]
+    want = reference(model, ps, params)
+    assert [len(o) for o, _ in want] == [30, 30, 9, 3]
+    eng = fake_graphs(Engine(model, dtype="fp32", max_batch=4, max_len=max(len(p) for p in ps) + 30 + 1))
+    seqs = [eng.add(p, sp) for p, sp in zip(ps, params)]
+    kept = []
+    while eng.has_work():
+        eng.step()
+        if seqs[3].finished and not seqs[2].finished:
+            kept.append(eng.ahead.active and len(eng.ahead.seqs) == 4 and len(eng.ahead.flights) == 1)
+    assert [(s.output_ids, s.finish_reason) for s in seqs] == want
+    assert kept and all(kept)
+    assert {key[0] for key in eng.ahead.pairs} == {4, 2}
+    assert len(replays) >= 30 - 1
 
 
 def test_admission_and_abort_while_steps_are_in_flight(model, ahead):

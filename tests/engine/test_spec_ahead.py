@@ -177,11 +177,12 @@ def test_plain_steps_ahead_hold_back_what_plain_steps_in_step_do(model, ahead, p
     eng, outputs, lags = run(True)
     assert eng.ahead.flights.sent > 0
     _, want_outputs, want_lags = run(False)
-    # The drain read the step still in flight: the sequences running ahead may hold one more.
+    # Each drain read the step still in flight, the last one and the move to the 2-row bucket when the first
+    # request finished: the sequences running ahead may hold two more.
     assert [o[:len(w)] for o, w in zip(outputs, want_outputs)] == want_outputs
     for (tokens, feats), (want_tokens, want_feats) in zip(lags, want_lags):
         n = len(want_tokens)
-        assert tokens[:n] == want_tokens and n >= 13 and len(tokens) <= n + 1
+        assert tokens[:n] == want_tokens and n >= 13 and len(tokens) <= n + 2
         torch.testing.assert_close(feats[:, :n], want_feats)
 
 

@@ -178,6 +178,7 @@ class AheadOfHost:
     with_draft = False  # whether a step reads the draft's state
     tokens_per_step = 1
     reach = 1
+    keeps_finished = False  # whether a finished row stays in the batch, stopped on the device (DecodeAhead's doc)
 
     def __init__(self, engine):
         self.engine = engine
@@ -185,14 +186,20 @@ class AheadOfHost:
         self.flights = Flights()
         self.pairs: dict[tuple, GraphPair] = {}  # (bucket, attention bounds...) -> its pair
         self.pair: GraphPair | None = None
+        self.stopped: set[int] = set()  # rows of finished sequences kept in the batch (keeps_finished)
 
     @property
     def active(self) -> bool:
         return self.seqs is not None
 
     def holds(self, seqs) -> bool:
-        """Whether `seqs` is the batch this mode holds, the same sequences in the same rows."""
-        return len(seqs) == len(self.seqs) and all(a is b for a, b in zip(seqs, self.seqs))
+        """Whether `seqs` is the batch this mode holds, the same sequences in the same rows (less the finished
+        rows it keeps)."""
+        rows = self._live() if self.keeps_finished else self.seqs
+        return len(seqs) == len(rows) and all(a is b for a, b in zip(seqs, rows))
+
+    def _live(self) -> list:
+        return [s for s in self.seqs if not s.finished]
 
     def usable(self, seqs) -> bool:
         """Whether this step of `seqs` may run here: the batch this mode holds, or one it may start on."""
@@ -202,14 +209,38 @@ class AheadOfHost:
 
     def advance(self, seqs):
         """Enqueue the next step (unless it may not run: a sequence about to reach max_tokens), then read the
-        oldest step in flight into the sequences; drain when one stopped."""
+        oldest step in flight into the sequences; drain when the batch must change (_must_leave)."""
         if not self.active:
             self._start(seqs)
+        if self.keeps_finished:
+            self._stop_rows(ending_in_flight=True)
         if self._may_enqueue():
             self._enqueue()
         self._consume()
-        if any(s.finished for s in self.seqs) or not self.flights:
+        if not self.flights or self._must_leave():
             self.drain()
+
+    def _must_leave(self) -> bool:
+        """After a read: whether the batch must change. A mode that keeps finished rows stops them on the device
+        and leaves only once none is live or the live ones fit a smaller batch bucket."""
+        if not self.keeps_finished:
+            return any(s.finished for s in self.seqs)
+        live = sum(not s.finished for s in self.seqs)
+        if not live or bucket_rows(live) < self.pair.current.token.shape[0]:
+            return True
+        self._stop_rows(ending_in_flight=False)
+        return False
+
+    def _stop_rows(self, ending_in_flight: bool):
+        """Zero the `active` flag of finished rows, or of rows the steps in flight bring to max_tokens (each adds
+        one token), behind those steps: their cache length stops there and later steps rewrite that column."""
+        most = len(self.flights) * self.tokens_per_step
+        for i, s in enumerate(self.seqs):
+            if i in self.stopped:
+                continue
+            if s.finished or (ending_in_flight and len(s.output_ids) + most >= s.params.max_tokens):
+                self.pair.current.active[i] = 0  # shared by both input sets; a fill on the stream, no copy to wait on
+                self.stopped.add(i)
 
     def drain(self):
         """Read every step in flight and leave this mode (the batch may change after)."""
@@ -225,6 +256,7 @@ class AheadOfHost:
         rows = bucket_rows(len(seqs))
         inputs = step_inputs(seqs, rows, runner.scratch_slot, self.engine.device, self.with_draft)
         self.seqs = list(seqs)
+        self.stopped = set()
         self.pair = self._pair_for(inputs)
         self.pair.seed(inputs)
         self._enqueue()
@@ -237,7 +269,8 @@ class AheadOfHost:
         """Even if every step in flight adds all it may, no sequence reaches max_tokens before the step to
         enqueue: the in-step path would run it too, and its cache writes stay in the reserved space."""
         most = len(self.flights) * self.tokens_per_step
-        return all(len(s.output_ids) + most < s.params.max_tokens for s in self.seqs)
+        return all(len(s.output_ids) + most < s.params.max_tokens
+                   for i, s in enumerate(self.seqs) if not s.finished and i not in self.stopped)
 
     def _pair_for(self, like: StepInputs) -> GraphPair:
         """The pair for inputs like `like` whose attention bounds cover the longest row. One bound for all of a
@@ -274,7 +307,15 @@ class AheadOfHost:
 
 
 class DecodeAhead(AheadOfHost):
-    """Plain greedy steps: the forward, the LM head and the argmax, whose token is the next step's input."""
+    """Plain greedy steps: the forward, the LM head and the argmax, whose token is the next step's input.
+
+    A finished row stays in the batch until the live rows fit a smaller bucket or the batch changes: its `active`
+    flag is zeroed behind the steps in flight, so later steps keep rewriting one cache column of its own slot
+    (one that admission reserved) and never move its length. A row that the steps in flight bring to max_tokens
+    is stopped so before it is read, so that it holds no step back. A large batch whose rows finish on nearly
+    every step (regen's) would otherwise leave this mode on nearly every step."""
+
+    keeps_finished = True
 
     def _kv_lens(self, need: int) -> tuple[int]:
         return (graph_kv_len(self.engine.runner.kv, need),)

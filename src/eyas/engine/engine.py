@@ -64,7 +64,7 @@ class Engine:
             raise EyasError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                             f"context of {self.max_len - margin} tokens")
         seq = Sequence(next(self._ids), list(prompt_ids), params)
-        if params.seed is not None:
+        if params.seed is not None and not params.greedy:  # a greedy row draws nothing, and may run ahead
             seq.generator = torch.Generator(self.device).manual_seed(params.seed)
         self.waiting.append(seq)
         return seq
