@@ -7,8 +7,8 @@ The engine is built as the pipeline builds it (the recipe's `[regen] batch`, `[d
 batch admitted at a time) and every reply is written as the stage writes it, under a scratch out_dir; the CUDA
 graphs are captured inside the timed run, as in the stage. The questions are the first user turns of the four
 evaluation sets (MT-bench, HumanEval, ShareGPT, the Python FAQ where installed), repeated up to --prompts.
-Reported: replies, generated tokens, tokens/s, the share of decode steps that ran ahead of the host, and a
-hash of every reply, so that two code versions run on the same card can be checked to write the same text.
+Reported: replies, generated tokens, tokens/s, the engine's steps and the steps that ran ahead of the host,
+and a hash of every reply, so that two code versions run on the same card can be checked to write the same text.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ def test_every_prompt_is_answered_and_a_second_run_writes_the_same_replies(tmp_p
     r = results[0]
     assert (r["prompts"], r["batch"], r["dtype"]) == (7, 4, "fp32")
     assert 0 < r["replies"] <= 7 and r["replies"] <= r["generated_tokens"] <= 7 * 12
-    assert r["tokens_per_s"] > 0 and r["engine_steps"] >= r["generated_tokens"] / 4 and r["steps_ahead"] == 0  # no CUDA graphs here
+    assert r["tokens_per_s"] > 0 and r["engine_steps"] >= r["generated_tokens"] / 4
+    assert r["steps_ahead"] == 0  # no CUDA graphs on the CPU, so no step runs ahead of the host
     assert results[1]["replies_sha256"] == r["replies_sha256"] and len(r["replies_sha256"]) == 64
 
 
