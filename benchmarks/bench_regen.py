@@ -24,7 +24,7 @@ from pathlib import Path
 from eyas.bench.datasets import load_prompts
 from eyas.errors import EyasError
 from eyas.models.demo import resolve_model_path
-from eyas.train.prompts import Conversation, data_dir
+from eyas.train.prompts import Conversation
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "smollm2-135m-eagle3.toml"
 
@@ -47,7 +47,7 @@ def run(args) -> dict:
     from eyas.engine.engine import Engine
     from eyas.models.tokenizer import load_tokenizer
     from eyas.train.recipe import load_recipe
-    from eyas.train.regen import regenerate
+    from eyas.train.regen import regen_files, regenerate
 
     with tempfile.TemporaryDirectory() as out:
         overrides = {"out_dir": out} | ({"regen.max_tokens": args.max_tokens} if args.max_tokens else {})
@@ -69,7 +69,7 @@ def run(args) -> dict:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
         digest = hashlib.sha256()
-        for f in sorted(data_dir(recipe).glob("regen-r*.jsonl")):
+        for f in regen_files(recipe):
             rows = sorted((json.loads(line) for line in f.read_text().splitlines() if line.strip()),
                           key=lambda r: r["id"])
             for r in rows:

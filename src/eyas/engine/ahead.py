@@ -213,7 +213,7 @@ class AheadOfHost:
         if not self.active:
             self._start(seqs)
         if self.keeps_finished:
-            self._stop_rows(ending_in_flight=True)
+            self._stop_rows()
         if self._may_enqueue():
             self._enqueue()
         self._consume()
@@ -221,24 +221,22 @@ class AheadOfHost:
             self.drain()
 
     def _must_leave(self) -> bool:
-        """After a read: whether the batch must change. A mode that keeps finished rows stops them on the device
-        and leaves only once none is live or the live ones fit a smaller batch bucket."""
+        """After a read: whether the batch must change. A mode that keeps finished rows (stopped on the device
+        before the next step is enqueued) leaves only once none is live or the live ones fit a smaller bucket."""
         if not self.keeps_finished:
             return any(s.finished for s in self.seqs)
-        live = sum(not s.finished for s in self.seqs)
-        if not live or bucket_rows(live) < self.pair.current.token.shape[0]:
-            return True
-        self._stop_rows(ending_in_flight=False)
-        return False
+        live = len(self._live())
+        return not live or bucket_rows(live) < self.pair.current.token.shape[0]
 
-    def _stop_rows(self, ending_in_flight: bool):
-        """Zero the `active` flag of finished rows, or of rows the steps in flight bring to max_tokens (each adds
-        one token), behind those steps: their cache length stops there and later steps rewrite that column."""
+    def _stop_rows(self):
+        """Before a step is enqueued: zero the `active` flag of finished rows, and of rows the steps in flight
+        bring to max_tokens (each adds one token), behind those steps: their cache length stops there and later
+        steps rewrite that column."""
         most = len(self.flights) * self.tokens_per_step
         for i, s in enumerate(self.seqs):
             if i in self.stopped:
                 continue
-            if s.finished or (ending_in_flight and len(s.output_ids) + most >= s.params.max_tokens):
+            if s.finished or len(s.output_ids) + most >= s.params.max_tokens:
                 self.pair.current.active[i] = 0  # shared by both input sets; a fill on the stream, no copy to wait on
                 self.stopped.add(i)
 
