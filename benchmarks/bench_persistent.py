@@ -1,7 +1,7 @@
 """The persistent decoder step (eyas.kernels.persistent_decode) vs eyas's CUDA-graph plain step, on SmolLM2-135M.
 
-Usage: python benchmarks/bench_persistent.py [--random] [--programs N] [--rows 1,2,4,8] [--tiles o,gu,down,lm]
-       [--device cpu --tiny]
+Usage: python benchmarks/bench_persistent.py [--random] [--programs N] [--rows 1,2,4,8]
+       [--tiles "qkv,o,gu,down,lm;..."] [--warps 4,8] [--prefetch 0,1] [--trace] [--device cpu --tiny]
 
 In one child process (killed after --timeout seconds, so a deadlocked kernel ends with a message instead of
 holding the GPU; each first launch is also polled against a deadline):
@@ -9,8 +9,10 @@ holding the GPU; each first launch is also polled against a deadline):
       eyas's plain forward at 1 and 4 rows (max abs diff, argmax equal), cache rows included;
   (b) timing (CUDA events, median of --reps): the persistent step, captured in a CUDA graph, at each of --rows
       rows vs eyas's own graphed decode step / verify forward of as many rows (as bench_smollm2's phases time
-      them), and the weight-read bound: weight bytes / measured device copy bandwidth.
-Prints a markdown table last. --device cpu --tiny --random smoke-tests the script (W=1, Triton's interpreter).
+      them), and the weight-read bound: weight bytes / measured device copy bandwidth;
+  (c) with --trace, one traced launch of each: per op, how long items waited for their counter, worked, and
+      took to notice their counter after its last producer finished.
+Each variant is a tile set x warps per program x the LM head's L2 prefetch. Prints markdown tables last. --device cpu --tiny --random smoke-tests the script (W=1, Triton's interpreter).
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def run(args) -> None:
     import torch
 
     from eyas.engine.engine import Engine
-    from eyas.kernels.persistent_decode import PersistentStep, pack_llama
+    from eyas.kernels.persistent_decode import PersistentStep, pack_llama, trace_summary
     from eyas.kernels.persistent_schedule import Tiles
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -81,12 +83,12 @@ def run(args) -> None:
     runner.prefill(prompt, [0])
     packed = pack_llama(model)
     programs = args.programs or (torch.cuda.get_device_properties(0).multi_processor_count if cuda else 1)
-    o, gu, down, lm = args.tiles
-    tiles = Tiles(o_proj=o, gate_up=gu, down=down, lm_head=lm)
-    print(f"model {path} ({dtype}), prompt {PROMPT} tokens, programs {programs}, tiles {tiles}", flush=True)
-    variants = [(pf, w) for w in args.warps for pf in (False, True)]  # (prefetch, warps per program)
-    steps = {(R, v): PersistentStep(packed, R, programs, tiles, prefetch=v[0], num_warps=v[1])
-             for R in sorted(set(args.rows) | {1, 4}) for v in variants}
+    print(f"model {path} ({dtype}), prompt {PROMPT} tokens, programs {programs}", flush=True)
+    variants = [(t, w, pf) for t in args.tiles for w in args.warps for pf in args.prefetch]
+    def build(R, v, trace=False):
+        return PersistentStep(packed, R, programs, Tiles(*v[0]), prefetch=v[2], num_warps=v[1], trace=trace)
+
+    steps = {(R, v): build(R, v) for R in sorted(set(args.rows) | {1, 4}) for v in variants}
     kv = runner.kv
 
     def plain(ids, R):
@@ -98,7 +100,7 @@ def run(args) -> None:
         return steps[R, variant](ids[0].to(torch.int32), PROMPT, kv.k[:, 0], kv.v[:, 0])
 
     rows_out = {}
-    for R, pf in [(R, v) for v in variants for R in (1, 4)]:  # (a) correctness (pf: a variant)
+    for R, v in [(R, v) for v in variants for R in (1, 4)]:  # (a) correctness
         ids = torch.randint(0, vocab, (1, R), generator=g).to(dev)
         k0, v0 = kv.k.clone(), kv.v.clone()
         want = plain(ids, R).float()
@@ -106,38 +108,38 @@ def run(args) -> None:
         kv.k.copy_(k0)
         kv.v.copy_(v0)
         t0 = time.time()
-        logits, tokens = persistent(ids, R, pf)
-        print(f"R={R} (prefetch, warps) {pf}: compiled and launched in {time.time() - t0:.1f} s", flush=True)
+        logits, tokens = persistent(ids, R, v)
+        print(f"R={R} {v}: compiled and launched in {time.time() - t0:.1f} s", flush=True)
         if cuda:
             done = torch.cuda.Event()
             done.record()
-            wait_or_die(done, args.deadline, f"the first persistent launch of {R} rows (prefetch, warps {pf})")
+            wait_or_die(done, args.deadline, f"the first persistent launch of {R} rows ({v})")
         diff = (logits - want).abs().max().item()
         cache = max((kv.k - k_want).abs().max().item(), (kv.v - v_want).abs().max().item())
         same = bool(torch.equal(tokens.long(), want.argmax(-1)))
-        print(f"R={R} (prefetch, warps) {pf}: max |logits diff| {diff:.3e} (max |logit| {want.abs().max().item():.2f}), "
+        print(f"R={R} {v}: max |logits diff| {diff:.3e} (max |logit| {want.abs().max().item():.2f}), "
               f"cache diff {cache:.3e}, argmax equal {same}, counters complete "
-              f"{steps[R, pf].counters_complete()}", flush=True)
-        rows_out[R, pf] = dict(diff=diff, argmax=same)
+              f"{steps[R, v].counters_complete()}", flush=True)
+        rows_out[R, v] = dict(diff=diff, argmax=same)
 
     # (b) timing
-    def timed_step(ids, R, pf):
-        launch = lambda: persistent(ids, R, pf)  # noqa: E731
+    def timed_step(ids, R, v):
+        launch = lambda: persistent(ids, R, v)  # noqa: E731
         if cuda:
             launch()
             done = torch.cuda.Event()
             done.record()
-            wait_or_die(done, args.deadline, f"the persistent launch of {R} rows (prefetch, warps {pf})")
+            wait_or_die(done, args.deadline, f"the persistent launch of {R} rows ({v})")
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 launch()
             graph.replay()
             done.record()
-            wait_or_die(done, args.deadline, f"the graphed persistent step of {R} rows (prefetch, warps {pf})")
+            wait_or_die(done, args.deadline, f"the graphed persistent step of {R} rows ({v})")
             launch = graph.replay
         ms = median_ms(launch, reps=args.reps, cuda=cuda)
-        if not steps[R, pf].counters_complete():
-            print(f"R={R} (prefetch, warps) {pf}: counters did not reach the schedule's totals", flush=True)
+        if not steps[R, v].counters_complete():
+            print(f"R={R} {v}: counters did not reach the schedule's totals", flush=True)
         return ms
 
     table = []
@@ -159,16 +161,31 @@ def run(args) -> None:
         bandwidth = 2 * src.numel() / (copy_ms * 1e-3)  # bytes read + written per second
         bound = weights / bandwidth * 1e3
         print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s, weights {weights / 1e6:.1f} MB", flush=True)
-    names = [f"persistent{' + prefetch' if pf else ''}, {w} warps ms" for pf, w in variants]
-    print(f"\n| rows | {' | '.join(names)} | eyas forward ms (its CUDA graph where it has one) | best speed-up "
-          "| weight-read bound ms |")
-    print("|" + " --- |" * (len(names) + 4))
+    name = lambda v: f"tiles {','.join(map(str, v[0]))}, {v[1]} warps{', LM prefetch' if v[2] else ''}"  # noqa: E731
+    print("\n| rows | variant | persistent ms | eyas forward ms (its CUDA graph where it has one) | eyas / persistent "
+          "| weight-read bound ms |\n| --- | --- | --- | --- | --- | --- |")
     b = f"{bound:.4f}" if bound is not None else "n/a (cpu)"
     for R, ours, theirs in table:
-        print(f"| {R} | {' | '.join(f'{t:.4f}' for t in ours)} | {theirs:.4f} | {theirs / min(ours):.2f}x | {b} |")
-    print("\n| rows | prefetch | warps | max abs logits diff | argmax equal |\n| --- | --- | --- | --- | --- |")
-    for (R, (pf, w)), r in rows_out.items():
-        print(f"| {R} | {pf} | {w} | {r['diff']:.3e} | {r['argmax']} |")
+        for v, t in zip(variants, ours):
+            print(f"| {R} | {name(v)} | {t:.4f} | {theirs:.4f} | {theirs / t:.2f}x | {b} |")
+    print("\n| rows | variant | max abs logits diff | argmax equal |\n| --- | --- | --- | --- |")
+    for (R, v), r in rows_out.items():
+        print(f"| {R} | {name(v)} | {r['diff']:.3e} | {r['argmax']} |")
+    if args.trace:
+        print("\n| rows | variant | op | items | median wait us | median work us | median notice us "
+              "| last done us |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for R in args.rows:
+            ids = torch.randint(0, vocab, (1, R), generator=g).to(dev)
+            for v in variants:
+                traced = build(R, v, trace=True)
+                for _ in range(3):  # the first launch compiles; the last one is read
+                    traced(ids[0].to(torch.int32), PROMPT, kv.k[:, 0], kv.v[:, 0])
+                    done = torch.cuda.Event()
+                    done.record()
+                    wait_or_die(done, args.deadline, f"the traced launch of {R} rows ({v})")
+                for op in trace_summary(traced):
+                    print(f"| {R} | {name(v)} | {op['op']} | {op['items']} | {op['wait_us']:.2f} | "
+                          f"{op['work_us']:.2f} | {op['notice_us']:.2f} | {op['last_done_us']:.1f} |")
 
 
 def main():
@@ -178,20 +195,26 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="a tiny random model (with --random; CPU smoke test)")
     ap.add_argument("--programs", type=int, default=0, help="persistent programs (default: the SM count; 1 on cpu)")
     ap.add_argument("--rows", default="1,2,4,8")
-    ap.add_argument("--tiles", default="16,32,16,384",
-                    help="output columns per item of o_proj, gate_up, down, lm_head (small tiles spread each "
-                         "layer's weights and the 57 MB LM head over every SM)")
+    ap.add_argument("--tiles", default="16,16,16,16,384",
+                    help="';'-separated tile sets, each the rows per item of qkv (each half of a rotation pair), "
+                         "o_proj, gate_up, down and lm_head (small tiles spread each stage over every SM)")
     ap.add_argument("--reps", type=int, default=200)
-    ap.add_argument("--warps", default="4,8", help="warps per program, each timed with and without prefetch")
+    ap.add_argument("--warps", default="8", help="warps per program")
+    ap.add_argument("--prefetch", default="0", help="0/1 list: whether LM-head items pull their tile into L2 "
+                                                     "before their wait")
+    ap.add_argument("--trace", action="store_true", help="time each item's wait and work with %%globaltimer (GPU)")
     ap.add_argument("--deadline", type=float, default=60.0, help="seconds a first launch may take")
     ap.add_argument("--timeout", type=float, default=280.0, help="seconds before the child is killed")
     args = ap.parse_args()
     args.rows = [int(r) for r in args.rows.split(",")]
-    args.tiles = [int(t) for t in args.tiles.split(",")]
+    args.tiles = [tuple(int(t) for t in ts.split(",")) for ts in args.tiles.split(";")]
     args.warps = [int(w) for w in args.warps.split(",")]
-    if args.tiny:
-        args.tiles[3] = min(args.tiles[3], 64)
+    args.prefetch = [bool(int(p)) for p in args.prefetch.split(",")]
+    if args.tiny:  # head_dim 16, vocabulary 256
+        args.tiles = [(min(t[0], 8), *t[1:4], min(t[4], 64)) for t in args.tiles]
     if args.device == "cpu":
+        if args.trace:
+            ap.error("--trace reads the GPU's %globaltimer: it needs --device cuda")
         os.environ.setdefault("TRITON_INTERPRET", "1")
         args.reps = min(args.reps, 3)
     ctx = mp.get_context("spawn")

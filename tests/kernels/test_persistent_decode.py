@@ -13,7 +13,7 @@ from eyas.kernels.persistent_decode import PersistentStep, expected_counts, item
 from eyas.kernels.persistent_schedule import Tiles, build_schedule
 from eyas.models.loader import load_model
 
-TILES = Tiles(o_proj=16, gate_up=32, down=16, lm_head=64)  # several tiles per op at this size
+TILES = Tiles(qkv=4, o_proj=16, gate_up=32, down=16, lm_head=64)  # several tiles per op at this size
 PROMPT = 10
 # tl.dot takes fp32 operands as TF32 on a GPU (10-bit mantissa); the interpreter multiplies in full fp32.
 TF32_TOL, FP32_TOL = 2e-3, 1e-4
@@ -42,7 +42,7 @@ def run_both(model, ids, rows, prefetch=False):
     out = runner.forward(ids[:, PROMPT:PROMPT + rows], torch.arange(PROMPT, PROMPT + rows, device=dev)[None], [0],
                          [PROMPT])
     want = model.logits(out.hidden)[0]
-    step = PersistentStep(pack_llama(model), rows, programs=1, tiles=TILES, block_n=16, block_k=32, block_t=16,
+    step = PersistentStep(pack_llama(model), rows, programs=1, tiles=TILES, block_l=16, block_t=16,
                           prefetch=prefetch)
     logits, tokens = step(ids[0, PROMPT:PROMPT + rows].to(torch.int32), PROMPT, k[:, 0], v[:, 0])
     return logits, tokens, (k, v), want, (runner.kv.k, runner.kv.v), step
@@ -83,7 +83,7 @@ def test_item_table_and_counter_targets_are_the_schedules(tiny):
 
 def test_an_unfinished_step_fails_the_counter_check(tiny):
     _, model, ids = tiny
-    step = PersistentStep(pack_llama(model), 1, programs=1, tiles=TILES, block_n=16, block_k=32, block_t=16)
+    step = PersistentStep(pack_llama(model), 1, programs=1, tiles=TILES, block_l=16, block_t=16)
     # Dropping the argmax item from the table (a step that stops early) leaves its counter short.
     step.schedule = dataclasses.replace(step.schedule, items=step.schedule.items[:-1])
     step.table = step.table[:-1].contiguous()

@@ -11,7 +11,7 @@ from eyas.kernels.persistent_reference import PersistentReference, interleave
 from eyas.kernels.persistent_schedule import DecoderShape, Tiles, build_schedule, check_no_deadlock, deal
 
 SMOLLM2 = DecoderShape(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, layers=30, vocab=49152)
-TILES = Tiles(o_proj=16, gate_up=32, down=16, lm_head=40)
+TILES = Tiles(qkv=4, o_proj=16, gate_up=32, down=16, lm_head=40)
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +32,9 @@ def reference(model, shape, tiles=TILES):
 
 def test_smollm2_schedule_deals_to_any_program_count_without_deadlock():
     s = build_schedule(SMOLLM2, Tiles())
-    per_layer = 1 + 2 * SMOLLM2.kv_heads + 576 // 64 + 1 + 1536 // 128 + 576 // 64
-    assert len(s.items) == 30 * per_layer + 1 + 12 + 1
+    # 15 fused heads in rotation pairs of 2 x 16 rows, 9 query heads, 16-column tiles of o/gate_up/down
+    per_layer = 15 * 2 + 9 + 576 // 16 + 1536 // 16 + 576 // 16
+    assert len(s.items) == 30 * per_layer + 49152 // 384 + 1
     for programs in (1, 7, 132):
         check_no_deadlock(s, deal(s, programs))
 
@@ -45,6 +46,11 @@ def test_a_queue_that_waits_on_work_behind_it_deadlocks():
         check_no_deadlock(s, one)
     with pytest.raises(ValueError, match="exactly once"):
         check_no_deadlock(s, [[0, 0]])
+
+
+def test_qkv_tiles_must_split_half_a_head():
+    with pytest.raises(ValueError, match="divide head_dim / 2"):
+        build_schedule(SMOLLM2, Tiles(qkv=12))
 
 
 def test_prefill_and_decode_match_hf_greedy_in_any_program_order(tiny):
@@ -95,25 +101,28 @@ def test_every_allowed_order_gives_bit_identical_logits(tiny):
         assert torch.equal(logits, base)
 
 
-def test_a_missing_dependency_shows_in_some_order(tiny):
-    """o_proj waiting on one attend fewer than there are groups: some order reads a half-written buffer."""
+@pytest.mark.parametrize("op", ["qkv", "attend", "o_proj", "gate_up", "down", "lm_head", "argmax"])
+def test_a_missing_dependency_shows_in_some_order(tiny, op):
+    """An op waiting for one producer fewer than it has: some order reads a half-written buffer."""
     model, shape = tiny
     ref = reference(model, shape)
     ids = torch.tensor([1, 2, 3, 4])
-    base, _ = ref.step(ids, 0)
-    ref.schedule.items = [dataclasses.replace(it, wait_count=it.wait_count - 1) if it.op == "o_proj" else it
-                          for it in ref.schedule.items]
+    base, base_tokens = ref.step(ids, 0)
+    ref.schedule.items = [dataclasses.replace(it, wait_count=it.wait_count - 1)
+                          if it.op == op and it.wait is not None else it for it in ref.schedule.items]
     differed = False
     for seed in range(20):
-        logits, _ = ref.step(ids, 0, interleave(ref.schedule, deal(ref.schedule, 4), random.Random(seed)))
-        differed |= not torch.equal(logits, base)
+        for cache in (ref.k_cache, ref.v_cache):  # the slots this step writes, unwritten again
+            cache[:, :, :len(ids)] = float("nan")
+        logits, tokens = ref.step(ids, 0, interleave(ref.schedule, deal(ref.schedule, 4), random.Random(seed)))
+        differed |= not torch.equal(logits, base) or not torch.equal(tokens, base_tokens)
     assert differed
 
 
 def test_an_item_run_before_its_counter_is_refused(tiny):
     model, shape = tiny
     ref = reference(model, shape)
-    order = list(range(len(ref.schedule.items)))
-    order[0], order[1] = order[1], order[0]
+    first_attend = next(i.index for i in ref.schedule.items if i.op == "attend")
+    order = [first_attend] + [i for i in range(len(ref.schedule.items)) if i != first_attend]
     with pytest.raises(RuntimeError, match="before its counter"):
         ref.step(torch.tensor([1]), 0, order)

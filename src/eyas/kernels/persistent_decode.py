@@ -1,28 +1,28 @@
 """A persistent decoder step: one Triton launch runs every work item of eyas.kernels.persistent_schedule.
 
 W programs (on a GPU the SM count, so all are co-resident) each take the schedule's items dealt round-robin
-(item i to program i % W) and run them in increasing index. An item spins on its producers' int32 counter
-(an atomic add of 0 with acquire semantics) until it reaches the schedule's wait_count, does its work, then
-synchronizes the program's threads and bumps its own counter with release semantics. Items are in
-topological order, so the lowest unfinished item can always run: no dealing in order deadlocks.
+(item i to program i % W) and run them in increasing index. Items are in topological order, so the lowest
+unfinished item can always run: no dealing in order deadlocks. Each item first loads its weight tile into
+registers (weights never depend on the step, so the load overlaps the producers still running), then spins
+on its producers' int32 counter until it reaches the schedule's wait_count (volatile loads, then one acquire
+read), computes, synchronizes the program's threads and bumps its own counter with release semantics.
 
-The item table is the schedule itself (op, layer, columns, wait counter, wait count, signal counter as an
-int32 tensor), so the counters' targets are the schedule's, and the test checks every counter ends at the
-number of items that signal it. Norm items are kept as items (one program normalizes R rows and writes
-them once) rather than recomputed by each consumer: the schedule stays the single source of the
-dependencies.
+The item table is the schedule itself (op, layer, part, columns, wait counter, wait count, signal counter as
+an int32 tensor), so the counters' targets are the schedule's, and the tests check every counter ends at
+the number of items that signal it.
 
-Every buffer is written once per step (the residual stream has one slice per stage: h[0] the embeddings,
-h[2l+1] after layer l's attention, h[2l+2] after its MLP; normed rows x[2l], x[2l+1], x[2L] likewise), so
-there are no write-after-read hazards between items. Activations written by other programs are read with
+Projections of one to eight rows are matrix-vector products on the CUDA cores: for each row, the weight
+tile in registers times the row (fp32 products and sums, so an fp32 target is computed in full fp32). Only
+the LM head, whose tiles are too large for registers, streams its weights through tl.dot over rows padded
+to 16. Every buffer is written once per step (the residual stream has one slice per stage: h[2l+1] after
+layer l's attention, h[2l+2] after its MLP; layer 0 reads the embedding rows directly), so there are no
+write-after-read hazards between items. Activations written by other programs are read with
 cache_modifier=".cg" (L2, bypassing the SM's non-coherent L1). Activations are fp32; weights stay in the
-target's dtype and products accumulate in fp32 (tl.dot over rows padded to 16).
+target's dtype.
 
-Rotary uses the target's own cos/sin tables (any rope scaling), rotate-half: the qkv item stores the
-unrotated q/k of its group to a scratch row, synchronizes, and reads each element with its rotation partner.
-
-In Triton's interpreter (CPU tests) the programs of a grid run one after another, so a spin on another
-program's counter would never end: CPU callers launch with W=1.
+With trace=True each item records three %globaltimer stamps (start, counter reached, done), from which
+`trace_summary` tells where a step's time goes. In Triton's interpreter (CPU tests) the programs of a grid
+run one after another, so a spin on another program's counter would never end: CPU callers launch with W=1.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import globaltimer
 
 from eyas.kernels.persistent_schedule import MAX_ROWS, DecoderShape, Schedule, Tiles, build_schedule
 
-OPS = ("attn_norm", "qkv", "attend", "o_proj", "mlp_norm", "gate_up", "down", "final_norm", "lm_head", "argmax")
-TABLE_COLUMNS = 7  # op, layer, part, col_start, col_end, wait counter (-1: none), wait count; then signal
-BLOCK_ROWS = 16    # rows padded to tl.dot's minimum
+OPS = ("qkv", "attend", "o_proj", "gate_up", "down", "lm_head", "argmax")
+BLOCK_ROWS = 16    # rows padded to tl.dot's minimum (attention and the LM head)
 
 
 def item_table(schedule: Schedule, device) -> torch.Tensor:
@@ -55,30 +55,265 @@ def expected_counts(schedule: Schedule) -> list[int]:
     return counts
 
 
+def split_pow2(k: int) -> tuple[int, int]:
+    """Two power-of-two block widths that cover k columns (576 -> 512 + 64, 1536 -> 1024 + 512): a row or
+    a weight tile is held as two register blocks, the second masked past k."""
+    first = 1 << (k.bit_length() - 1)
+    if first == k:
+        first //= 2
+    return first, triton.next_power_of_2(k - first)
+
+
 @triton.jit
 def _wait(counters, wait, target):
     if wait >= 0:
-        seen = tl.atomic_add(counters + wait, 0, sem="acquire")
+        seen = tl.load(counters + wait, volatile=True)
         while seen < target:
-            seen = tl.atomic_add(counters + wait, 0, sem="acquire")
+            seen = tl.load(counters + wait, volatile=True)
+        tl.atomic_add(counters + wait, 0, sem="acquire")  # orders this item's reads after the producers' writes
 
 
 @triton.jit
-def _rows_times(x_ptr, x_stride, w_ptr, w_stride, n0, n_end, K, R: tl.constexpr, BR: tl.constexpr,
-                BN: tl.constexpr, BK: tl.constexpr):
-    """[BR, BN] fp32: rows x[:R, :K] (read through L2) times W[n0:n0+BN, :K]^T (columns past n_end are 0)."""
+def _stamp(trace, it, k, TRACE: tl.constexpr):
+    if TRACE:
+        tl.store(trace + it * 3 + k, globaltimer())
+
+
+@triton.jit
+def _tile(w, stride, n0, n_end, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr):
+    """Weight rows n0..n_end of W [*, K] (rows past n_end are 0) as two register blocks [BN, K1], [BN, K2]."""
+    n = n0 + tl.arange(0, BN)
+    c1 = tl.arange(0, K1)
+    c2 = K1 + tl.arange(0, K2)
+    nm = (n < n_end)[:, None]
+    w1 = tl.load(w + n[:, None] * stride + c1[None, :], mask=nm, other=0.0)
+    w2 = tl.load(w + n[:, None] * stride + c2[None, :], mask=nm & (c2[None, :] < K), other=0.0)
+    return w1, w2
+
+
+@triton.jit
+def _row(src, K, K1: tl.constexpr, K2: tl.constexpr):
+    """One fp32 row src[0:K], written by other programs (read through L2), as blocks [K1], [K2]."""
+    c1 = tl.arange(0, K1)
+    c2 = K1 + tl.arange(0, K2)
+    x1 = tl.load(src + c1, cache_modifier=".cg").to(tl.float32)
+    x2 = tl.load(src + c2, mask=c2 < K, other=0.0, cache_modifier=".cg").to(tl.float32)
+    return x1, x2
+
+
+@triton.jit
+def _normed_row(src, norm_w, eps, K, K1: tl.constexpr, K2: tl.constexpr):
+    """rmsnorm(src[0:K]) * norm_w, as blocks [K1], [K2]."""
+    x1, x2 = _row(src, K, K1, K2)
+    rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / K + eps)
+    c1 = tl.arange(0, K1)
+    c2 = K1 + tl.arange(0, K2)
+    w1 = tl.load(norm_w + c1).to(tl.float32)
+    w2 = tl.load(norm_w + c2, mask=c2 < K, other=0.0).to(tl.float32)
+    return x1 * rstd * w1, x2 * rstd * w2
+
+
+@triton.jit
+def _gemv(w1, w2, x1, x2):
+    """[BN] fp32: a weight tile held as two blocks times one row held as two blocks."""
+    return tl.sum(w1.to(tl.float32) * x1[None, :], axis=1) + tl.sum(w2.to(tl.float32) * x2[None, :], axis=1)
+
+
+@triton.jit
+def _stream_row(h_in, embed, ids, r, layer, norm_w, eps, H, H1: tl.constexpr, H2: tl.constexpr):
+    """Row r of the stream entering `layer`, normalized: at layer 0 the token's embedding row."""
+    if layer == 0:
+        tok = tl.load(ids + r).to(tl.int64)
+        x1, x2 = _normed_row(embed + tok * H, norm_w, eps, H, H1, H2)
+    else:
+        x1, x2 = _normed_row(h_in + r * H, norm_w, eps, H, H1, H2)
+    return x1, x2
+
+
+@triton.jit
+def _residual(h_in, embed, ids, r, layer, cols, cm, H):
+    """Columns `cols` of row r of the stream entering `layer` (the embedding row at layer 0)."""
+    if layer == 0:
+        tok = tl.load(ids + r).to(tl.int64)
+        res = tl.load(embed + tok * H + cols, mask=cm, other=0.0).to(tl.float32)
+    else:
+        res = tl.load(h_in + r * H + cols, mask=cm, other=0.0, cache_modifier=".cg")
+    return res
+
+
+@triton.jit
+def persistent_step_kernel(
+        table, n_items, counters, ids, pos,
+        embed, attn_norm_w, wqkv, wo, mlp_norm_w, wgu, wd, final_norm_w, lm_head,
+        cos, sin, k_cache, v_cache, c_layer, c_head, c_pos,
+        h_buf, q_buf, attn_buf, act_buf, logits, tile_max, tile_arg, tokens, sink, trace,
+        eps, scale, L, H, I, V, n_lm_tiles,
+        R: tl.constexpr, NH: tl.constexpr, KV: tl.constexpr, D: tl.constexpr,
+        H1: tl.constexpr, H2: tl.constexpr, Q1: tl.constexpr, Q2: tl.constexpr, I1: tl.constexpr,
+        I2: tl.constexpr, TQ: tl.constexpr, BQ: tl.constexpr, BO: tl.constexpr, BG: tl.constexpr,
+        BD: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BTILES: tl.constexpr,
+        PREC: tl.constexpr, PREFETCH: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    W = tl.num_programs(0)
+    BR: tl.constexpr = 16
+    REP: tl.constexpr = NH // KV
+    HALF: tl.constexpr = D // 2
+    QW: tl.constexpr = NH * D
+    QKVW: tl.constexpr = (NH + 2 * KV) * D
     rows = tl.arange(0, BR)
-    cols = n0 + tl.arange(0, BN)
-    ks = tl.arange(0, BK)
-    acc = tl.zeros((BR, BN), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        k = k0 + ks
-        w = tl.load(w_ptr + cols[None, :] * w_stride + k[:, None], mask=(cols[None, :] < n_end) & (k[:, None] < K),
-                    other=0.0)
-        x = tl.load(x_ptr + rows[:, None] * x_stride + k[None, :], mask=(rows[:, None] < R) & (k[None, :] < K),
-                    other=0.0, cache_modifier=".cg")
-        acc += tl.dot(x.to(w.dtype), w, out_dtype=tl.float32)
-    return acc
+    rmask = rows < R
+    for it in range(pid, n_items, W):
+        e = table + it * 8
+        op = tl.load(e)
+        layer = tl.load(e + 1)
+        part = tl.load(e + 2)
+        a = tl.load(e + 3)
+        b = tl.load(e + 4)
+        wait = tl.load(e + 5)
+        count = tl.load(e + 6)
+        _stamp(trace, it, 0, TRACE)
+        h_in = h_buf + 2 * layer * R * H          # h[2l]: the stream entering layer l (unused at layer 0)
+        if op == 0:  # qkv: rows a..a+TQ of a fused head and their partners HALF on, rotated, to q or the cache
+            wl = wqkv + layer.to(tl.int64) * QKVW * H
+            lo1, lo2 = _tile(wl, H, a, a + TQ, H, BQ, H1, H2)
+            hi1, hi2 = _tile(wl, H, a + HALF, a + HALF + TQ, H, BQ, H1, H2)
+            _wait(counters, wait, count)
+            _stamp(trace, it, 1, TRACE)
+            c = a - part * D + tl.arange(0, BQ)   # the pair's first columns within the head
+            cm = tl.arange(0, BQ) < TQ
+            for r in tl.static_range(R):
+                x1, x2 = _stream_row(h_in, embed, ids, r, layer, attn_norm_w + layer * H, eps, H, H1, H2)
+                lo = _gemv(lo1, lo2, x1, x2)
+                hi = _gemv(hi1, hi2, x1, x2)
+                if part < NH + KV:  # q and k heads: rotate-half pairs column c with c + HALF
+                    p = (pos + r) * D
+                    cl = tl.load(cos + p + c, mask=cm, other=0.0)
+                    sl = tl.load(sin + p + c, mask=cm, other=0.0)
+                    ch = tl.load(cos + p + c + HALF, mask=cm, other=0.0)
+                    sh = tl.load(sin + p + c + HALF, mask=cm, other=0.0)
+                    lo, hi = lo * cl - hi * sl, hi * ch + lo * sh
+                if part < NH:
+                    q_dst = q_buf + layer * R * QW + r * QW + part * D
+                    tl.store(q_dst + c, lo, mask=cm)
+                    tl.store(q_dst + c + HALF, hi, mask=cm)
+                else:
+                    if part < NH + KV:
+                        dst = k_cache + layer.to(tl.int64) * c_layer + (part - NH) * c_head + (pos + r) * c_pos
+                    else:
+                        dst = v_cache + layer.to(tl.int64) * c_layer + (part - NH - KV) * c_head + (pos + r) * c_pos
+                    tl.store(dst + c, lo.to(dst.dtype.element_ty), mask=cm)
+                    tl.store(dst + c + HALF, hi.to(dst.dtype.element_ty), mask=cm)
+        elif op == 1:  # attend: query head `part` over cache positions < pos + r + 1
+            _wait(counters, wait, count)
+            _stamp(trace, it, 1, TRACE)
+            g = part // REP
+            kc = k_cache + layer.to(tl.int64) * c_layer + g * c_head
+            vc = v_cache + layer.to(tl.int64) * c_layer + g * c_head
+            dcol = tl.arange(0, D)
+            m = rmask[:, None] & (dcol[None, :] < D)
+            ts = tl.arange(0, BT)
+            q = tl.load(q_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], mask=m, other=0.0,
+                        cache_modifier=".cg")
+            best = tl.full((BR,), -1.0e30, tl.float32)
+            total = tl.zeros((BR,), tl.float32)
+            acc = tl.zeros((BR, D), tl.float32)
+            for t0 in range(0, pos + R, BT):
+                t = t0 + ts
+                tm = t < pos + R
+                k = tl.load(kc + t[:, None] * c_pos + dcol[None, :], mask=tm[:, None], other=0.0,
+                            cache_modifier=".cg")
+                v = tl.load(vc + t[:, None] * c_pos + dcol[None, :], mask=tm[:, None], other=0.0,
+                            cache_modifier=".cg")
+                s = tl.dot(q.to(k.dtype), tl.trans(k), out_dtype=tl.float32, input_precision=PREC) * scale
+                seen = (t[None, :] <= pos + rows[:, None]) & tm[None, :]
+                s = tl.where(seen, s, -1.0e30)
+                new_best = tl.maximum(best, tl.max(s, axis=1))
+                pr = tl.where(seen, tl.exp(s - new_best[:, None]), 0.0)
+                fade = tl.exp(best - new_best)
+                total = total * fade + tl.sum(pr, axis=1)
+                acc = acc * fade[:, None] + tl.dot(pr.to(v.dtype), v, out_dtype=tl.float32, input_precision=PREC)
+                best = new_best
+            out = acc / tl.maximum(total, 1.0e-30)[:, None]
+            tl.store(attn_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], out, mask=m)
+        elif op == 2:  # o_proj tile [a, b): h[2l+1] = h[2l] + attn Wo^T
+            w1, w2 = _tile(wo + layer.to(tl.int64) * H * QW, QW, a, b, QW, BO, Q1, Q2)
+            _wait(counters, wait, count)
+            _stamp(trace, it, 1, TRACE)
+            cols = a + tl.arange(0, BO)
+            cm = cols < b
+            for r in tl.static_range(R):
+                x1, x2 = _row(attn_buf + layer * R * QW + r * QW, QW, Q1, Q2)
+                y = _gemv(w1, w2, x1, x2) + _residual(h_in, embed, ids, r, layer, cols, cm, H)
+                tl.store(h_in + R * H + r * H + cols, y, mask=cm)
+        elif op == 3:  # gate_up tile [a, b): act = silu(x Wg^T) * (x Wu^T), x = mlp_norm(h[2l+1])
+            wl = wgu + layer.to(tl.int64) * 2 * I * H
+            g1, g2 = _tile(wl, H, a, b, H, BG, H1, H2)
+            u1, u2 = _tile(wl, H, I + a, I + b, H, BG, H1, H2)
+            _wait(counters, wait, count)
+            _stamp(trace, it, 1, TRACE)
+            cols = a + tl.arange(0, BG)
+            for r in tl.static_range(R):
+                x1, x2 = _normed_row(h_in + R * H + r * H, mlp_norm_w + layer * H, eps, H, H1, H2)
+                gate = _gemv(g1, g2, x1, x2)
+                act = gate / (1.0 + tl.exp(-gate)) * _gemv(u1, u2, x1, x2)
+                tl.store(act_buf + layer * R * I + r * I + cols, act, mask=cols < b)
+        elif op == 4:  # down tile [a, b): h[2l+2] = h[2l+1] + act Wd^T
+            w1, w2 = _tile(wd + layer.to(tl.int64) * H * I, I, a, b, I, BD, I1, I2)
+            _wait(counters, wait, count)
+            _stamp(trace, it, 1, TRACE)
+            cols = a + tl.arange(0, BD)
+            cm = cols < b
+            for r in tl.static_range(R):
+                x1, x2 = _row(act_buf + layer * R * I + r * I, I, I1, I2)
+                res = tl.load(h_in + R * H + r * H + cols, mask=cm, other=0.0, cache_modifier=".cg")
+                tl.store(h_in + 2 * R * H + r * H + cols, _gemv(w1, w2, x1, x2) + res, mask=cm)
+        elif op == 5:  # lm_head tile [a, b) of final_norm(h[2L]), and the tile's maximum per row
+            if PREFETCH:
+                _touch(lm_head, H, a, b, H, sink, BL, BK)
+            _wait(counters, wait, count)
+            _stamp(trace, it, 1, TRACE)
+            hl = h_buf + 2 * L * R * H
+            c1 = tl.arange(0, H1)
+            c2 = H1 + tl.arange(0, H2)
+            m2 = rmask[:, None] & (c2[None, :] < H)
+            x1 = tl.load(hl + rows[:, None] * H + c1[None, :], mask=rmask[:, None], other=0.0, cache_modifier=".cg")
+            x2 = tl.load(hl + rows[:, None] * H + c2[None, :], mask=m2, other=0.0, cache_modifier=".cg")
+            rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / H + eps)
+            n1 = tl.load(final_norm_w + c1).to(tl.float32)
+            n2 = tl.load(final_norm_w + c2, mask=c2 < H, other=0.0).to(tl.float32)
+            x1 = (x1 * rstd[:, None] * n1[None, :]).to(lm_head.dtype.element_ty)
+            x2 = (x2 * rstd[:, None] * n2[None, :]).to(lm_head.dtype.element_ty)
+            best = tl.full((BR,), float("-inf"), tl.float32)
+            where = tl.zeros((BR,), tl.int32)
+            cn = tl.arange(0, BL)
+            for n0 in range(a, b, BL):
+                w1, w2 = _tile(lm_head, H, n0, b, H, BL, H1, H2)
+                y = (tl.dot(x1, tl.trans(w1), out_dtype=tl.float32, input_precision=PREC)
+                     + tl.dot(x2, tl.trans(w2), out_dtype=tl.float32, input_precision=PREC))
+                c = n0 + cn
+                y = tl.where((c < b)[None, :], y, float("-inf"))
+                tl.store(logits + rows[:, None] * V + c[None, :], y, mask=rmask[:, None] & (c[None, :] < b))
+                top = tl.max(y, axis=1)
+                at = tl.min(tl.where(y == top[:, None], c[None, :], V), axis=1)
+                better = top > best
+                where = tl.where(better, at, where)
+                best = tl.where(better, top, best)
+            tl.store(tile_max + rows * n_lm_tiles + part, best, mask=rmask)
+            tl.store(tile_arg + rows * n_lm_tiles + part, where, mask=rmask)
+        else:  # argmax: the first tile holding a row's maximum holds its first index
+            _wait(counters, wait, count)
+            _stamp(trace, it, 1, TRACE)
+            tc = tl.arange(0, BTILES)
+            m = rmask[:, None] & (tc[None, :] < n_lm_tiles)
+            tops = tl.load(tile_max + rows[:, None] * n_lm_tiles + tc[None, :], mask=m, other=float("-inf"),
+                           cache_modifier=".cg")
+            ats = tl.load(tile_arg + rows[:, None] * n_lm_tiles + tc[None, :], mask=m, other=0, cache_modifier=".cg")
+            top = tl.max(tops, axis=1)
+            first = tl.min(tl.where(tops == top[:, None], tc[None, :], BTILES), axis=1)
+            tl.store(tokens + rows, tl.sum(tl.where(tc[None, :] == first[:, None], ats, 0), axis=1), mask=rmask)
+        tl.debug_barrier()
+        _stamp(trace, it, 2, TRACE)
+        tl.atomic_add(counters + tl.load(e + 7), 1, sem="release")
 
 
 @triton.jit
@@ -96,196 +331,6 @@ def _touch(w, stride, r0, r1, K, sink, BN: tl.constexpr, BK: tl.constexpr):
                              other=0.0).to(tl.float32)
     s = tl.sum(tl.sum(total, axis=1), axis=0)
     tl.store(sink, s, mask=s != s)  # only a NaN weight would be written
-
-
-@triton.jit
-def _norm_rows(src, dst, weight, eps, H, R: tl.constexpr, BH: tl.constexpr):
-    """dst[r] = rmsnorm(src[r]) * weight for each of R rows of width H (one row at a time: few registers)."""
-    cols = tl.arange(0, BH)
-    cm = cols < H
-    w = tl.load(weight + cols, mask=cm, other=0.0).to(tl.float32)
-    for r in tl.static_range(R):
-        h = tl.load(src + r * H + cols, mask=cm, other=0.0, cache_modifier=".cg")
-        rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / H + eps)
-        tl.store(dst + r * H + cols, h * rstd * w, mask=cm)
-
-
-@triton.jit
-def persistent_step_kernel(
-        table, n_items, counters, ids, pos,
-        embed, attn_norm_w, wqkv, wo, mlp_norm_w, wgu, wd, final_norm_w, lm_head,
-        cos, sin, k_cache, v_cache, c_layer, c_head, c_pos,
-        h_buf, x_buf, raw_buf, q_buf, attn_buf, act_buf, logits, tokens, sink,
-        eps, scale, L, H, I, V,
-        R: tl.constexpr, NH: tl.constexpr, KV: tl.constexpr, D: tl.constexpr,
-        BR: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
-        BV: tl.constexpr, PREFETCH: tl.constexpr):
-    pid = tl.program_id(0)
-    W = tl.num_programs(0)
-    REP: tl.constexpr = NH // KV
-    QW: tl.constexpr = NH * D
-    QKVW: tl.constexpr = (NH + 2 * KV) * D
-    rows = tl.arange(0, BR)
-    rmask = rows < R
-    dcol = tl.arange(0, D)
-    for it in range(pid, n_items, W):
-        e = table + it * 8
-        op = tl.load(e)
-        layer = tl.load(e + 1)
-        part = tl.load(e + 2)
-        a = tl.load(e + 3)
-        b = tl.load(e + 4)
-        if PREFETCH:  # read the item's weights now, while its producers may still run: they land in L2
-            if op == 1:
-                wl = wqkv + layer.to(tl.int64) * QKVW * H
-                _touch(wl, H, part * REP * D, (part + 1) * REP * D, H, sink, BN, BK)
-                _touch(wl, H, QW + part * D, QW + part * D + D, H, sink, BN, BK)
-                _touch(wl, H, QW + KV * D + part * D, QW + KV * D + part * D + D, H, sink, BN, BK)
-            elif op == 3:
-                _touch(wo + layer.to(tl.int64) * H * QW, QW, a, b, QW, sink, BN, BK)
-            elif op == 5:
-                _touch(wgu + layer.to(tl.int64) * 2 * I * H, H, a, b, H, sink, BN, BK)
-                _touch(wgu + layer.to(tl.int64) * 2 * I * H, H, I + a, I + b, H, sink, BN, BK)
-            elif op == 6:
-                _touch(wd + layer.to(tl.int64) * H * I, I, a, b, I, sink, BN, BK)
-            elif op == 8:
-                _touch(lm_head, H, a, b, H, sink, BN, BK)
-        _wait(counters, tl.load(e + 5), tl.load(e + 6))
-        hl = h_buf + layer * 2 * R * H          # h[2l]: the stream entering layer l
-        xl = x_buf + layer * 2 * R * H
-        if op == 0:  # attn_norm; layer 0 first gathers the embeddings into h[0]
-            if layer == 0:
-                cols = tl.arange(0, BH)
-                for r in tl.static_range(R):
-                    tok = tl.load(ids + r).to(tl.int64)
-                    emb = tl.load(embed + tok * H + cols, mask=cols < H, other=0.0)
-                    tl.store(h_buf + r * H + cols, emb.to(tl.float32), mask=cols < H)
-                tl.debug_barrier()
-            _norm_rows(hl, xl, attn_norm_w + layer * H, eps, H, R, BH)
-        elif op == 1:  # qkv of group `part`: projections, rotary, cache write
-            wl = wqkv + layer.to(tl.int64) * QKVW * H
-            raw = raw_buf + (layer * R * QKVW)
-            kc = k_cache + layer.to(tl.int64) * c_layer + part * c_head
-            vc = v_cache + layer.to(tl.int64) * c_layer + part * c_head
-            m = rmask[:, None] & (dcol[None, :] < D)
-            for j in tl.static_range(REP + 1):  # the group's query heads, then its key head: unrotated
-                r0 = (part * REP + j) * D if j < REP else QW + part * D
-                acc = _rows_times(xl, H, wl + r0 * H, H, 0, D, H, R, BR, D, BK)
-                tl.store(raw + rows[:, None] * QKVW + r0 + dcol[None, :], acc, mask=m)
-            acc = _rows_times(xl, H, wl + (QW + KV * D + part * D) * H, H, 0, D, H, R, BR, D, BK)
-            tl.store(vc + (pos + rows)[:, None] * c_pos + dcol[None, :], acc.to(v_cache.dtype.element_ty), mask=m)
-            tl.debug_barrier()
-            for j in tl.static_range(REP + 1):
-                r0 = (part * REP + j) * D if j < REP else QW + part * D
-                if j < REP:
-                    _rotate_rows(raw + r0, QKVW, q_buf + layer * R * QW + r0, QW, cos, sin, pos, R, BR, D)
-                else:
-                    _rotate_rows(raw + r0, QKVW, kc + pos * c_pos, c_pos, cos, sin, pos, R, BR, D)
-        elif op == 2:  # attend: the group's query heads over cache positions < pos + r + 1
-            kc = k_cache + layer.to(tl.int64) * c_layer + part * c_head
-            vc = v_cache + layer.to(tl.int64) * c_layer + part * c_head
-            m = rmask[:, None] & (dcol[None, :] < D)
-            ts = tl.arange(0, BT)
-            for j in tl.static_range(REP):
-                hc = (part * REP + j) * D
-                q = tl.load(q_buf + layer * R * QW + rows[:, None] * QW + hc + dcol[None, :], mask=m, other=0.0,
-                            cache_modifier=".cg")
-                best = tl.full((BR,), -1.0e30, tl.float32)
-                total = tl.zeros((BR,), tl.float32)
-                acc = tl.zeros((BR, D), tl.float32)
-                for t0 in range(0, pos + R, BT):
-                    t = t0 + ts
-                    tm = t < pos + R
-                    k = tl.load(kc + t[:, None] * c_pos + dcol[None, :], mask=tm[:, None], other=0.0,
-                                cache_modifier=".cg")
-                    v = tl.load(vc + t[:, None] * c_pos + dcol[None, :], mask=tm[:, None], other=0.0,
-                                cache_modifier=".cg")
-                    s = tl.dot(q.to(k.dtype), tl.trans(k), out_dtype=tl.float32) * scale
-                    seen = (t[None, :] <= pos + rows[:, None]) & tm[None, :]
-                    s = tl.where(seen, s, -1.0e30)
-                    new_best = tl.maximum(best, tl.max(s, axis=1))
-                    p = tl.where(seen, tl.exp(s - new_best[:, None]), 0.0)
-                    fade = tl.exp(best - new_best)
-                    total = total * fade + tl.sum(p, axis=1)
-                    acc = acc * fade[:, None] + tl.dot(p.to(v.dtype), v, out_dtype=tl.float32)
-                    best = new_best
-                out = acc / tl.maximum(total, 1.0e-30)[:, None]
-                tl.store(attn_buf + layer * R * QW + rows[:, None] * QW + hc + dcol[None, :], out, mask=m)
-        elif op == 3:  # o_proj tile [a, b): h[2l+1] = h[2l] + attn Wo^T
-            _project_add(attn_buf + layer * R * QW, QW, wo + layer.to(tl.int64) * H * QW, hl, hl + R * H,
-                         a, b, QW, H, R, BR, BN, BK)
-        elif op == 4:  # mlp_norm
-            _norm_rows(hl + R * H, xl + R * H, mlp_norm_w + layer * H, eps, H, R, BH)
-        elif op == 5:  # gate_up tile [a, b): act = silu(x Wg^T) * (x Wu^T)
-            wl = wgu + layer.to(tl.int64) * 2 * I * H
-            cn = tl.arange(0, BN)
-            for n0 in range(a, b, BN):
-                g = _rows_times(xl + R * H, H, wl, H, n0, b, H, R, BR, BN, BK)
-                u = _rows_times(xl + R * H, H, wl + I * H, H, n0, b, H, R, BR, BN, BK)
-                act = g / (1.0 + tl.exp(-g)) * u
-                c = n0 + cn
-                tl.store(act_buf + layer * R * I + rows[:, None] * I + c[None, :], act,
-                         mask=rmask[:, None] & (c[None, :] < b))
-        elif op == 6:  # down tile [a, b): h[2l+2] = h[2l+1] + act Wd^T
-            _project_add(act_buf + layer * R * I, I, wd + layer.to(tl.int64) * H * I, hl + R * H, hl + 2 * R * H,
-                         a, b, I, H, R, BR, BN, BK)
-        elif op == 7:  # final_norm of h[2L]
-            _norm_rows(h_buf + 2 * L * R * H, x_buf + 2 * L * R * H, final_norm_w, eps, H, R, BH)
-        elif op == 8:  # lm_head tile [a, b)
-            cn = tl.arange(0, BN)
-            for n0 in range(a, b, BN):
-                y = _rows_times(x_buf + 2 * L * R * H, H, lm_head, H, n0, b, H, R, BR, BN, BK)
-                c = n0 + cn
-                tl.store(logits + rows[:, None] * V + c[None, :], y, mask=rmask[:, None] & (c[None, :] < b))
-        elif op == 9:  # argmax over the vocabulary, first index of the maximum
-            cv = tl.arange(0, BV)
-            best = tl.full((BR,), float("-inf"), tl.float32)
-            where = tl.zeros((BR,), tl.int32)
-            for v0 in range(0, V, BV):
-                c = v0 + cv
-                y = tl.load(logits + rows[:, None] * V + c[None, :], mask=rmask[:, None] & (c[None, :] < V),
-                            other=float("-inf"), cache_modifier=".cg")
-                top = tl.max(y, axis=1)
-                at = tl.min(tl.where(y == top[:, None], c[None, :], V), axis=1)
-                better = top > best
-                where = tl.where(better, at, where)
-                best = tl.where(better, top, best)
-            tl.store(tokens + rows, where, mask=rmask)
-        tl.debug_barrier()
-        tl.atomic_add(counters + tl.load(e + 7), 1, sem="release")
-
-
-@triton.jit
-def _rotate_rows(raw, raw_stride, out, out_stride, cos, sin, pos, R: tl.constexpr, BR: tl.constexpr,
-                 D: tl.constexpr):
-    """out[r, c] = raw[r, c] cos + rotate_half(raw)[r, c] sin for one head of R rows at positions pos + r."""
-    rows = tl.arange(0, BR)
-    c = tl.arange(0, D)
-    half: tl.constexpr = D // 2
-    partner = (c + half) % D
-    sign = tl.where(c < half, -1.0, 1.0)
-    m = (rows[:, None] < R) & (c[None, :] < D)
-    x = tl.load(raw + rows[:, None] * raw_stride + c[None, :], mask=m, other=0.0, cache_modifier=".cg")
-    y = tl.load(raw + rows[:, None] * raw_stride + partner[None, :], mask=m, other=0.0, cache_modifier=".cg")
-    p = pos + rows
-    cs = tl.load(cos + p[:, None] * D + c[None, :], mask=m, other=0.0).to(tl.float32)
-    sn = tl.load(sin + p[:, None] * D + c[None, :], mask=m, other=0.0).to(tl.float32)
-    res = x * cs + sign[None, :] * y * sn
-    tl.store(out + rows[:, None] * out_stride + c[None, :], res.to(out.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _project_add(x, x_stride, w, resid, dst, a, b, K, H, R: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
-                 BK: tl.constexpr):
-    """dst[:, a:b] = resid[:, a:b] + x W[a:b]^T for rows x [R, K] and W [*, K]; dst and resid are [R, H]."""
-    rows = tl.arange(0, BR)
-    cn = tl.arange(0, BN)
-    for n0 in range(a, b, BN):
-        y = _rows_times(x, x_stride, w, K, n0, b, K, R, BR, BN, BK)
-        c = n0 + cn
-        m = (rows[:, None] < R) & (c[None, :] < b)
-        r = tl.load(resid + rows[:, None] * H + c[None, :], mask=m, other=0.0, cache_modifier=".cg")
-        tl.store(dst + rows[:, None] * H + c[None, :], r + y, mask=m)
 
 
 @dataclass
@@ -337,32 +382,41 @@ class PersistentStep:
     allocated once so that the launch can be captured in a CUDA graph."""
 
     def __init__(self, packed: PackedDecoder, rows: int, programs: int, tiles: Tiles = Tiles(),
-                 block_n: int = 32, block_k: int = 64, block_t: int = 32, prefetch: bool = False,
-                 num_warps: int = 4):
+                 block_l: int = 32, block_t: int = 64, prefetch: bool = False, num_warps: int = 8,
+                 trace: bool = False):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"a persistent step takes 1..{MAX_ROWS} rows, not {rows}")
         s, dev = packed.shape, packed.embed.device
+        if s.head_dim < 16 or s.head_dim & (s.head_dim - 1) or s.hidden < 32:
+            raise ValueError(f"head_dim {s.head_dim} must be a power of two of at least 16, hidden at least 32")
+        if trace and dev.type != "cuda":
+            raise ValueError("a traced step reads %globaltimer: it needs a GPU")
         self.packed, self.rows, self.programs = packed, rows, programs
         self.schedule = build_schedule(s, tiles)
         self.table = item_table(self.schedule, dev)
         self.expected = torch.tensor(expected_counts(self.schedule), dtype=torch.int32, device=dev)
         self.counters = torch.zeros(len(self.schedule.counters), dtype=torch.int32, device=dev)
         f32 = dict(dtype=torch.float32, device=dev)
-        qw, qkvw = s.heads * s.head_dim, (s.heads + 2 * s.kv_heads) * s.head_dim
+        qw = s.heads * s.head_dim
+        self.n_lm_tiles = -(-s.vocab // tiles.lm_head)
         self.h = torch.zeros(2 * s.layers + 1, rows, s.hidden, **f32)
-        self.x = torch.zeros(2 * s.layers + 1, rows, s.hidden, **f32)
-        self.raw = torch.zeros(s.layers, rows, qkvw, **f32)
         self.q = torch.zeros(s.layers, rows, qw, **f32)
         self.attn = torch.zeros(s.layers, rows, qw, **f32)
         self.act = torch.zeros(s.layers, rows, s.intermediate, **f32)
         self.logits = torch.zeros(rows, s.vocab, **f32)
+        self.tile_max = torch.zeros(rows, self.n_lm_tiles, **f32)
+        self.tile_arg = torch.zeros(rows, self.n_lm_tiles, dtype=torch.int32, device=dev)
         self.tokens = torch.zeros(rows, dtype=torch.int32, device=dev)
         self.sink = torch.zeros(1, **f32)
-        self.prefetch, self.num_warps = prefetch, num_warps
-        self.blocks = dict(BR=BLOCK_ROWS, BH=triton.next_power_of_2(s.hidden), BN=block_n, BK=block_k, BT=block_t,
-                           BV=256)
-        if s.head_dim < 16 or s.head_dim & (s.head_dim - 1):
-            raise ValueError(f"head_dim {s.head_dim} must be a power of two of at least 16")
+        self.trace = torch.zeros(len(self.schedule.items), 3, dtype=torch.int64, device=dev) if trace else None
+        (h1, h2), (q1, q2), (i1, i2) = split_pow2(s.hidden), split_pow2(qw), split_pow2(s.intermediate)
+        block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
+        self.meta = dict(
+            R=rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
+            TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down),
+            BL=block_l, BK=64, BT=block_t, BTILES=block(self.n_lm_tiles),
+            PREC="ieee" if packed.embed.dtype == torch.float32 else "tf32", PREFETCH=prefetch, TRACE=trace,
+            num_warps=num_warps)
 
     def __call__(self, ids: torch.Tensor, pos: int, k_cache: torch.Tensor, v_cache: torch.Tensor):
         """Run the step for tokens `ids` [rows] at positions pos..pos+rows-1 of one sequence's cache, k_cache and
@@ -378,12 +432,38 @@ class PersistentStep:
             self.table, len(self.schedule.items), self.counters, ids, pos,
             p.embed, p.attn_norm, p.wqkv, p.wo, p.mlp_norm, p.w_gate_up, p.w_down, p.final_norm, p.lm_head,
             p.cos, p.sin, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            self.h, self.x, self.raw, self.q, self.attn, self.act, self.logits, self.tokens, self.sink,
-            p.eps, p.scale, s.layers, s.hidden, s.intermediate, s.vocab,
-            R=self.rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, **self.blocks, PREFETCH=self.prefetch,
-            num_warps=self.num_warps)
+            self.h, self.q, self.attn, self.act, self.logits, self.tile_max, self.tile_arg, self.tokens, self.sink,
+            self.trace if self.trace is not None else self.sink,
+            p.eps, p.scale, s.layers, s.hidden, s.intermediate, s.vocab, self.n_lm_tiles, **self.meta)
         return self.logits, self.tokens
 
     def counters_complete(self) -> bool:
         """Whether every counter ended at the number of items that signal it (a finished step)."""
         return bool(torch.equal(self.counters, self.expected))
+
+
+def trace_summary(step: PersistentStep) -> list[dict]:
+    """Where a traced step's time went, per op: how long its items waited for their counter, how long they
+    worked, and how late they saw their counter after its last producer finished (the cost of a stage
+    boundary). Times in microseconds; medians over the op's items (the latency: over items that waited)."""
+    t = step.trace.cpu().double()
+    items, zero = step.schedule.items, t[:, 0].min()
+    t = (t - zero) / 1e3
+    last_signal = {}
+    for item in items:
+        last_signal[item.signal] = max(last_signal.get(item.signal, 0.0), float(t[item.index, 2]))
+    out = []
+    for op in OPS:
+        mine = [i for i in items if i.op == op]
+        if not mine:
+            continue
+        idx = torch.tensor([i.index for i in mine])
+        late = [float(t[i.index, 1]) - last_signal[i.wait] for i in mine
+                if i.wait is not None and float(t[i.index, 1]) - float(t[i.index, 0]) > 0.05]
+        out.append(dict(op=op, items=len(mine), wait_us=float((t[idx, 1] - t[idx, 0]).median()),
+                        work_us=float((t[idx, 2] - t[idx, 1]).median()),
+                        notice_us=float(torch.tensor(late).median()) if late else 0.0,
+                        last_done_us=float(t[idx, 2].max())))
+    out.append(dict(op="step", items=len(items), wait_us=0.0, work_us=0.0, notice_us=0.0,
+                    last_done_us=float(t[:, 2].max())))
+    return out

@@ -57,6 +57,7 @@ class PersistentReference:
                 ("o", "self_attn.o_proj.weight"), ("gate", "mlp.gate_proj.weight"), ("up", "mlp.up_proj.weight"),
                 ("down", "mlp.down_proj.weight"), ("in_norm", "input_layernorm.weight"),
                 ("post_norm", "post_attention_layernorm.weight")]})
+            self.layers[-1]["qkv"] = torch.cat([self.layers[-1][k] for k in "qkv"])
         d = shape.head_dim
         self.inv_freq = 1.0 / (rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
         self.k_cache = torch.zeros(shape.layers, shape.kv_heads, max_positions, d, dtype=dtype)
@@ -66,13 +67,10 @@ class PersistentReference:
         var = x.pow(2).mean(-1, keepdim=True)
         return x * torch.rsqrt(var + self.eps) * weight
 
-    def _rope(self, x, positions):  # x [T, heads, d]; HF's rotate-half convention
+    def _rotary(self, positions):  # cos, sin [T, d] in HF's rotate-half layout
         freqs = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = emb.cos().to(x.dtype)[:, None, :], emb.sin().to(x.dtype)[:, None, :]
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 
     def step(self, ids: torch.Tensor, start: int, order: list[int] | None = None,
              positions: torch.Tensor | None = None, row_mask: torch.Tensor | None = None):
@@ -85,13 +83,15 @@ class PersistentReference:
         positions = torch.arange(start, start + T) if positions is None else positions
         row_mask = torch.ones(T, T).tril().bool() if row_mask is None else row_mask
         nan = float("nan")  # poisoned so that an item reading a buffer nobody wrote this step shows it
-        self.buf = {"ids": ids, "start": start, "positions": positions, "row_mask": row_mask,
-                    "h": torch.full((T, s.hidden), nan, dtype=self.dtype),
-                    "x": torch.full((T, s.hidden), nan, dtype=self.dtype),
+        lm_tiles = -(-s.vocab // self.schedule.tiles.lm_head)
+        self.buf = {"ids": ids, "start": start, "row_mask": row_mask, "rotary": self._rotary(positions),
+                    "h": self.embed[ids].clone(),  # the stream entering layer 0 is the embeddings
                     "q": torch.full((T, s.heads, s.head_dim), nan, dtype=self.dtype),
                     "attn": torch.full((T, s.heads * s.head_dim), nan, dtype=self.dtype),
                     "act": torch.full((T, s.intermediate), nan, dtype=self.dtype),
                     "logits": torch.full((T, s.vocab), nan, dtype=self.dtype),
+                    "tile_max": torch.full((T, lm_tiles), nan, dtype=self.dtype),
+                    "tile_arg": torch.full((T, lm_tiles), -1, dtype=torch.long),
                     "tokens": torch.full((T,), -1, dtype=torch.long)}
         counts = [0] * len(self.schedule.counters)
         for index in (range(len(self.schedule.items)) if order is None else order):
@@ -105,44 +105,54 @@ class PersistentReference:
     def _run(self, item: WorkItem) -> None:
         b, s = self.buf, self.shape
         a, e = item.cols
-        if item.op in ("attn_norm", "mlp_norm", "final_norm"):
-            if item.op == "attn_norm" and item.layer == 0:
-                b["h"] = self.embed[b["ids"]].clone()
-            weight = self.final_norm if item.layer < 0 else self.layers[item.layer][
-                "in_norm" if item.op == "attn_norm" else "post_norm"]
-            b["x"] = self._norm(b["h"], weight)
-            return
         if item.op == "lm_head":
-            b["logits"][:, a:e] = b["x"] @ self.lm_head[a:e].T
+            logits = self._norm(b["h"], self.final_norm) @ self.lm_head[a:e].T
+            b["logits"][:, a:e] = logits
+            top, at = logits.max(-1)  # the first index of each row's maximum within the tile
+            b["tile_max"][:, item.part], b["tile_arg"][:, item.part] = top, at + a
             return
         if item.op == "argmax":
-            b["tokens"] = b["logits"].argmax(-1)
+            best = b["tile_max"].argmax(-1)  # ties go to the lower tile, so the first index overall
+            b["tokens"] = b["tile_arg"].gather(1, best[:, None])[:, 0]
             return
         w, d, rep = self.layers[item.layer], s.head_dim, s.heads // s.kv_heads
         if item.op == "qkv":
-            g, x = item.part, b["x"]
-            q = (x @ w["q"][g * rep * d:(g + 1) * rep * d].T).view(-1, rep, d)
-            k = (x @ w["k"][g * d:(g + 1) * d].T).view(-1, 1, d)
-            v = x @ w["v"][g * d:(g + 1) * d].T
-            b["q"][:, g * rep:(g + 1) * rep] = self._rope(q, b["positions"])
-            slots = slice(b["start"], b["start"] + x.shape[0])
-            self.k_cache[item.layer, g, slots] = self._rope(k, b["positions"])[:, 0]
-            self.v_cache[item.layer, g, slots] = v
+            self._qkv(item, w)
         elif item.op == "attend":
-            g, start, T = item.part, b["start"], b["ids"].shape[0]
+            h, start, T = item.part, b["start"], b["ids"].shape[0]
+            g = h // rep
             keys, values = self.k_cache[item.layer, g, :start + T], self.v_cache[item.layer, g, :start + T]
             visible = torch.cat([torch.ones(T, start, dtype=torch.bool), b["row_mask"]], dim=1)
-            q = b["q"][:, g * rep:(g + 1) * rep]                       # [T, rep, d]
-            scores = torch.einsum("trd,kd->rtk", q, keys) * d ** -0.5
+            scores = (b["q"][:, h] @ keys.T) * d ** -0.5
             scores = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-            out = torch.einsum("rtk,kd->trd", scores, values)
-            b["attn"][:, g * rep * d:(g + 1) * rep * d] = out.reshape(T, rep * d)
+            b["attn"][:, h * d:(h + 1) * d] = scores @ values
         elif item.op == "o_proj":
             b["h"][:, a:e] += b["attn"] @ w["o"][a:e].T
         elif item.op == "gate_up":
-            x = b["x"]
+            x = self._norm(b["h"], w["post_norm"])
             b["act"][:, a:e] = torch.nn.functional.silu(x @ w["gate"][a:e].T) * (x @ w["up"][a:e].T)
         elif item.op == "down":
             b["h"][:, a:e] += b["act"] @ w["down"][a:e].T
         else:
             raise ValueError(f"unknown work item {item.op}")
+
+    def _qkv(self, item: WorkItem, w: dict) -> None:
+        """Rows a..e of a head of the fused [q; k; v] projection and their partners half a head on, rotated
+        together (rotate-half pairs column c with c + d/2), written to q, or to the k or v cache."""
+        b, s, d = self.buf, self.shape, self.shape.head_dim
+        x = self._norm(b["h"], w["in_norm"])
+        a, e = item.cols
+        half, c = d // 2, a - item.part * d        # the pair's columns in the head: c..c+T and c+half..
+        lo, hi = x @ w["qkv"][a:e].T, x @ w["qkv"][a + half:e + half].T
+        first, second = torch.arange(c, c + e - a), torch.arange(c + half, c + half + e - a)
+        if item.part < s.heads + s.kv_heads:        # q and k heads are rotated, v heads are not
+            cos, sin = b["rotary"]
+            lo, hi = lo * cos[:, first] - hi * sin[:, first], hi * cos[:, second] + lo * sin[:, second]
+        cols, out = torch.cat([first, second]), torch.cat([lo, hi], dim=1)
+        if item.part < s.heads:
+            b["q"][:, item.part, cols] = out
+            return
+        slots = torch.arange(b["start"], b["start"] + out.shape[0])
+        kv_head = item.part - s.heads
+        cache = self.k_cache if kv_head < s.kv_heads else self.v_cache
+        cache[item.layer, kv_head % s.kv_heads, slots[:, None], cols[None, :]] = out

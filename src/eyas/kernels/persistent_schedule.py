@@ -8,16 +8,19 @@ verify of up to 8 rows, a prefill), the counters they wait on and signal, how th
 and a check that a dealing can never deadlock. `persistent_reference` runs the same items in plain torch in
 any order the counters allow, so CPU tests prove the dependencies complete before a GPU kernel uses them.
 
-Items of one layer l, in the order their data flows (tiles cut output columns; every item of a layer that
-writes a tile of a buffer is the only writer of those columns):
-  attn_norm(l)      x = rmsnorm(h)                                   waits on every down(l-1) tile
-  qkv(l, g)         q/k/v of kv-head group g, rotary, cache write    waits on attn_norm(l)
-  attend(l, g)      attention of group g's query heads               waits on qkv(l, g)
-  o_proj(l, j)      h[:, tile j] += attn @ Wo[tile j]^T              waits on every attend(l, *)
-  mlp_norm(l)       x = rmsnorm(h)                                   waits on every o_proj(l, *) tile
-  gate_up(l, j)     act[:, tile j] = silu(x Wg^T) * (x Wu^T)         waits on mlp_norm(l)
-  down(l, j)        h[:, tile j] += act @ Wd[tile j]^T               waits on every gate_up(l, *) tile
-then final_norm, lm_head(j) over vocabulary tiles, and argmax over every lm_head tile.
+Items of one layer l, in the order their data flows. A stage's items run at once on different programs, so
+a stage is cut into many small items (each streams a few tens of KB of weights), and the RMS norms ride in
+their consumers (each item normalizes the few rows it reads) instead of costing a stage of their own:
+  qkv(l, j)       a rotation pair of one head's rows of the fused q/k/v projection: T rows of the head's
+                  first half and their T partners in the second, so rotary is applied in place; normalizes
+                  the stream entering the layer (the embeddings at layer 0); q to a buffer, k/v to the cache
+                                                                    waits on every down(l-1) tile
+  attend(l, h)    attention of query head h over the cache          waits on every qkv(l, *) item
+  o_proj(l, j)    h[:, tile j] += attn @ Wo[tile j]^T                waits on every attend(l, *)
+  gate_up(l, j)   act[:, tile j] = silu(x Wg^T) * (x Wu^T), x the normed stream  waits on every o_proj(l, *)
+  down(l, j)      h[:, tile j] += act @ Wd[tile j]^T                 waits on every gate_up(l, *) tile
+then lm_head(j) over vocabulary tiles (with the final norm, and each tile's own maximum and its index), and
+argmax over the tiles' maxima.
 """
 
 from __future__ import annotations
@@ -44,15 +47,19 @@ class DecoderShape:
             raise ValueError(f"every dimension must be positive: {self}")
         if self.heads % self.kv_heads:
             raise ValueError(f"{self.heads} query heads do not split into {self.kv_heads} key/value groups")
+        if self.head_dim % 2:
+            raise ValueError(f"rotary needs an even head_dim, not {self.head_dim}")
 
 
 @dataclass(frozen=True)
 class Tiles:
-    """Output columns per item of each projection (the unit a program streams and computes)."""
-    o_proj: int = 64
-    gate_up: int = 128
-    down: int = 64
-    lm_head: int = 4096
+    """Output rows per item of each projection (the unit a program streams and computes). qkv is the size of
+    each half of a rotation pair, so an item computes 2 * qkv rows; it must divide head_dim / 2."""
+    qkv: int = 16
+    o_proj: int = 16
+    gate_up: int = 16
+    down: int = 16
+    lm_head: int = 384
 
 
 @dataclass(frozen=True)
@@ -60,9 +67,10 @@ class WorkItem:
     index: int
     op: str
     layer: int          # -1 for the items after the last layer
-    part: int           # the group or tile index within the op (0 where the op has one item)
-    cols: tuple[int, int]  # the output columns it writes: head group range for qkv/attend, else a tile
-    wait: int | None    # the counter it waits on, None for the first item of a step
+    part: int           # the head (qkv: of the fused q/k/v heads; attend: the query head) or the tile index
+    cols: tuple[int, int]  # the output rows it writes: qkv the first half's rows of the fused projection,
+                           # attend its head, lm_head a vocabulary tile, else a tile of the output columns
+    wait: int | None    # the counter it waits on, None for the first items of a step
     wait_count: int     # the value that counter must reach
     signal: int         # the counter it bumps by one when done
 
@@ -85,36 +93,38 @@ def _tiles(total: int, size: int) -> list[tuple[int, int]]:
 
 def build_schedule(shape: DecoderShape, tiles: Tiles = Tiles()) -> Schedule:
     """Every item of one step, in an order that respects every dependency (a valid order for one program)."""
+    half = shape.head_dim // 2
+    if min(tiles.qkv, tiles.o_proj, tiles.gate_up, tiles.down, tiles.lm_head) <= 0 or half % tiles.qkv:
+        raise ValueError(f"tiles must be positive and qkv ({tiles.qkv}) must divide head_dim / 2 ({half})")
     s = Schedule(shape, tiles)
-    groups = shape.kv_heads
+    fused_heads = shape.heads + 2 * shape.kv_heads  # query heads, key heads, value heads
     o_tiles, gu_tiles = _tiles(shape.hidden, tiles.o_proj), _tiles(shape.intermediate, tiles.gate_up)
     down_tiles, lm_tiles = _tiles(shape.hidden, tiles.down), _tiles(shape.vocab, tiles.lm_head)
+    qkv_items = fused_heads * (half // tiles.qkv)
 
     def add(op, layer, part, cols, wait, wait_count, signal):
         s.items.append(WorkItem(len(s.items), op, layer, part, cols, wait, wait_count, signal))
 
     prev_down, prev_count = None, 0
     for layer in range(shape.layers):
-        normed, attended = s.counter(f"attn_norm[{layer}]"), s.counter(f"attend[{layer}]")
-        projected, mlp_normed = s.counter(f"o_proj[{layer}]"), s.counter(f"mlp_norm[{layer}]")
-        activated, down = s.counter(f"gate_up[{layer}]"), s.counter(f"down[{layer}]")
-        add("attn_norm", layer, 0, (0, shape.hidden), prev_down, prev_count, normed)
-        for g in range(groups):
-            qkv_done = s.counter(f"qkv[{layer},{g}]")
-            add("qkv", layer, g, (g, g + 1), normed, 1, qkv_done)
-            add("attend", layer, g, (g, g + 1), qkv_done, 1, attended)
+        projected_qkv, attended = s.counter(f"qkv[{layer}]"), s.counter(f"attend[{layer}]")
+        projected, activated = s.counter(f"o_proj[{layer}]"), s.counter(f"gate_up[{layer}]")
+        down = s.counter(f"down[{layer}]")
+        for head in range(fused_heads):
+            for lo in range(head * shape.head_dim, head * shape.head_dim + half, tiles.qkv):
+                add("qkv", layer, head, (lo, lo + tiles.qkv), prev_down, prev_count, projected_qkv)
+        for head in range(shape.heads):
+            add("attend", layer, head, (head, head + 1), projected_qkv, qkv_items, attended)
         for j, cols in enumerate(o_tiles):
-            add("o_proj", layer, j, cols, attended, groups, projected)
-        add("mlp_norm", layer, 0, (0, shape.hidden), projected, len(o_tiles), mlp_normed)
+            add("o_proj", layer, j, cols, attended, shape.heads, projected)
         for j, cols in enumerate(gu_tiles):
-            add("gate_up", layer, j, cols, mlp_normed, 1, activated)
+            add("gate_up", layer, j, cols, projected, len(o_tiles), activated)
         for j, cols in enumerate(down_tiles):
             add("down", layer, j, cols, activated, len(gu_tiles), down)
         prev_down, prev_count = down, len(down_tiles)
-    final, logits, done = s.counter("final_norm"), s.counter("lm_head"), s.counter("argmax")
-    add("final_norm", -1, 0, (0, shape.hidden), prev_down, prev_count, final)
+    logits, done = s.counter("lm_head"), s.counter("argmax")
     for j, cols in enumerate(lm_tiles):
-        add("lm_head", -1, j, cols, final, 1, logits)
+        add("lm_head", -1, j, cols, prev_down, prev_count, logits)
     add("argmax", -1, 0, (0, shape.vocab), logits, len(lm_tiles), done)
     return s
 
