@@ -10,11 +10,13 @@ import transformers
 
 from eyas.engine.runner import ModelRunner
 from eyas.kernels.persistent_decode import PersistentStep, expected_counts, item_table, pack_llama
+from eyas.kernels.persistent_reference import PersistentReference
 from eyas.kernels.persistent_schedule import Tiles, build_schedule
 from eyas.models.loader import load_model
 
 TILES = Tiles(qkv=4, o_proj=16, gate_up=32, down=16, lm_head=64)  # several tiles per op at this size
 PROMPT = 10
+ROPE_THETA = 100000.0
 # tl.dot takes fp32 operands as TF32 on a GPU (10-bit mantissa); the interpreter multiplies in full fp32.
 TF32_TOL, FP32_TOL = 2e-3, 1e-4
 
@@ -24,7 +26,7 @@ def tiny(tmp_path_factory, device):
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                   rope_theta=100000.0, tie_word_embeddings=True)
+                                   rope_theta=ROPE_THETA, tie_word_embeddings=True)
     hf = transformers.LlamaForCausalLM(cfg).eval()
     path = tmp_path_factory.mktemp("tiny-llama")
     hf.save_pretrained(path)
@@ -44,7 +46,7 @@ def run_both(model, ids, rows, prefetch=False):
     want = model.logits(out.hidden)[0]
     step = PersistentStep(pack_llama(model), rows, programs=1, tiles=TILES, block_l=16, block_t=16,
                           prefetch=prefetch)
-    logits, tokens = step(ids[0, PROMPT:PROMPT + rows].to(torch.int32), PROMPT, k[:, 0], v[:, 0])
+    logits, tokens = step(ids[0, PROMPT:PROMPT + rows].to(torch.int32), PROMPT, k, v)
     return logits, tokens, (k, v), want, (runner.kv.k, runner.kv.v), step
 
 
@@ -87,8 +89,33 @@ def test_an_unfinished_step_fails_the_counter_check(tiny):
     # Dropping the argmax item from the table (a step that stops early) leaves its counter short.
     step.schedule = dataclasses.replace(step.schedule, items=step.schedule.items[:-1])
     step.table = step.table[:-1].contiguous()
-    kv = torch.zeros(2, 2, 64, 16, device=ids.device)
+    kv = torch.zeros(2, 1, 2, 64, 16, device=ids.device)
     step(ids[0, :1].to(torch.int32), 0, kv, kv.clone())
     assert not step.counters_complete()
     with pytest.raises(ValueError, match="1..8 rows"):
         PersistentStep(pack_llama(model), 9, programs=1)
+
+
+def test_tree_rows_in_another_slot_equal_the_reference_executor(tiny):
+    """A draft tree (two branches of one parent, rotary positions by depth) written to slot 1 of 2: the
+    kernel's logits and cache rows equal the plain-torch executor of the same items."""
+    hf, model, ids = tiny
+    dev = ids.device
+    step = PersistentStep(pack_llama(model), 3, programs=1, tiles=TILES, block_l=16, block_t=16)
+    ref = PersistentReference({k: v.cpu() for k, v in hf.state_dict().items()}, step.packed.shape, ROPE_THETA,
+                              hf.config.rms_norm_eps, max_positions=64, tiles=TILES)
+    ref.step(ids[0, :PROMPT].cpu(), 0)
+    k = torch.zeros(2, 2, 2, 64, 16, device=dev)  # [layers, slots, kv heads, positions, head_dim]
+    v = torch.zeros_like(k)
+    k[:, 1], v[:, 1] = ref.k_cache.to(dev), ref.v_cache.to(dev)
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]]).bool()  # rows 1 and 2 are siblings
+    depth = torch.tensor([PROMPT, PROMPT + 1, PROMPT + 1])
+    rows = ids[0, PROMPT:PROMPT + 3].cpu()
+    want, want_tokens = ref.step(rows, PROMPT, positions=depth, row_mask=tree)
+    logits, tokens = step(rows.to(dev, torch.int32), PROMPT, k, v, slot=1, positions=depth, row_mask=tree)
+    tol = (TF32_TOL if dev.type == "cuda" else FP32_TOL) * want.abs().max()
+    assert (logits.cpu() - want).abs().max() <= tol
+    assert torch.equal(tokens.cpu().long(), want_tokens)
+    assert (k[:, 1].cpu() - ref.k_cache).abs().max() <= 1e-4 and (v[:, 1].cpu() - ref.v_cache).abs().max() <= 1e-4
+    assert torch.equal(k[:, 0], torch.zeros_like(k[:, 0]))  # the other slot is untouched
+    assert step.counters_complete()

@@ -143,9 +143,9 @@ def _residual(h_in, embed, ids, r, layer, cols, cm, H):
 
 @triton.jit
 def persistent_step_kernel(
-        table, n_items, counters, ids, pos,
+        table, n_items, counters, ids, start, positions, visible, slot_of,
         embed, attn_norm_w, wqkv, wo, mlp_norm_w, wgu, wd, final_norm_w, lm_head,
-        cos, sin, k_cache, v_cache, c_layer, c_head, c_pos,
+        cos, sin, k_cache, v_cache, c_layer, c_slot, c_head, c_pos,
         h_buf, q_buf, attn_buf, act_buf, logits, tile_max, tile_arg, tokens, sink, trace,
         eps, scale, L, H, I, V, n_lm_tiles,
         R: tl.constexpr, NH: tl.constexpr, KV: tl.constexpr, D: tl.constexpr,
@@ -162,6 +162,8 @@ def persistent_step_kernel(
     QKVW: tl.constexpr = (NH + 2 * KV) * D
     rows = tl.arange(0, BR)
     rmask = rows < R
+    pos = tl.load(start)  # the step's rows go to cache positions pos..pos+R-1 of slot `slot`
+    slot = tl.load(slot_of).to(tl.int64)
     for it in range(pid, n_items, W):
         e = table + it * 8
         op = tl.load(e)
@@ -186,7 +188,7 @@ def persistent_step_kernel(
                 lo = _gemv(lo1, lo2, x1, x2)
                 hi = _gemv(hi1, hi2, x1, x2)
                 if part < NH + KV:  # q and k heads: rotate-half pairs column c with c + HALF
-                    p = (pos + r) * D
+                    p = tl.load(positions + r) * D  # the row's rotary position (a tree's depth)
                     cl = tl.load(cos + p + c, mask=cm, other=0.0)
                     sl = tl.load(sin + p + c, mask=cm, other=0.0)
                     ch = tl.load(cos + p + c + HALF, mask=cm, other=0.0)
@@ -198,17 +200,19 @@ def persistent_step_kernel(
                     tl.store(q_dst + c + HALF, hi, mask=cm)
                 else:
                     if part < NH + KV:
-                        dst = k_cache + layer.to(tl.int64) * c_layer + (part - NH) * c_head + (pos + r) * c_pos
+                        dst = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + (part - NH) * c_head
                     else:
-                        dst = v_cache + layer.to(tl.int64) * c_layer + (part - NH - KV) * c_head + (pos + r) * c_pos
+                        dst = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + (part - NH - KV) * c_head
+                    dst += (pos + r) * c_pos
                     tl.store(dst + c, lo.to(dst.dtype.element_ty), mask=cm)
                     tl.store(dst + c + HALF, hi.to(dst.dtype.element_ty), mask=cm)
-        elif op == 1:  # attend: query head `part` over cache positions < pos + r + 1
+        elif op == 1:  # attend: query head `part` over the cache before pos and the new rows its row sees
             _wait(counters, wait, count)
             _stamp(trace, it, 1, TRACE)
             g = part // REP
-            kc = k_cache + layer.to(tl.int64) * c_layer + g * c_head
-            vc = v_cache + layer.to(tl.int64) * c_layer + g * c_head
+            kc = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
+            vc = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
+            bits = tl.load(visible + rows, mask=rmask, other=0)  # bit j: the row sees new row j
             dcol = tl.arange(0, D)
             m = rmask[:, None] & (dcol[None, :] < D)
             ts = tl.arange(0, BT)
@@ -225,7 +229,8 @@ def persistent_step_kernel(
                 v = tl.load(vc + t[:, None] * c_pos + dcol[None, :], mask=tm[:, None], other=0.0,
                             cache_modifier=".cg")
                 s = tl.dot(q.to(k.dtype), tl.trans(k), out_dtype=tl.float32, input_precision=PREC) * scale
-                seen = (t[None, :] <= pos + rows[:, None]) & tm[None, :]
+                new = tl.maximum(t - pos, 0)
+                seen = (t[None, :] < pos) | ((((bits[:, None] >> new[None, :]) & 1) != 0) & tm[None, :])
                 s = tl.where(seen, s, -1.0e30)
                 new_best = tl.maximum(best, tl.max(s, axis=1))
                 pr = tl.where(seen, tl.exp(s - new_best[:, None]), 0.0)
@@ -406,7 +411,10 @@ class PersistentStep:
         self.logits = torch.zeros(rows, s.vocab, **f32)
         self.tile_max = torch.zeros(rows, self.n_lm_tiles, **f32)
         self.tile_arg = torch.zeros(rows, self.n_lm_tiles, dtype=torch.int32, device=dev)
-        self.tokens = torch.zeros(rows, dtype=torch.int32, device=dev)
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.ids, self.positions, self.visible = (torch.zeros(rows, **i32) for _ in range(3))
+        self.start, self.slot = torch.zeros(1, **i32), torch.zeros(1, **i32)
+        self.tokens = torch.zeros(rows, **i32)
         self.sink = torch.zeros(1, **f32)
         self.trace = torch.zeros(len(self.schedule.items), 3, dtype=torch.int64, device=dev) if trace else None
         (h1, h2), (q1, q2), (i1, i2) = split_pow2(s.hidden), split_pow2(qw), split_pow2(s.intermediate)
@@ -418,24 +426,43 @@ class PersistentStep:
             PREC="ieee" if packed.embed.dtype == torch.float32 else "tf32", PREFETCH=prefetch, TRACE=trace,
             num_warps=num_warps)
 
-    def __call__(self, ids: torch.Tensor, pos: int, k_cache: torch.Tensor, v_cache: torch.Tensor):
-        """Run the step for tokens `ids` [rows] at positions pos..pos+rows-1 of one sequence's cache, k_cache and
-        v_cache [L, KV, max_len, D] views (one slot of eyas's KVCache). Returns (logits, tokens)."""
+    def __call__(self, ids: torch.Tensor, pos: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int = 0,
+                 positions: torch.Tensor | None = None, row_mask: torch.Tensor | None = None):
+        """Run the step for tokens `ids` [rows] written to cache positions pos..pos+rows-1 of `slot` of eyas's
+        KV cache (k_cache, v_cache [L, slots, KV, max_len, D]). positions (default pos + row) feed rotary;
+        row_mask [rows, rows] says which new rows each row sees (default causal; a draft tree passes its
+        ancestor mask). Returns (logits, tokens)."""
+        R = self.rows
+        if ids.shape != (R,):
+            raise ValueError(f"expected {R} token ids, got shape {tuple(ids.shape)}")
+        if pos + R > min(k_cache.shape[3], self.packed.cos.shape[0]) or not 0 <= slot < k_cache.shape[1]:
+            raise ValueError(f"positions {pos}..{pos + R - 1} of slot {slot} exceed the cache or rotary table")
+        positions = torch.arange(pos, pos + R) if positions is None else positions
+        row_mask = torch.ones(R, R, dtype=torch.bool).tril() if row_mask is None else row_mask
+        bits = (row_mask.to(torch.int64).cpu() << torch.arange(R)).sum(1)
+        self.ids.copy_(ids)
+        self.start.fill_(pos)
+        self.slot.fill_(slot)
+        self.positions.copy_(positions)
+        self.visible.copy_(bits)
+        self.launch(k_cache, v_cache)
+        return self.logits, self.tokens
+
+    def launch(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        """One step over what the input buffers (ids, start, slot, positions, visible) hold: a CUDA graph
+        captures this call, and each replay reads the buffers as they are then."""
         p, s = self.packed, self.packed.shape
-        if ids.shape != (self.rows,):
-            raise ValueError(f"expected {self.rows} token ids, got shape {tuple(ids.shape)}")
-        if pos + self.rows > min(k_cache.shape[2], p.cos.shape[0]):
-            raise ValueError(f"positions {pos}..{pos + self.rows - 1} exceed the cache or rotary table")
-        assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+        assert k_cache.stride() == v_cache.stride() and k_cache.stride(4) == 1
         self.counters.zero_()
         persistent_step_kernel[(self.programs,)](
-            self.table, len(self.schedule.items), self.counters, ids, pos,
+            self.table, len(self.schedule.items), self.counters, self.ids, self.start, self.positions,
+            self.visible, self.slot,
             p.embed, p.attn_norm, p.wqkv, p.wo, p.mlp_norm, p.w_gate_up, p.w_down, p.final_norm, p.lm_head,
             p.cos, p.sin, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            k_cache.stride(3),
             self.h, self.q, self.attn, self.act, self.logits, self.tile_max, self.tile_arg, self.tokens, self.sink,
             self.trace if self.trace is not None else self.sink,
             p.eps, p.scale, s.layers, s.hidden, s.intermediate, s.vocab, self.n_lm_tiles, **self.meta)
-        return self.logits, self.tokens
 
     def counters_complete(self) -> bool:
         """Whether every counter ended at the number of items that signal it (a finished step)."""
