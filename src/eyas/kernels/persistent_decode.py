@@ -143,7 +143,7 @@ def _residual(h_in, embed, ids, r, layer, cols, cm, H):
 
 @triton.jit
 def persistent_step_kernel(
-        table, n_items, counters, ids, start, positions, visible, slot_of,
+        table, n_items, counters, ids, start, slot_of, depth, row_mask, m_row, m_col,
         embed, attn_norm_w, wqkv, wo, mlp_norm_w, wgu, wd, final_norm_w, lm_head,
         cos, sin, k_cache, v_cache, c_layer, c_slot, c_head, c_pos,
         h_buf, q_buf, attn_buf, act_buf, logits, tile_max, tile_arg, tokens, sink, trace,
@@ -162,7 +162,7 @@ def persistent_step_kernel(
     QKVW: tl.constexpr = (NH + 2 * KV) * D
     rows = tl.arange(0, BR)
     rmask = rows < R
-    pos = tl.load(start)  # the step's rows go to cache positions pos..pos+R-1 of slot `slot`
+    pos = tl.load(start).to(tl.int32)  # the step's rows go to cache positions pos..pos+R-1 of slot `slot`
     slot = tl.load(slot_of).to(tl.int64)
     for it in range(pid, n_items, W):
         e = table + it * 8
@@ -188,7 +188,7 @@ def persistent_step_kernel(
                 lo = _gemv(lo1, lo2, x1, x2)
                 hi = _gemv(hi1, hi2, x1, x2)
                 if part < NH + KV:  # q and k heads: rotate-half pairs column c with c + HALF
-                    p = tl.load(positions + r) * D  # the row's rotary position (a tree's depth)
+                    p = (pos + tl.load(depth + r)) * D  # the row's rotary position: a tree node's depth
                     cl = tl.load(cos + p + c, mask=cm, other=0.0)
                     sl = tl.load(sin + p + c, mask=cm, other=0.0)
                     ch = tl.load(cos + p + c + HALF, mask=cm, other=0.0)
@@ -212,7 +212,6 @@ def persistent_step_kernel(
             g = part // REP
             kc = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
             vc = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
-            bits = tl.load(visible + rows, mask=rmask, other=0)  # bit j: the row sees new row j
             dcol = tl.arange(0, D)
             m = rmask[:, None] & (dcol[None, :] < D)
             ts = tl.arange(0, BT)
@@ -229,8 +228,10 @@ def persistent_step_kernel(
                 v = tl.load(vc + t[:, None] * c_pos + dcol[None, :], mask=tm[:, None], other=0.0,
                             cache_modifier=".cg")
                 s = tl.dot(q.to(k.dtype), tl.trans(k), out_dtype=tl.float32, input_precision=PREC) * scale
-                new = tl.maximum(t - pos, 0)
-                seen = (t[None, :] < pos) | ((((bits[:, None] >> new[None, :]) & 1) != 0) & tm[None, :])
+                new = t - pos  # the new rows a row sees follow row_mask
+                sees = tl.load(row_mask + rows[:, None] * m_row + new[None, :] * m_col,
+                               mask=rmask[:, None] & (new[None, :] >= 0) & tm[None, :], other=0)
+                seen = (t[None, :] < pos) | (sees != 0)
                 s = tl.where(seen, s, -1.0e30)
                 new_best = tl.maximum(best, tl.max(s, axis=1))
                 pr = tl.where(seen, tl.exp(s - new_best[:, None]), 0.0)
@@ -315,7 +316,8 @@ def persistent_step_kernel(
             ats = tl.load(tile_arg + rows[:, None] * n_lm_tiles + tc[None, :], mask=m, other=0, cache_modifier=".cg")
             top = tl.max(tops, axis=1)
             first = tl.min(tl.where(tops == top[:, None], tc[None, :], BTILES), axis=1)
-            tl.store(tokens + rows, tl.sum(tl.where(tc[None, :] == first[:, None], ats, 0), axis=1), mask=rmask)
+            token = tl.sum(tl.where(tc[None, :] == first[:, None], ats, 0), axis=1)
+            tl.store(tokens + rows, token.to(tokens.dtype.element_ty), mask=rmask)
         tl.debug_barrier()
         _stamp(trace, it, 2, TRACE)
         tl.atomic_add(counters + tl.load(e + 7), 1, sem="release")
@@ -411,10 +413,7 @@ class PersistentStep:
         self.logits = torch.zeros(rows, s.vocab, **f32)
         self.tile_max = torch.zeros(rows, self.n_lm_tiles, **f32)
         self.tile_arg = torch.zeros(rows, self.n_lm_tiles, dtype=torch.int32, device=dev)
-        i32 = dict(dtype=torch.int32, device=dev)
-        self.ids, self.positions, self.visible = (torch.zeros(rows, **i32) for _ in range(3))
-        self.start, self.slot = torch.zeros(1, **i32), torch.zeros(1, **i32)
-        self.tokens = torch.zeros(rows, **i32)
+        self.tokens = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.sink = torch.zeros(1, **f32)
         self.trace = torch.zeros(len(self.schedule.items), 3, dtype=torch.int64, device=dev) if trace else None
         (h1, h2), (q1, q2), (i1, i2) = split_pow2(s.hidden), split_pow2(qw), split_pow2(s.intermediate)
@@ -432,31 +431,28 @@ class PersistentStep:
         KV cache (k_cache, v_cache [L, slots, KV, max_len, D]). positions (default pos + row) feed rotary;
         row_mask [rows, rows] says which new rows each row sees (default causal; a draft tree passes its
         ancestor mask). Returns (logits, tokens)."""
-        R = self.rows
+        R, dev = self.rows, self.tokens.device
         if ids.shape != (R,):
             raise ValueError(f"expected {R} token ids, got shape {tuple(ids.shape)}")
         if pos + R > min(k_cache.shape[3], self.packed.cos.shape[0]) or not 0 <= slot < k_cache.shape[1]:
             raise ValueError(f"positions {pos}..{pos + R - 1} of slot {slot} exceed the cache or rotary table")
-        positions = torch.arange(pos, pos + R) if positions is None else positions
+        depth = torch.arange(R) if positions is None else positions.cpu() - pos
         row_mask = torch.ones(R, R, dtype=torch.bool).tril() if row_mask is None else row_mask
-        bits = (row_mask.to(torch.int64).cpu() << torch.arange(R)).sum(1)
-        self.ids.copy_(ids)
-        self.start.fill_(pos)
-        self.slot.fill_(slot)
-        self.positions.copy_(positions)
-        self.visible.copy_(bits)
-        self.launch(k_cache, v_cache)
+        where = torch.tensor([pos, slot], device=dev)
+        self.launch(ids, where[0:1], where[1:2], depth.to(dev), row_mask.to(dev), k_cache, v_cache)
         return self.logits, self.tokens
 
-    def launch(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-        """One step over what the input buffers (ids, start, slot, positions, visible) hold: a CUDA graph
-        captures this call, and each replay reads the buffers as they are then."""
+    def launch(self, ids, start, slot, depth, row_mask, k_cache, v_cache) -> None:
+        """One step, every input a device tensor that a CUDA graph can capture by address: ids [rows], start
+        and slot [1] (the cache positions start..start+rows-1 of that slot), depth [rows] (rotary positions
+        start + depth), row_mask [rows, rows] bool (the new rows each row sees)."""
         p, s = self.packed, self.packed.shape
         assert k_cache.stride() == v_cache.stride() and k_cache.stride(4) == 1
+        assert ids.is_contiguous() and depth.is_contiguous()
         self.counters.zero_()
         persistent_step_kernel[(self.programs,)](
-            self.table, len(self.schedule.items), self.counters, self.ids, self.start, self.positions,
-            self.visible, self.slot,
+            self.table, len(self.schedule.items), self.counters, ids, start, slot, depth, row_mask,
+            row_mask.stride(0), row_mask.stride(1),
             p.embed, p.attn_norm, p.wqkv, p.wo, p.mlp_norm, p.w_gate_up, p.w_down, p.final_norm, p.lm_head,
             p.cos, p.sin, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             k_cache.stride(3),

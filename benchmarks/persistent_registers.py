@@ -1,0 +1,99 @@
+"""Registers and spills per thread of the persistent decoder step, compiled for sm_90a without a GPU.
+
+Usage: python benchmarks/persistent_registers.py [--rows 1,4,8] [--warps 4,8] [--tiles 16,16,16,16,384] [--trace]
+
+Compiles eyas.kernels.persistent_decode's kernel for SmolLM2-135M's shape in bf16 (the constexprs
+PersistentStep passes) with Triton for compute capability 9.0, and runs Triton's own ptxas with --verbose on
+the PTX. One program per SM must fit: warps x 32 x registers at most 65,536, and a spill costs local-memory
+traffic inside every item. These are the compiler's counts, not timings. Exits non-zero if a kernel does
+not compile (Triton's interpreter, which the CPU tests run, accepts some programs the compiler rejects).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ["TRITON_INTERPRET"] = "0"
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_registers import counts  # noqa: E402  (benchmarks/kernel_registers.py)
+
+from eyas.kernels import persistent_decode  # noqa: E402
+from eyas.kernels.persistent_schedule import DecoderShape, Tiles  # noqa: E402
+
+SMOLLM2 = DecoderShape(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, layers=30, vocab=49152)
+FP32 = {"h_buf", "q_buf", "attn_buf", "act_buf", "logits", "tile_max", "sink", "cos", "sin", "eps", "scale"}
+I32_POINTERS = {"table", "counters", "tile_arg"}
+I64_POINTERS = {"ids", "tokens", "start", "slot_of", "depth", "trace"}
+
+
+def signature(kernel, constexprs: dict) -> dict:
+    sig = {}
+    for p in kernel.params:
+        if p.name in constexprs:
+            sig[p.name] = "constexpr"
+        elif p.name in FP32:
+            sig[p.name] = "fp32" if p.name in ("eps", "scale") else "*fp32"
+        elif p.name in I32_POINTERS or p.name in I64_POINTERS:
+            sig[p.name] = "*i32" if p.name in I32_POINTERS else "*i64"
+        elif p.name == "row_mask":
+            sig[p.name] = "*i1"
+        elif p.name in ("embed", "attn_norm_w", "wqkv", "wo", "mlp_norm_w", "wgu", "wd", "final_norm_w", "lm_head",
+                        "k_cache", "v_cache"):
+            sig[p.name] = "*bf16"
+        else:
+            sig[p.name] = "i32"
+    return sig
+
+
+def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool) -> dict:
+    s = SMOLLM2
+    (h1, h2), (q1, q2), (i1, i2) = (persistent_decode.split_pow2(k) for k in
+                                    (s.hidden, s.heads * s.head_dim, s.intermediate))
+    block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
+    constexprs = dict(R=rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
+                      TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up),
+                      BD=block(tiles.down), BL=32, BK=64, BT=64, BTILES=block(-(-s.vocab // tiles.lm_head)),
+                      PREC="tf32", PREFETCH=False, TRACE=trace)
+    kernel = persistent_decode.persistent_step_kernel
+    t0 = time.time()
+    compiled = triton.compile(ASTSource(kernel, signature(kernel, constexprs), constexprs=constexprs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    return {"rows": rows, "warps": warps, "trace": trace, "compile_s": time.time() - t0, **counts(compiled.asm["ptx"])}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", default="1,4,8")
+    ap.add_argument("--warps", default="8")
+    ap.add_argument("--tiles", default="16,16,16,16,384", help="qkv, o_proj, gate_up, down, lm_head")
+    ap.add_argument("--trace", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        rows = [int(r) for r in args.rows.split(",")]
+        warps = [int(w) for w in args.warps.split(",")]
+        tiles = Tiles(*(int(t) for t in args.tiles.split(",")))
+    except (ValueError, TypeError):
+        print("persistent_registers: error: --rows, --warps and --tiles take comma-separated integers "
+              "(--tiles five of them)", file=sys.stderr)
+        return 2
+    print("| rows | warps | trace | registers | spill bytes | fits one program per SM | compile s |")
+    print("| ---: | ---: | --- | ---: | ---: | --- | ---: |")
+    for r in rows:
+        for w in warps:
+            c = compile_step(r, w, tiles, args.trace)
+            fits = w * 32 * (c["registers"] or 0) <= 65536
+            print(f"| {r} | {w} | {args.trace} | {c['registers']} | {c['spill_store_bytes']} | {fits} "
+                  f"| {c['compile_s']:.1f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
