@@ -19,7 +19,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(execution_plan.ExecutionPlan)}
 
 def plan_value(name: str, text: str):
     """The plan field `name`'s value from its text: 0/1 (or false/true) for a decision, a count for
-    qkv_rotary_rows; a bad one is a one-line SystemExit."""
+    qkv_rotary_rows and persistent_rows; a bad one is a one-line SystemExit."""
     if isinstance(getattr(execution_plan.DEFAULT, name), bool):
         if text.lower() in ("0", "false", "off"):
             return False
@@ -27,7 +27,8 @@ def plan_value(name: str, text: str):
             return True
     elif text.isdigit():
         return int(text)
-    raise SystemExit(f"{name}={text!r}: expected {'0 or 1' if name != 'qkv_rotary_rows' else 'a row count'}")
+    kind = isinstance(getattr(execution_plan.DEFAULT, name), bool)
+    raise SystemExit(f"{name}={text!r}: expected {'0 or 1' if kind else 'a row count'}")
 
 
 def plan_changes(pairs: dict[str, str]) -> dict:

@@ -508,6 +508,7 @@ def sweep(model_path, prompts, draft, specs, rounds=2, twin=None):
     """Plain decode and each setting on the same prompts, every engine built first and kept, then timed in
     `rounds` rounds, each in the opposite order of the one before (A B C, C B A, ...): an effect of build
     or timing order would show as a spread between rounds instead of as a difference between settings.
+    With a twin, plain decoding is timed with its settings too (plain_twin_tok_s).
     Per setting: median tok/s over the rounds, every round's, acceptance, the speed-up over plain's median,
     and the cycle's phases from a separate profiled pass. `twin` (NAME, VALUE, ...): each setting also as an
     engine with those settings (ablation.py) while it is built and whenever it runs (switches read as
@@ -515,6 +516,12 @@ def sweep(model_path, prompts, draft, specs, rounds=2, twin=None):
     import statistics
 
     names, engines, envs = ["plain"], [eyas_engine(model_path, "bf16", prompts[0])], [None]
+    if twin:  # plain decoding with the twin's settings too
+        with ablated(*twin):
+            engines.append(eyas_engine(model_path, "bf16", prompts[0]))
+        names.append(f"plain {twin_name(twin)}")
+        envs.append(twin)
+    first_spec = len(names)
     for s in specs:
         for env in (None, twin) if twin else (None,):
             with ablated(*env) if env else contextlib.nullcontext():
@@ -532,7 +539,7 @@ def sweep(model_path, prompts, draft, specs, rounds=2, twin=None):
         runs[names[i]].append(under_env(i, timed_run, prompts))
     median = {n: statistics.median(x["tok_s"] for x in runs[n]) for n in names}
     rows = []
-    for i, (name, spec) in enumerate(zip(names[1:], row_specs), start=1):
+    for i, (name, spec) in enumerate(zip(names[first_spec:], row_specs), start=first_spec):
         run = runs[name][0]
         phases = under_env(i, cycle_phases, prompts[0])
         rows.append(dict(spec=name, tok_s=median[name], tok_s_rounds=[x["tok_s"] for x in runs[name]],
@@ -545,8 +552,10 @@ def sweep(model_path, prompts, draft, specs, rounds=2, twin=None):
     chains = [r for r, spec in zip(rows, row_specs) if spec.topk == 1]
     trees = [r for r, spec in zip(rows, row_specs) if spec.topk > 1]
     best = lambda rs: max(rs, key=lambda r: r["tok_s"])["spec"] if rs else None  # noqa: E731
+    plain_twin = {"plain_twin": names[1], "plain_twin_tok_s": median[names[1]],
+                  "plain_twin_tok_s_rounds": [x["tok_s"] for x in runs[names[1]]]} if twin else {}
     return dict(plain_tok_s=median["plain"], plain_tok_s_rounds=[x["tok_s"] for x in runs["plain"]], rounds=rounds,
-                rows=rows, best_chain=best(chains), best_tree=best(trees))
+                **plain_twin, rows=rows, best_chain=best(chains), best_tree=best(trees))
 
 
 def cycle_arithmetic(tok_s: float, accept_length: float, plain_tok_s: float, spec: str) -> dict:
@@ -632,6 +641,10 @@ def markdown_report(results: dict) -> str:
         plain = sweep["plain_tok_s"]
         rows = [["plain", plain, "1.000×", "", "", "", "", "", f"{1000 / plain:.3f}", "", "",
                  " / ".join(f"{x:,.1f}" for x in sweep["plain_tok_s_rounds"])]]
+        if "plain_twin" in sweep:
+            twin = sweep["plain_twin_tok_s"]
+            rows.append([sweep["plain_twin"], twin, f"{twin / plain:.3f}×", "", "", "", "", "", f"{1000 / twin:.3f}",
+                         "", "", " / ".join(f"{x:,.1f}" for x in sweep["plain_twin_tok_s_rounds"])])
         for r in sweep["rows"]:
             ph, bound = r["phase_ms"], cycle_arithmetic(r["tok_s"], r["accept_length"], plain, r["spec"])
             rows.append([r["spec"], r["tok_s"], f"{r['over_plain']:.3f}×", f"{r['accept_length']:.2f}",

@@ -33,11 +33,13 @@ class ExecutionPlan:
     accept_kernel: bool = True     # a chain's greedy acceptance in one kernel
     qkv_rotary_rows: int = 2       # rows up to which norm, q/k/v, rotary and cache write run as one kernel;
     # 0: never; at or past the kernel's own row limit: wherever it applies. 4-8 rows were 1-3% slower with it.
+    persistent_rows: int = 0       # new tokens up to which a one-sequence pass runs as one persistent kernel
+    # (engine/persistent.py); 0: never. Open until timed on a GPU against the graphed path.
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            kind = int if f.name == "qkv_rotary_rows" else bool
+            kind = int if f.name in ("qkv_rotary_rows", "persistent_rows") else bool
             if type(value) is not kind or (kind is int and value < 0):
                 raise ValueError(f"ExecutionPlan.{f.name} must be a {'non-negative int' if kind is int else 'bool'},"
                                  f" not {value!r}")

@@ -91,11 +91,13 @@ def test_a_twin_of_each_setting_is_built_with_its_variable_set(monkeypatch):
     monkeypatch.setattr(bench, "cycle_phases", cycle_phases)
     twin = bench.parse_twin("topk_kernel=0")
     res = bench.sweep("model", [[1, 2]], "draft", bench.parse_specs("3/1,5/4/8"), rounds=1, twin=twin)
-    assert built == [("plain", None), ("3/1/4", None), ("3/1/4", "0"), ("5/4/8", None), ("5/4/8", "0")]
+    assert built == [("plain", None), ("plain", "0"), ("3/1/4", None), ("3/1/4", "0"), ("5/4/8", None),
+                     ("5/4/8", "0")]
     assert [r["spec"] for r in res["rows"]] == ["3/1/4", "3/1/4 topk_kernel=0", "5/4/8", "5/4/8 topk_kernel=0"]
     assert [r["tok_s"] for r in res["rows"]] == [200.0, 100.0, 200.0, 100.0]
     assert execution_plan.current() == execution_plan.DEFAULT and res["best_chain"] == "3/1/4"
-    assert len(ran) == 5 + 4 and all(eng.split(":")[1] == str(env) for eng, env in ran)
+    assert res["plain_twin"] == "plain topk_kernel=0" and res["plain_twin_tok_s"] == 100.0
+    assert len(ran) == 6 + 4 and all(eng.split(":")[1] == str(env) for eng, env in ran)
 
 
 def test_a_twin_may_set_several_variables():

@@ -322,12 +322,16 @@ class DecodeAhead(AheadOfHost):
         runner, target = self.engine.runner, self.engine.target
 
         def step(x: StepInputs):
-            batch = AttentionBatch(kv=runner.kv, slots=x.slots, starts=x.cached, kv_len=kv_len)
-            out = runner.model(x.token[:, None], x.cached[:, None], batch)
-            tokens = target.logits(out.hidden[:, -1]).argmax(-1)
+            if runner.persistent is not None and runner.persistent.serves(x.token.shape[0], 1):
+                tokens, _, aux = runner.persistent.forward(x.token[:, None], x.cached, x.slots)
+                tokens = tokens[:, -1]
+            else:
+                batch = AttentionBatch(kv=runner.kv, slots=x.slots, starts=x.cached, kv_len=kv_len)
+                out = runner.model(x.token[:, None], x.cached[:, None], batch)
+                tokens, aux = target.logits(out.hidden[:, -1]).argmax(-1), out.aux_hidden
             following = StepInputs(tokens, x.cached + x.active, x.slots, x.active)
             # A target that feeds a draft also returns the step's features (the draft's lag, catch_up.py).
-            return (tokens if out.aux_hidden is None else (tokens, out.aux_hidden[:, -1])), following
+            return (tokens if aux is None else (tokens, aux[:, -1])), following
         return step
 
     def _take(self, seqs, tokens, features, rows):

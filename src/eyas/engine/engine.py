@@ -16,6 +16,7 @@ import torch
 
 from eyas.tensor_parallel import SINGLE, TPContext
 from eyas.engine.ahead import DecodeAhead
+from eyas.engine.persistent import PersistentTarget
 from eyas.engine.plan_summary import plan_summary
 from eyas.engine.profile import NULL_PROFILER
 from eyas.engine.runner import ModelRunner
@@ -53,6 +54,7 @@ class Engine:
             from eyas.engine.graphs import CudaGraphs
 
             self.runner.graphs = CudaGraphs(self.runner)
+        self.runner.persistent = PersistentTarget(self.runner)  # batch-1 passes as one launch, where the plan asks
         self.execution_plan_summary = plan_summary(self)  # the plan in force at build and the paths it implies
 
     # -- requests -------------------------------------------------------------------------------
@@ -287,9 +289,13 @@ class Engine:
         if self.ahead.usable(seqs):
             return self.ahead.advance(seqs)
         starts = [s.cached for s in seqs]
-        ids, pos = torch.tensor([[s.output_ids[-1] for s in seqs], starts], device=self.device)[:, :, None]
-        out = self.runner.forward(ids, pos, [s.slot for s in seqs], starts)
-        logits = self.target.logits(out.hidden[:, -1])
+        ids, pos, slots = torch.tensor([[s.output_ids[-1] for s in seqs], starts, [s.slot for s in seqs]],
+                                       device=self.device)[:, :, None]
+        if self.runner.persistent.serves(len(seqs), 1):
+            logits, out = self.runner.persistent.output(ids, pos[:, 0], slots[:, 0])
+        else:
+            out = self.runner.forward(ids, pos, [s.slot for s in seqs], starts)
+            logits = self.target.logits(out.hidden[:, -1])
         tokens = self.sample(logits, seqs).tolist()
         self.take_step(seqs, tokens, self.step_logprobs(seqs, logits, tokens))
         return out

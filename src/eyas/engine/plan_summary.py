@@ -48,6 +48,8 @@ def plan_summary(engine) -> dict:
         "run_ahead": may_run_ahead(engine, []),
         "projections": projection_paths(layers[0], probe_of, ROWS, other) if len(layers) else {},
         "qkv_rotary_rows": qkv_rotary_rows,
+        # a one-sequence pass of up to this many new tokens runs as one persistent kernel (engine/persistent.py)
+        "persistent_rows": plan.persistent_rows if engine.runner.persistent.eligible else 0,
         "attention": {"kernel": kernels, "merge_in_kernel": kernels and plan.merge_in_kernel,
                       "short_row_splits": kernels and plan.short_row_splits},
     }

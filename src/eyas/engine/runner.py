@@ -40,6 +40,7 @@ class ModelRunner:
         self.kv = KVCache(cfg.num_layers, num_slots + 1, max_len, kv_heads, head_dim, dtype, self.device, shared)
         self.scratch_slot = self.kv.allocate_scratch()
         self.graphs = None  # graphs.CudaGraphs, set by the Engine on CUDA
+        self.persistent = None  # persistent.PersistentTarget, set by the Engine
         self.chunked_prefill: bool | None = None  # None: when graphs can replay the chunks; True/False: always/never
 
     def kv_len_for(self, starts: list[int], num_new: int) -> int:

@@ -362,7 +362,7 @@ class PackedDecoder:
 def pack_llama(model) -> PackedDecoder:
     """Stack an eyas CausalLM's (eyas.models.llama) dense Llama weights; other variants keep today's path."""
     cfg = model.config
-    if cfg.mla or cfg.moe_layers or cfg.qk_norm or cfg.attention_bias or model.tp.size != 1:
+    if cfg.mla or cfg.moe_layers or cfg.qk_norm or cfg.attention_bias or cfg.quantization or model.tp.size != 1:
         raise ValueError("the persistent step covers dense Llama-family layers without qkv bias or q/k norm "
                          "on one rank")
     layers = model.model.layers

@@ -1,0 +1,106 @@
+"""Batch-1 target passes as one persistent kernel launch (eyas.kernels.persistent_decode), where the plan asks.
+
+A pass of one sequence over T new tokens (a plain decode step, T = 1, or a verify of a chain or tree of up
+to eight) runs the whole decoder, the LM head and the argmax as one launch instead of about 240 small
+kernels. The engine's graphed bodies (a plain step ahead of the host, a verify pass, a whole speculative
+cycle) call `forward` in place of the model and its LM head when `serves` says so: a batch of one row (the
+graphs' bucket of one) and T up to execution_plan's persistent_rows. Other batches, shapes and TP > 1 keep
+today's path.
+
+The target's weights are stacked per kind across layers once, on first use, and the model's own parameters
+are then rebound as views of the stacks, so both paths read one copy of the weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from eyas import execution_plan
+from eyas.kernels import switched_on
+from eyas.models.llama import ModelOutput
+
+REGISTER_TILE_BYTES = 48 * 1024  # the largest weight tile an item holds in registers (SmolLM2's down tile)
+
+
+def supports(model) -> bool:
+    """Whether the kernel covers this target: dense Llama-family layers on one rank, head_dim a power of two
+    of at least 16, and every item's weight tile within what one program holds in registers."""
+    cfg = model.config
+    if cfg.mla or cfg.moe_layers or cfg.qk_norm or cfg.attention_bias or cfg.quantization or model.tp.size != 1:
+        return False
+    if cfg.head_dim < 16 or cfg.head_dim & (cfg.head_dim - 1) or cfg.hidden_size < 32:
+        return False
+    elsize = next(model.parameters()).element_size()
+    from eyas.kernels.persistent_schedule import Tiles
+
+    t = Tiles()
+    widest = max(2 * t.gate_up * cfg.hidden_size, t.down * cfg.intermediate_size, 2 * t.qkv * cfg.hidden_size,
+                 t.o_proj * cfg.num_heads * cfg.head_dim)
+    return widest * elsize <= REGISTER_TILE_BYTES
+
+
+class PersistentTarget:
+    """One launch per batch-1 pass of the runner's target, a PersistentStep per row count, built on demand."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.model = runner.model
+        probe = torch.empty(0, device=runner.device)
+        self.eligible = switched_on(probe) and supports(self.model)  # CUDA, or the interpreter in tests
+        self.packed = None
+        self.steps = {}
+        dev = runner.device
+        self.depth = torch.arange(8, device=dev)  # a plain pass's rotary offsets: row r at start + r
+        self.causal = torch.ones(8, 8, dtype=torch.bool, device=dev).tril()
+
+    def serves(self, rows: int, tokens: int) -> bool:
+        """Whether a pass of `rows` rows (padded to its graph bucket) of `tokens` new tokens runs here."""
+        return self.eligible and rows == 1 and 1 <= tokens <= execution_plan.current().persistent_rows
+
+    def _step(self, tokens: int):
+        from eyas.kernels.persistent_decode import PersistentStep, pack_llama
+        from eyas.kernels.persistent_schedule import Tiles
+
+        if self.packed is None:
+            self.packed = pack_llama(self.model)
+            share_weights(self.model, self.packed)
+        step = self.steps.get(tokens)
+        if step is None:
+            dev = self.runner.device
+            programs = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+            tiles = Tiles(qkv=min(Tiles.qkv, self.packed.shape.head_dim // 2))  # a rotation pair within a head
+            step = self.steps[tokens] = PersistentStep(self.packed, tokens, programs, tiles)
+        return step
+
+    def forward(self, ids: torch.Tensor, starts: torch.Tensor, slots: torch.Tensor, depth: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The target over ids [1, T] written at columns starts[0].. of slots[0] (device tensors; depth [1, T]
+        rotary offsets and mask [1, T, T] for a tree, else causal): (argmax [1, T], logits [1, T, vocab] fp32,
+        the EAGLE-3 features [1, T, len(capture_layers) * hidden] or None), as the model and its LM head give
+        them. The outputs are the step's own buffers: valid until its next launch."""
+        T = ids.shape[1]
+        step = self._step(T)
+        kv = self.runner.kv
+        step.launch(ids[0], starts[:1], slots[:1], self.depth[:T] if depth is None else depth[0],
+                    self.causal[:T, :T] if mask is None else mask[0], kv.k, kv.v)
+        aux = None
+        if self.model.capture_layers:
+            dtype = step.packed.embed.dtype
+            aux = torch.cat([self.model.embed(ids[0]) if i == 0 else step.h[2 * i].to(dtype)
+                             for i in self.model.capture_layers], dim=-1)[None]
+        return step.tokens[None], step.logits[None], aux
+
+    def output(self, ids, starts, slots) -> tuple[torch.Tensor, ModelOutput]:
+        """A plain step as the engine's decode reads it: (logits [1, vocab], ModelOutput with its features)."""
+        _, logits, aux = self.forward(ids, starts, slots)
+        return logits[:, -1], ModelOutput(None, aux)
+
+
+def share_weights(model, packed) -> None:
+    """Rebind each layer's parameters as views of the stacked tensors (one copy of the weights)."""
+    for i, layer in enumerate(model.model.layers):
+        for param, stack in ((layer.input_layernorm.weight, packed.attn_norm),
+                             (layer.self_attn.qkv_proj.weight, packed.wqkv), (layer.self_attn.o_proj.weight, packed.wo),
+                             (layer.post_attention_layernorm.weight, packed.mlp_norm),
+                             (layer.mlp.gate_up_proj.weight, packed.w_gate_up), (layer.mlp.down_proj.weight, packed.w_down)):
+            param.data = stack[i]

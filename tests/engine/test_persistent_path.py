@@ -1,0 +1,97 @@
+"""The engine with batch-1 passes through the persistent kernel (execution_plan's persistent_rows; on the CPU
+through Triton's interpreter, EYAS_KERNELS=force): the same greedy tokens as the torch reference paths,
+plain, chain and tree, and the passes did run there."""
+
+import pytest
+import torch
+
+import eyas.engine.ahead as ahead_mod
+from eyas.config import SpecConfig
+from eyas.engine.engine import Engine
+from eyas.layers.sampling import SamplingParams
+from tests.conftest import on_gpu
+from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
+from tests.helpers import random_draft, tiny_llama
+
+pytest.importorskip("triton", reason="Triton is not installed (pip install -e '.[test]' brings it)")
+
+CUDA = on_gpu()
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_llama(path, vocab=32, layers=3, hidden=64)  # head_dim 16
+    return str(path)
+
+
+def _engine(target_dir, kernels: str, monkeypatch, spec=None):
+    monkeypatch.setenv("EYAS_KERNELS", kernels)
+    draft = random_draft(64, 32, draft_vocab=24, head_dim=16).requires_grad_(False) if spec else None
+    return Engine(target_dir, dtype="fp32", device="cuda" if CUDA else "cpu", max_batch=1, max_len=64, draft=draft,
+                  spec=spec)
+
+
+def _generate(engine, tokens=8):
+    prompt = torch.randint(0, 32, (7,), generator=torch.Generator().manual_seed(0)).tolist()
+    return engine.generate([prompt], SamplingParams(max_tokens=tokens, ignore_eos=True))[0].output_ids
+
+
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, adaptive=False), SpecConfig(3, 2, 5, adaptive=False)],
+                         ids=["plain", "chain", "tree"])
+def test_persistent_passes_give_the_reference_tokens(target_dir, monkeypatch, plan, spec):
+    reference = _generate(_engine(target_dir, "0", monkeypatch))  # plain greedy, torch paths
+    plan(persistent_rows=8)
+    engine = _engine(target_dir, "force", monkeypatch, spec)
+    assert engine.execution_plan_summary["persistent_rows"] == 8
+    assert _generate(engine) == reference
+    ran = engine.runner.persistent.steps
+    want = 1 if spec is None else spec.draft_tokens  # plain steps, or the verify passes
+    assert want in ran and ran[want].counters_complete()
+
+
+@pytest.mark.skipif(CUDA, reason="CUDA graphs faked on the CPU")
+@pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, adaptive=False)], ids=["plain", "chain"])
+def test_persistent_passes_ahead_of_the_host(target_dir, monkeypatch, plan, fake_graphs, spec):
+    """Inside the graphed bodies that run ahead of the host (a plain step, a whole greedy cycle; CUDA graphs
+    faked, each body run twice per replay): the same tokens, and the steps did run ahead."""
+    reference = _generate(_engine(target_dir, "0", monkeypatch), tokens=6)
+    plan(persistent_rows=8, decode_ahead=True)
+    replays = []
+    real = ahead_mod.GraphPair.replay
+    monkeypatch.setattr(ahead_mod.GraphPair, "replay", lambda self: replays.append(1) or real(self))
+    engine = fake_graphs(_engine(target_dir, "force", monkeypatch, spec))
+    assert _generate(engine, tokens=6) == reference
+    assert replays and (1 if spec is None else spec.draft_tokens) in engine.runner.persistent.steps
+
+
+def test_off_by_default_and_off_where_kernels_are(target_dir, monkeypatch, plan):
+    engine = _engine(target_dir, "force", monkeypatch)
+    assert engine.execution_plan_summary["persistent_rows"] == 0
+    _generate(engine, tokens=3)
+    assert not engine.runner.persistent.steps  # the plan's default keeps today's path
+    plan(persistent_rows=8)
+    assert _engine(target_dir, "0", monkeypatch).execution_plan_summary["persistent_rows"] == 0
+
+
+def test_a_verify_pass_gives_the_models_logits_features_and_cache(target_dir, monkeypatch, plan):
+    """What a drafted chain's verify reads from the pass: the logits, the EAGLE-3 features of the draft's capture
+    layers (which greedy tokens alone would not check: a wrong feature only lowers acceptance) and the cache."""
+    plan(persistent_rows=8)
+    engine = _engine(target_dir, "force", monkeypatch, SpecConfig(3, 1, adaptive=False))
+    runner, dev = engine.runner, engine.device
+    assert engine.target.capture_layers
+    runner.prefill(torch.tensor([[3, 9, 27, 4, 18, 30, 2]], device=dev), [0])
+    ids = torch.tensor([[5, 11, 7, 20]], device=dev)
+    k0, v0 = runner.kv.k.clone(), runner.kv.v.clone()
+    out = runner.forward(ids, torch.arange(7, 11, device=dev)[None], [0], [7], graph=False)
+    want_logits, want_aux = engine.target.logits(out.hidden), out.aux_hidden
+    k_want, v_want = runner.kv.k.clone(), runner.kv.v.clone()
+    runner.kv.k.copy_(k0)
+    runner.kv.v.copy_(v0)
+    tokens, logits, aux = runner.persistent.forward(ids, torch.tensor([7], device=dev), torch.tensor([0], device=dev))
+    tol = 2e-3 if CUDA else 1e-4
+    assert (logits - want_logits).abs().max() <= tol * want_logits.abs().max()
+    assert torch.equal(tokens, want_logits.argmax(-1))
+    assert aux.shape == want_aux.shape and (aux - want_aux).abs().max() <= tol * want_aux.abs().max()
+    assert (runner.kv.k - k_want).abs().max() <= 1e-4 and (runner.kv.v - v_want).abs().max() <= 1e-4
