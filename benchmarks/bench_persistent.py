@@ -12,7 +12,8 @@ holding the GPU; each first launch is also polled against a deadline):
       them), and the weight-read bound: weight bytes / measured device copy bandwidth;
   (c) with --trace, one traced launch of each: per op, how long items waited for their counter, worked, and
       took to notice their counter after its last producer finished.
-Each variant is a tile set x warps per program x the LM head's L2 prefetch. Prints markdown tables last. --device cpu --tiny --random smoke-tests the script (W=1, Triton's interpreter).
+Each variant is a tile set x warps per program x the LM head's L2 prefetch. Prints markdown tables last.
+--device cpu --tiny --random smoke-tests the script (W=1, Triton's interpreter).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def run(args) -> None:
     import torch
 
     from eyas.engine.engine import Engine
-    from eyas.kernels.persistent_decode import PersistentStep, pack_llama, trace_summary
+    from eyas.kernels.persistent_step import PersistentStep, pack_llama, trace_summary
     from eyas.kernels.persistent_schedule import Tiles
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from eyas.engine.runner import ModelRunner
-from eyas.kernels.persistent_decode import PersistentStep, expected_counts, item_table, pack_llama
+from eyas.kernels.persistent_step import PersistentStep, expected_counts, item_table, pack_llama
 from eyas.kernels.persistent_reference import PersistentReference
 from eyas.kernels.persistent_schedule import Tiles, build_schedule
 from eyas.models.loader import load_model

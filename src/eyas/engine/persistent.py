@@ -58,7 +58,7 @@ class PersistentTarget:
         return self.eligible and rows == 1 and 1 <= tokens <= execution_plan.current().persistent_rows
 
     def _step(self, tokens: int):
-        from eyas.kernels.persistent_decode import PersistentStep, pack_llama
+        from eyas.kernels.persistent_step import PersistentStep, pack_llama
         from eyas.kernels.persistent_schedule import Tiles
 
         if self.packed is None:
@@ -99,8 +99,8 @@ class PersistentTarget:
 def share_weights(model, packed) -> None:
     """Rebind each layer's parameters as views of the stacked tensors (one copy of the weights)."""
     for i, layer in enumerate(model.model.layers):
-        for param, stack in ((layer.input_layernorm.weight, packed.attn_norm),
-                             (layer.self_attn.qkv_proj.weight, packed.wqkv), (layer.self_attn.o_proj.weight, packed.wo),
-                             (layer.post_attention_layernorm.weight, packed.mlp_norm),
-                             (layer.mlp.gate_up_proj.weight, packed.w_gate_up), (layer.mlp.down_proj.weight, packed.w_down)):
+        attn, mlp = layer.self_attn, layer.mlp
+        for param, stack in ((layer.input_layernorm.weight, packed.attn_norm), (attn.qkv_proj.weight, packed.wqkv),
+                             (attn.o_proj.weight, packed.wo), (layer.post_attention_layernorm.weight, packed.mlp_norm),
+                             (mlp.gate_up_proj.weight, packed.w_gate_up), (mlp.down_proj.weight, packed.w_down)):
             param.data = stack[i]

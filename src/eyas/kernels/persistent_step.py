@@ -1,0 +1,180 @@
+"""The launch of a persistent decoder step (eyas.kernels.persistent_decode): the target's weights stacked per
+kind, the item table and counters of its schedule, the step's buffers, allocated once so that a CUDA graph
+can capture the launch, and a summary of a traced launch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from eyas.kernels.persistent_decode import OPS, persistent_step_kernel, split_pow2
+from eyas.kernels.persistent_schedule import MAX_ROWS, DecoderShape, Schedule, Tiles, build_schedule
+
+
+def item_table(schedule: Schedule, device) -> torch.Tensor:
+    """[items, 8] int32: op code, layer, part, first column, end column, wait counter, wait count, signal."""
+    rows = [(OPS.index(i.op), i.layer, i.part, i.cols[0], i.cols[1], -1 if i.wait is None else i.wait,
+             i.wait_count, i.signal) for i in schedule.items]
+    return torch.tensor(rows, dtype=torch.int32, device=device)
+
+
+def expected_counts(schedule: Schedule) -> list[int]:
+    """What each counter holds after a complete step: the number of items that signal it."""
+    counts = [0] * len(schedule.counters)
+    for item in schedule.items:
+        counts[item.signal] += 1
+    return counts
+
+
+@dataclass
+class PackedDecoder:
+    """A Llama-family target's weights stacked per kind across layers, in the target's dtype."""
+    shape: DecoderShape
+    embed: torch.Tensor        # [V, H]
+    attn_norm: torch.Tensor    # [L, H]
+    wqkv: torch.Tensor         # [L, (NH + 2 KV) D, H]: query heads, key heads, value heads
+    wo: torch.Tensor           # [L, H, NH D]
+    mlp_norm: torch.Tensor     # [L, H]
+    w_gate_up: torch.Tensor    # [L, 2 I, H]: gate rows, then up rows
+    w_down: torch.Tensor       # [L, H, I]
+    final_norm: torch.Tensor   # [H]
+    lm_head: torch.Tensor      # [V, H]
+    cos: torch.Tensor          # [max positions, D], the target's rotary tables
+    sin: torch.Tensor
+    eps: float
+    scale: float
+
+
+def pack_llama(model) -> PackedDecoder:
+    """Stack an eyas CausalLM's (eyas.models.llama) dense Llama weights; other variants keep today's path."""
+    cfg = model.config
+    if cfg.mla or cfg.moe_layers or cfg.qk_norm or cfg.attention_bias or cfg.quantization or model.tp.size != 1:
+        raise ValueError("the persistent step covers dense Llama-family layers without qkv bias or q/k norm "
+                         "on one rank")
+    layers = model.model.layers
+    shape = DecoderShape(hidden=cfg.hidden_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
+                         head_dim=cfg.head_dim, intermediate=cfg.intermediate_size, layers=cfg.num_layers,
+                         vocab=cfg.vocab_size)
+
+    def stack(get):
+        return torch.stack([get(layer).detach() for layer in layers]).contiguous()
+
+    rotary = model.model.rotary
+    return PackedDecoder(
+        shape=shape, embed=model.model.embed_tokens.weight.detach(),
+        attn_norm=stack(lambda x: x.input_layernorm.weight), wqkv=stack(lambda x: x.self_attn.qkv_proj.weight),
+        wo=stack(lambda x: x.self_attn.o_proj.weight), mlp_norm=stack(lambda x: x.post_attention_layernorm.weight),
+        w_gate_up=stack(lambda x: x.mlp.gate_up_proj.weight), w_down=stack(lambda x: x.mlp.down_proj.weight),
+        final_norm=model.model.norm.weight.detach(), lm_head=model.lm_head.weight.detach(),
+        cos=rotary.cos.float().contiguous(), sin=rotary.sin.float().contiguous(), eps=cfg.rms_norm_eps,
+        scale=cfg.head_dim ** -0.5)
+
+
+class PersistentStep:
+    """The launch of one persistent step of `rows` rows with its item table, counters and step buffers,
+    allocated once so that the launch can be captured in a CUDA graph."""
+
+    def __init__(self, packed: PackedDecoder, rows: int, programs: int, tiles: Tiles = Tiles(),
+                 block_l: int = 32, block_t: int = 64, prefetch: bool = False, num_warps: int = 8,
+                 trace: bool = False):
+        if not 1 <= rows <= MAX_ROWS:
+            raise ValueError(f"a persistent step takes 1..{MAX_ROWS} rows, not {rows}")
+        s, dev = packed.shape, packed.embed.device
+        if s.head_dim < 16 or s.head_dim & (s.head_dim - 1) or s.hidden < 32:
+            raise ValueError(f"head_dim {s.head_dim} must be a power of two of at least 16, hidden at least 32")
+        if trace and dev.type != "cuda":
+            raise ValueError("a traced step reads %globaltimer: it needs a GPU")
+        self.packed, self.rows, self.programs = packed, rows, programs
+        self.schedule = build_schedule(s, tiles)
+        self.table = item_table(self.schedule, dev)
+        self.expected = torch.tensor(expected_counts(self.schedule), dtype=torch.int32, device=dev)
+        self.counters = torch.zeros(len(self.schedule.counters), dtype=torch.int32, device=dev)
+        f32 = dict(dtype=torch.float32, device=dev)
+        qw = s.heads * s.head_dim
+        self.n_lm_tiles = -(-s.vocab // tiles.lm_head)
+        self.h = torch.zeros(2 * s.layers + 1, rows, s.hidden, **f32)
+        self.q = torch.zeros(s.layers, rows, qw, **f32)
+        self.attn = torch.zeros(s.layers, rows, qw, **f32)
+        self.act = torch.zeros(s.layers, rows, s.intermediate, **f32)
+        self.logits = torch.zeros(rows, s.vocab, **f32)
+        self.tile_max = torch.zeros(rows, self.n_lm_tiles, **f32)
+        self.tile_arg = torch.zeros(rows, self.n_lm_tiles, dtype=torch.int32, device=dev)
+        self.tokens = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.sink = torch.zeros(1, **f32)
+        self.trace = torch.zeros(len(self.schedule.items), 3, dtype=torch.int64, device=dev) if trace else None
+        (h1, h2), (q1, q2), (i1, i2) = split_pow2(s.hidden), split_pow2(qw), split_pow2(s.intermediate)
+        block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
+        self.meta = dict(
+            R=rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
+            TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down),
+            BL=block_l, BK=64, BT=block_t, BTILES=block(self.n_lm_tiles),
+            PREC="ieee" if packed.embed.dtype == torch.float32 else "tf32", PREFETCH=prefetch, TRACE=trace,
+            num_warps=num_warps)
+
+    def __call__(self, ids: torch.Tensor, pos: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int = 0,
+                 positions: torch.Tensor | None = None, row_mask: torch.Tensor | None = None):
+        """Run the step for tokens `ids` [rows] written to cache positions pos..pos+rows-1 of `slot` of eyas's
+        KV cache (k_cache, v_cache [L, slots, KV, max_len, D]). positions (default pos + row) feed rotary;
+        row_mask [rows, rows] says which new rows each row sees (default causal; a draft tree passes its
+        ancestor mask). Returns (logits, tokens)."""
+        R, dev = self.rows, self.tokens.device
+        if ids.shape != (R,):
+            raise ValueError(f"expected {R} token ids, got shape {tuple(ids.shape)}")
+        if pos + R > min(k_cache.shape[3], self.packed.cos.shape[0]) or not 0 <= slot < k_cache.shape[1]:
+            raise ValueError(f"positions {pos}..{pos + R - 1} of slot {slot} exceed the cache or rotary table")
+        depth = torch.arange(R) if positions is None else positions.cpu() - pos
+        row_mask = torch.ones(R, R, dtype=torch.bool).tril() if row_mask is None else row_mask
+        where = torch.tensor([pos, slot], device=dev)
+        self.launch(ids, where[0:1], where[1:2], depth.to(dev), row_mask.to(dev), k_cache, v_cache)
+        return self.logits, self.tokens
+
+    def launch(self, ids, start, slot, depth, row_mask, k_cache, v_cache) -> None:
+        """One step, every input a device tensor that a CUDA graph can capture by address: ids [rows], start
+        and slot [1] (the cache positions start..start+rows-1 of that slot), depth [rows] (rotary positions
+        start + depth), row_mask [rows, rows] bool (the new rows each row sees)."""
+        p, s = self.packed, self.packed.shape
+        assert k_cache.stride() == v_cache.stride() and k_cache.stride(4) == 1
+        assert ids.is_contiguous() and depth.is_contiguous()
+        self.counters.zero_()
+        persistent_step_kernel[(self.programs,)](
+            self.table, len(self.schedule.items), self.counters, ids, start, slot, depth, row_mask,
+            row_mask.stride(0), row_mask.stride(1),
+            p.embed, p.attn_norm, p.wqkv, p.wo, p.mlp_norm, p.w_gate_up, p.w_down, p.final_norm, p.lm_head,
+            p.cos, p.sin, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            k_cache.stride(3),
+            self.h, self.q, self.attn, self.act, self.logits, self.tile_max, self.tile_arg, self.tokens, self.sink,
+            self.trace if self.trace is not None else self.sink,
+            p.eps, p.scale, s.layers, s.hidden, s.intermediate, s.vocab, self.n_lm_tiles, **self.meta)
+
+    def counters_complete(self) -> bool:
+        """Whether every counter ended at the number of items that signal it (a finished step)."""
+        return bool(torch.equal(self.counters, self.expected))
+
+
+def trace_summary(step: PersistentStep) -> list[dict]:
+    """Where a traced step's time went, per op: how long its items waited for their counter, how long they
+    worked, and how late they saw their counter after its last producer finished (the cost of a stage
+    boundary). Times in microseconds; medians over the op's items (the latency: over items that waited)."""
+    t = step.trace.cpu().double()
+    items, zero = step.schedule.items, t[:, 0].min()
+    t = (t - zero) / 1e3
+    last_signal = {}
+    for item in items:
+        last_signal[item.signal] = max(last_signal.get(item.signal, 0.0), float(t[item.index, 2]))
+    out = []
+    for op in OPS:
+        mine = [i for i in items if i.op == op]
+        if not mine:
+            continue
+        idx = torch.tensor([i.index for i in mine])
+        late = [float(t[i.index, 1]) - last_signal[i.wait] for i in mine
+                if i.wait is not None and float(t[i.index, 1]) - float(t[i.index, 0]) > 0.05]
+        out.append(dict(op=op, items=len(mine), wait_us=float((t[idx, 1] - t[idx, 0]).median()),
+                        work_us=float((t[idx, 2] - t[idx, 1]).median()),
+                        notice_us=float(torch.tensor(late).median()) if late else 0.0,
+                        last_done_us=float(t[idx, 2].max())))
+    out.append(dict(op="step", items=len(items), wait_us=0.0, work_us=0.0, notice_us=0.0,
+                    last_done_us=float(t[:, 2].max())))
+    return out
