@@ -4,8 +4,7 @@ W programs (on a GPU the SM count, so all are co-resident) each take the schedul
 (item i to program i % W) and run them in increasing index. Items are in topological order, so the lowest
 unfinished item can always run: no dealing in order deadlocks. Each item first loads its weight tile into
 registers (weights never depend on the step, so the load overlaps the producers still running), then spins
-on its producers' int32 counter until it reaches the schedule's wait_count (volatile loads, then one acquire
-read), computes, synchronizes the program's threads and bumps its own counter with release semantics.
+on its producers' int32 counter until it reaches the schedule's wait_count (acquire loads), computes, synchronizes the program's threads and bumps its own counter with release semantics.
 
 The item table is the schedule itself (op, layer, part, columns, wait counter, wait count, signal counter as
 an int32 tensor), so the counters' targets are the schedule's, and the tests check every counter ends at
@@ -44,12 +43,24 @@ def split_pow2(k: int) -> tuple[int, int]:
     return first, triton.next_power_of_2(k - first)
 
 @triton.jit
-def _wait(counters, wait, target):
+def _load_acquire(ptr, ON_GPU: tl.constexpr):
+    """*ptr with acquire semantics: this item's later reads see what its producers wrote before their release
+    add. On a GPU a plain acquire load (no read-modify-write, so spinning programs do not queue on one
+    address); the interpreter has no inline PTX and takes an atomic add of 0."""
+    if ON_GPU:
+        seen = tl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                         is_pure=False, pack=1)
+    else:
+        seen = tl.atomic_add(ptr, 0, sem="acquire")
+    return seen
+
+
+@triton.jit
+def _wait(counters, wait, target, ON_GPU: tl.constexpr):
     if wait >= 0:
-        seen = tl.load(counters + wait, volatile=True)
+        seen = _load_acquire(counters + wait, ON_GPU)
         while seen < target:
-            seen = tl.load(counters + wait, volatile=True)
-        tl.atomic_add(counters + wait, 0, sem="acquire")  # orders this item's reads after the producers' writes
+            seen = _load_acquire(counters + wait, ON_GPU)
 
 
 @triton.jit
@@ -131,7 +142,7 @@ def persistent_step_kernel(
         H1: tl.constexpr, H2: tl.constexpr, Q1: tl.constexpr, Q2: tl.constexpr, I1: tl.constexpr,
         I2: tl.constexpr, TQ: tl.constexpr, BQ: tl.constexpr, BO: tl.constexpr, BG: tl.constexpr,
         BD: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BTILES: tl.constexpr,
-        PREC: tl.constexpr, PREFETCH: tl.constexpr, TRACE: tl.constexpr):
+        PREC: tl.constexpr, PREFETCH: tl.constexpr, TRACE: tl.constexpr, ON_GPU: tl.constexpr):
     pid = tl.program_id(0)
     W = tl.num_programs(0)
     BR: tl.constexpr = 16
@@ -158,7 +169,7 @@ def persistent_step_kernel(
             wl = wqkv + layer.to(tl.int64) * QKVW * H
             lo1, lo2 = _tile(wl, H, a, a + TQ, H, BQ, H1, H2)
             hi1, hi2 = _tile(wl, H, a + HALF, a + HALF + TQ, H, BQ, H1, H2)
-            _wait(counters, wait, count)
+            _wait(counters, wait, count, ON_GPU)
             _stamp(trace, it, 1, TRACE)
             c = a - part * D + tl.arange(0, BQ)   # the pair's first columns within the head
             cm = tl.arange(0, BQ) < TQ
@@ -186,7 +197,7 @@ def persistent_step_kernel(
                     tl.store(dst + c, lo.to(dst.dtype.element_ty), mask=cm)
                     tl.store(dst + c + HALF, hi.to(dst.dtype.element_ty), mask=cm)
         elif op == 1:  # attend: query head `part` over the cache before pos and the new rows its row sees
-            _wait(counters, wait, count)
+            _wait(counters, wait, count, ON_GPU)
             _stamp(trace, it, 1, TRACE)
             g = part // REP
             kc = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
@@ -222,7 +233,7 @@ def persistent_step_kernel(
             tl.store(attn_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], out, mask=m)
         elif op == 2:  # o_proj tile [a, b): h[2l+1] = h[2l] + attn Wo^T
             w1, w2 = _tile(wo + layer.to(tl.int64) * H * QW, QW, a, b, QW, BO, Q1, Q2)
-            _wait(counters, wait, count)
+            _wait(counters, wait, count, ON_GPU)
             _stamp(trace, it, 1, TRACE)
             cols = a + tl.arange(0, BO)
             cm = cols < b
@@ -234,7 +245,7 @@ def persistent_step_kernel(
             wl = wgu + layer.to(tl.int64) * 2 * I * H
             g1, g2 = _tile(wl, H, a, b, H, BG, H1, H2)
             u1, u2 = _tile(wl, H, I + a, I + b, H, BG, H1, H2)
-            _wait(counters, wait, count)
+            _wait(counters, wait, count, ON_GPU)
             _stamp(trace, it, 1, TRACE)
             cols = a + tl.arange(0, BG)
             for r in tl.static_range(R):
@@ -244,7 +255,7 @@ def persistent_step_kernel(
                 tl.store(act_buf + layer * R * I + r * I + cols, act, mask=cols < b)
         elif op == 4:  # down tile [a, b): h[2l+2] = h[2l+1] + act Wd^T
             w1, w2 = _tile(wd + layer.to(tl.int64) * H * I, I, a, b, I, BD, I1, I2)
-            _wait(counters, wait, count)
+            _wait(counters, wait, count, ON_GPU)
             _stamp(trace, it, 1, TRACE)
             cols = a + tl.arange(0, BD)
             cm = cols < b
@@ -255,7 +266,7 @@ def persistent_step_kernel(
         elif op == 5:  # lm_head tile [a, b) of final_norm(h[2L]), and the tile's maximum per row
             if PREFETCH:
                 _touch(lm_head, H, a, b, H, sink, BL, BK)
-            _wait(counters, wait, count)
+            _wait(counters, wait, count, ON_GPU)
             _stamp(trace, it, 1, TRACE)
             hl = h_buf + 2 * L * R * H
             c1 = tl.arange(0, H1)
@@ -286,7 +297,7 @@ def persistent_step_kernel(
             tl.store(tile_max + rows * n_lm_tiles + part, best, mask=rmask)
             tl.store(tile_arg + rows * n_lm_tiles + part, where, mask=rmask)
         else:  # argmax: the first tile holding a row's maximum holds its first index
-            _wait(counters, wait, count)
+            _wait(counters, wait, count, ON_GPU)
             _stamp(trace, it, 1, TRACE)
             tc = tl.arange(0, BTILES)
             m = rmask[:, None] & (tc[None, :] < n_lm_tiles)

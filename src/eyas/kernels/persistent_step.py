@@ -111,6 +111,7 @@ class PersistentStep:
             TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down),
             BL=block_l, BK=64, BT=block_t, BTILES=block(self.n_lm_tiles),
             PREC="ieee" if packed.embed.dtype == torch.float32 else "tf32", PREFETCH=prefetch, TRACE=trace,
+            ON_GPU=dev.type == "cuda",
             num_warps=num_warps)
 
     def __call__(self, ids: torch.Tensor, pos: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int = 0,
