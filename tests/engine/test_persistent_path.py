@@ -65,12 +65,14 @@ def test_persistent_passes_ahead_of_the_host(target_dir, monkeypatch, plan, fake
     assert replays and (1 if spec is None else spec.draft_tokens) in engine.runner.persistent.steps
 
 
-def test_off_by_default_and_off_where_kernels_are(target_dir, monkeypatch, plan):
+def test_off_by_default_past_eight_rows_and_where_kernels_are_off(target_dir, monkeypatch, plan):
     engine = _engine(target_dir, "force", monkeypatch)
     assert engine.execution_plan_summary["persistent_rows"] == 0
     _generate(engine, tokens=3)
     assert not engine.runner.persistent.steps  # the plan's default keeps today's path
-    plan(persistent_rows=8)
+    plan(persistent_rows=16)  # past the kernel's 8 rows, and batches of two, keep today's path
+    served = engine.runner.persistent.serves
+    assert served(1, 8) and not served(1, 9) and not served(2, 1) and not served(1, 0)
     assert _engine(target_dir, "0", monkeypatch).execution_plan_summary["persistent_rows"] == 0
 
 

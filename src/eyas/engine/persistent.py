@@ -17,6 +17,7 @@ import torch
 
 from eyas import execution_plan
 from eyas.kernels import switched_on
+from eyas.kernels.persistent_schedule import MAX_ROWS, Tiles
 from eyas.models.llama import ModelOutput
 
 REGISTER_TILE_BYTES = 48 * 1024  # the largest weight tile an item holds in registers (SmolLM2's down tile)
@@ -31,8 +32,6 @@ def supports(model) -> bool:
     if cfg.head_dim < 16 or cfg.head_dim & (cfg.head_dim - 1) or cfg.hidden_size < 32:
         return False
     elsize = next(model.parameters()).element_size()
-    from eyas.kernels.persistent_schedule import Tiles
-
     t = Tiles()
     widest = max(2 * t.gate_up * cfg.hidden_size, t.down * cfg.intermediate_size, 2 * t.qkv * cfg.hidden_size,
                  t.o_proj * cfg.num_heads * cfg.head_dim)
@@ -50,16 +49,15 @@ class PersistentTarget:
         self.packed = None
         self.steps = {}
         dev = runner.device
-        self.depth = torch.arange(8, device=dev)  # a plain pass's rotary offsets: row r at start + r
-        self.causal = torch.ones(8, 8, dtype=torch.bool, device=dev).tril()
+        self.depth = torch.arange(MAX_ROWS, device=dev)  # a plain pass's rotary offsets: row r at start + r
+        self.causal = torch.ones(MAX_ROWS, MAX_ROWS, dtype=torch.bool, device=dev).tril()
 
     def serves(self, rows: int, tokens: int) -> bool:
         """Whether a pass of `rows` rows (padded to its graph bucket) of `tokens` new tokens runs here."""
-        return self.eligible and rows == 1 and 1 <= tokens <= execution_plan.current().persistent_rows
+        return self.eligible and rows == 1 and 1 <= tokens <= min(execution_plan.current().persistent_rows, MAX_ROWS)
 
     def _step(self, tokens: int):
-        from eyas.kernels.persistent_step import PersistentStep, pack_llama
-        from eyas.kernels.persistent_schedule import Tiles
+        from eyas.kernels.persistent_step import PersistentStep, pack_llama  # imports Triton
 
         if self.packed is None:
             self.packed = pack_llama(self.model)
@@ -81,8 +79,10 @@ class PersistentTarget:
         T = ids.shape[1]
         step = self._step(T)
         kv = self.runner.kv
-        step.launch(ids[0], starts[:1], slots[:1], self.depth[:T] if depth is None else depth[0],
-                    self.causal[:T, :T] if mask is None else mask[0], kv.k, kv.v)
+        # A drafted tree's tokens and depths may be views; a contiguous one costs no copy.
+        depth = self.depth[:T] if depth is None else depth[0].contiguous()
+        step.launch(ids[0].contiguous(), starts[:1], slots[:1], depth, self.causal[:T, :T] if mask is None else mask[0],
+                    kv.k, kv.v)
         aux = None
         if self.model.capture_layers:
             dtype = step.packed.embed.dtype
