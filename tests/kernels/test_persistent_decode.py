@@ -35,7 +35,7 @@ def tiny(tmp_path_factory, device):
     return hf, model, ids
 
 
-def run_both(model, ids, rows, prefetch=False):
+def run_both(model, ids, rows, prefetch=False, tiles=TILES, block_t=16):
     """(persistent logits, tokens, its cache, eyas's logits, eyas's cache, the step) after a shared prefill."""
     dev = ids.device
     runner = ModelRunner(model, num_slots=1, max_len=64, device=dev)
@@ -44,16 +44,18 @@ def run_both(model, ids, rows, prefetch=False):
     out = runner.forward(ids[:, PROMPT:PROMPT + rows], torch.arange(PROMPT, PROMPT + rows, device=dev)[None], [0],
                          [PROMPT])
     want = model.logits(out.hidden)[0]
-    step = PersistentStep(pack_llama(model), rows, programs=1, tiles=TILES, block_l=16, block_t=16,
+    step = PersistentStep(pack_llama(model), rows, programs=1, tiles=tiles, block_l=16, block_t=block_t,
                           prefetch=prefetch)
     logits, tokens = step(ids[0, PROMPT:PROMPT + rows].to(torch.int32), PROMPT, k, v)
     return logits, tokens, (k, v), want, (runner.kv.k, runner.kv.v), step
 
 
-@pytest.mark.parametrize("rows,prefetch", [(1, False), (4, True)])
-def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows, prefetch):
+# Four attention splits of one block each; and one split over several blocks of 4 columns.
+@pytest.mark.parametrize("rows,prefetch,splits,block_t", [(1, False, 4, 16), (4, True, 4, 16), (2, False, 1, 4)])
+def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows, prefetch, splits, block_t):
     hf, model, ids = tiny
-    logits, tokens, (k, v), want, (k_want, v_want), step = run_both(model, ids, rows, prefetch)
+    tiles = dataclasses.replace(TILES, attend_splits=splits)
+    logits, tokens, (k, v), want, (k_want, v_want), step = run_both(model, ids, rows, prefetch, tiles, block_t)
     scale = want.abs().max()
     gpu = ids.device.type == "cuda"
     tol = (TF32_TOL if gpu else FP32_TOL) * scale

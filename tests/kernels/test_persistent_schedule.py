@@ -32,8 +32,8 @@ def reference(model, shape, tiles=TILES):
 
 def test_smollm2_schedule_deals_to_any_program_count_without_deadlock():
     s = build_schedule(SMOLLM2, Tiles())
-    # 15 fused heads in rotation pairs of 2 x 16 rows, 9 query heads, 16-column tiles of o/gate_up/down
-    per_layer = 15 * 2 + 9 + 576 // 16 + 1536 // 16 + 576 // 16
+    # 15 fused heads in rotation pairs of 2 x 16 rows, 9 query heads in 4 splits, 16-row tiles of o/gate_up/down
+    per_layer = 15 * 2 + 9 * 4 + 576 // 16 + 1536 // 16 + 576 // 16
     assert len(s.items) == 30 * per_layer + 49152 // 384 + 1
     for programs in (1, 7, 132):
         check_no_deadlock(s, deal(s, programs))

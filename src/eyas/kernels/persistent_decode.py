@@ -110,6 +110,36 @@ def _gemv(w1, w2, x1, x2):
 
 
 @triton.jit
+def _merged_attention(part_m, part_l, part_acc, base, K, K1: tl.constexpr, K2: tl.constexpr, S: tl.constexpr,
+                      D: tl.constexpr):
+    """One row's attention output [K = heads * D] as blocks [K1], [K2]: each head's S splits (their maxima,
+    sums and unnormalized outputs from `base` = the row's first (head, split)) merged in split order."""
+    c1 = tl.arange(0, K1)
+    c2 = K1 + tl.arange(0, K2)
+    x1 = _merge_splits(part_m, part_l, part_acc, base, c1, c1 < K, S, D)
+    x2 = _merge_splits(part_m, part_l, part_acc, base, c2, c2 < K, S, D)
+    return x1, x2
+
+
+@triton.jit
+def _merge_splits(part_m, part_l, part_acc, base, cols, cm, S: tl.constexpr, D: tl.constexpr):
+    at = base + (cols // D) * S  # each column's head, its first split
+    top = tl.full(cols.shape, -1.0e30, tl.float32)
+    num = tl.zeros(cols.shape, tl.float32)
+    den = tl.zeros(cols.shape, tl.float32)
+    for j in tl.static_range(S):
+        m = tl.load(part_m + at + j, mask=cm, other=-1.0e30, cache_modifier=".cg")
+        s = tl.load(part_l + at + j, mask=cm, other=0.0, cache_modifier=".cg")
+        a = tl.load(part_acc + (at + j) * D + cols % D, mask=cm, other=0.0, cache_modifier=".cg")
+        new_top = tl.maximum(top, m)
+        old, this = tl.exp(top - new_top), tl.exp(m - new_top)
+        num = num * old + a * this
+        den = den * old + s * this
+        top = new_top
+    return tl.where(cm, num / tl.maximum(den, 1.0e-30), 0.0)
+
+
+@triton.jit
 def _stream_row(h_in, embed, ids, r, layer, norm_w, eps, H, H1: tl.constexpr, H2: tl.constexpr):
     """Row r of the stream entering `layer`, normalized: at layer 0 the token's embedding row."""
     if layer == 0:
@@ -136,9 +166,9 @@ def persistent_step_kernel(
         table, n_items, counters, ids, start, slot_of, depth, row_mask, m_row, m_col,
         embed, attn_norm_w, wqkv, wo, mlp_norm_w, wgu, wd, final_norm_w, lm_head,
         cos, sin, k_cache, v_cache, c_layer, c_slot, c_head, c_pos,
-        h_buf, q_buf, attn_buf, act_buf, logits, tile_max, tile_arg, tokens, sink, trace,
+        h_buf, q_buf, part_m, part_l, part_acc, act_buf, logits, tile_max, tile_arg, tokens, sink, trace,
         eps, scale, L, H, I, V, n_lm_tiles,
-        R: tl.constexpr, NH: tl.constexpr, KV: tl.constexpr, D: tl.constexpr,
+        R: tl.constexpr, NH: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
         H1: tl.constexpr, H2: tl.constexpr, Q1: tl.constexpr, Q2: tl.constexpr, I1: tl.constexpr,
         I2: tl.constexpr, TQ: tl.constexpr, BQ: tl.constexpr, BO: tl.constexpr, BG: tl.constexpr,
         BD: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BTILES: tl.constexpr,
@@ -196,23 +226,29 @@ def persistent_step_kernel(
                     dst += (pos + r) * c_pos
                     tl.store(dst + c, lo.to(dst.dtype.element_ty), mask=cm)
                     tl.store(dst + c + HALF, hi.to(dst.dtype.element_ty), mask=cm)
-        elif op == 1:  # attend: query head `part` over the cache before pos and the new rows its row sees
+        elif op == 1:  # attend: query head part // S over split part % S of the columns (the cache before pos, and
+            # the new rows each row sees): the split's maximum, sum of exponentials and unnormalized output
             _wait(counters, wait, count, ON_GPU)
             _stamp(trace, it, 1, TRACE)
-            g = part // REP
+            head = part // S
+            split = part % S
+            chunk = (pos + R + S - 1) // S
+            lo = tl.minimum(pos + R, split * chunk)
+            hi = tl.minimum(pos + R, lo + chunk)
+            g = head // REP
             kc = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
             vc = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
             dcol = tl.arange(0, D)
             m = rmask[:, None] & (dcol[None, :] < D)
             ts = tl.arange(0, BT)
-            q = tl.load(q_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], mask=m, other=0.0,
+            q = tl.load(q_buf + layer * R * QW + rows[:, None] * QW + head * D + dcol[None, :], mask=m, other=0.0,
                         cache_modifier=".cg")
             best = tl.full((BR,), -1.0e30, tl.float32)
             total = tl.zeros((BR,), tl.float32)
             acc = tl.zeros((BR, D), tl.float32)
-            for t0 in range(0, pos + R, BT):
+            for t0 in range(lo, hi, BT):
                 t = t0 + ts
-                tm = t < pos + R
+                tm = t < hi
                 k = tl.load(kc + t[:, None] * c_pos + dcol[None, :], mask=tm[:, None], other=0.0,
                             cache_modifier=".cg")
                 v = tl.load(vc + t[:, None] * c_pos + dcol[None, :], mask=tm[:, None], other=0.0,
@@ -221,7 +257,7 @@ def persistent_step_kernel(
                 new = t - pos  # the new rows a row sees follow row_mask
                 sees = tl.load(row_mask + rows[:, None] * m_row + new[None, :] * m_col,
                                mask=rmask[:, None] & (new[None, :] >= 0) & tm[None, :], other=0)
-                seen = (t[None, :] < pos) | (sees != 0)
+                seen = ((t < pos) & tm)[None, :] | (sees != 0)
                 s = tl.where(seen, s, -1.0e30)
                 new_best = tl.maximum(best, tl.max(s, axis=1))
                 pr = tl.where(seen, tl.exp(s - new_best[:, None]), 0.0)
@@ -229,8 +265,10 @@ def persistent_step_kernel(
                 total = total * fade + tl.sum(pr, axis=1)
                 acc = acc * fade[:, None] + tl.dot(pr.to(v.dtype), v, out_dtype=tl.float32, input_precision=PREC)
                 best = new_best
-            out = acc / tl.maximum(total, 1.0e-30)[:, None]
-            tl.store(attn_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], out, mask=m)
+            at = (layer * R + rows) * NH * S + part  # [layer, row, head, split]
+            tl.store(part_m + at, best, mask=rmask)  # -1e30 where a row sees none of the split
+            tl.store(part_l + at, total, mask=rmask)
+            tl.store(part_acc + at[:, None] * D + dcol[None, :], acc, mask=m)
         elif op == 2:  # o_proj tile [a, b): h[2l+1] = h[2l] + attn Wo^T
             w1, w2 = _tile(wo + layer.to(tl.int64) * H * QW, QW, a, b, QW, BO, Q1, Q2)
             _wait(counters, wait, count, ON_GPU)
@@ -238,7 +276,7 @@ def persistent_step_kernel(
             cols = a + tl.arange(0, BO)
             cm = cols < b
             for r in tl.static_range(R):
-                x1, x2 = _row(attn_buf + layer * R * QW + r * QW, QW, Q1, Q2)
+                x1, x2 = _merged_attention(part_m, part_l, part_acc, (layer * R + r) * NH * S, QW, Q1, Q2, S, D)
                 y = _gemv(w1, w2, x1, x2) + _residual(h_in, embed, ids, r, layer, cols, cm, H)
                 tl.store(h_in + R * H + r * H + cols, y, mask=cm)
         elif op == 3:  # gate_up tile [a, b): act = silu(x Wg^T) * (x Wu^T), x = mlp_norm(h[2l+1])

@@ -83,11 +83,14 @@ class PersistentReference:
         positions = torch.arange(start, start + T) if positions is None else positions
         row_mask = torch.ones(T, T).tril().bool() if row_mask is None else row_mask
         nan = float("nan")  # poisoned so that an item reading a buffer nobody wrote this step shows it
-        lm_tiles = -(-s.vocab // self.schedule.tiles.lm_head)
+        lm_tiles, splits = -(-s.vocab // self.schedule.tiles.lm_head), self.schedule.tiles.attend_splits
         self.buf = {"ids": ids, "start": start, "row_mask": row_mask, "rotary": self._rotary(positions),
                     "h": self.embed[ids].clone(),  # the stream entering layer 0 is the embeddings
                     "q": torch.full((T, s.heads, s.head_dim), nan, dtype=self.dtype),
-                    "attn": torch.full((T, s.heads * s.head_dim), nan, dtype=self.dtype),
+                    # each attention split's running maximum, sum and unnormalized output, per row and head
+                    "part_m": torch.full((T, s.heads, splits), nan, dtype=self.dtype),
+                    "part_l": torch.full((T, s.heads, splits), nan, dtype=self.dtype),
+                    "part_acc": torch.full((T, s.heads, splits, s.head_dim), nan, dtype=self.dtype),
                     "act": torch.full((T, s.intermediate), nan, dtype=self.dtype),
                     "logits": torch.full((T, s.vocab), nan, dtype=self.dtype),
                     "tile_max": torch.full((T, lm_tiles), nan, dtype=self.dtype),
@@ -119,15 +122,9 @@ class PersistentReference:
         if item.op == "qkv":
             self._qkv(item, w)
         elif item.op == "attend":
-            h, start, T = item.part, b["start"], b["ids"].shape[0]
-            g = h // rep
-            keys, values = self.k_cache[item.layer, g, :start + T], self.v_cache[item.layer, g, :start + T]
-            visible = torch.cat([torch.ones(T, start, dtype=torch.bool), b["row_mask"]], dim=1)
-            scores = (b["q"][:, h] @ keys.T) * d ** -0.5
-            scores = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-            b["attn"][:, h * d:(h + 1) * d] = scores @ values
+            self._attend_split(item)
         elif item.op == "o_proj":
-            b["h"][:, a:e] += b["attn"] @ w["o"][a:e].T
+            b["h"][:, a:e] += self._merged_attention() @ w["o"][a:e].T
         elif item.op == "gate_up":
             x = self._norm(b["h"], w["post_norm"])
             b["act"][:, a:e] = torch.nn.functional.silu(x @ w["gate"][a:e].T) * (x @ w["up"][a:e].T)
@@ -135,6 +132,32 @@ class PersistentReference:
             b["h"][:, a:e] += b["act"] @ w["down"][a:e].T
         else:
             raise ValueError(f"unknown work item {item.op}")
+
+    def _attend_split(self, item: WorkItem) -> None:
+        """Query head h over split j of the step's columns: the columns cut in attend_splits runs of
+        ceil(columns / splits), each row's maximum score, sum of exponentials and unnormalized output there
+        (a row that sees no column of the split: -inf, 0 and zeros)."""
+        b, d, splits = self.buf, self.shape.head_dim, self.schedule.tiles.attend_splits
+        h, j = divmod(item.part, splits)
+        start, T = b["start"], b["ids"].shape[0]
+        total = start + T
+        chunk = -(-total // splits)
+        lo, hi = min(total, j * chunk), min(total, (j + 1) * chunk)
+        g = h // (self.shape.heads // self.shape.kv_heads)
+        keys, values = self.k_cache[item.layer, g, lo:hi], self.v_cache[item.layer, g, lo:hi]
+        visible = torch.cat([torch.ones(T, start, dtype=torch.bool), b["row_mask"]], dim=1)[:, lo:hi]
+        scores = ((b["q"][:, h] @ keys.T) * d ** -0.5).masked_fill(~visible, float("-inf"))
+        top = scores.max(-1).values if hi > lo else torch.full((T,), float("-inf"), dtype=self.dtype)
+        p = torch.where(visible, (scores - top.clamp_min(-1e30)[:, None]).exp(), 0.0)
+        b["part_m"][:, h, j], b["part_l"][:, h, j], b["part_acc"][:, h, j] = top, p.sum(-1), p @ values
+
+    def _merged_attention(self) -> torch.Tensor:
+        """[T, heads * head_dim]: each head's splits merged, every split scaled to the largest maximum."""
+        b = self.buf
+        top = b["part_m"].max(-1, keepdim=True).values                 # every row sees itself: finite
+        scale = (b["part_m"] - top).exp()                                # a split it sees nothing of: 0
+        out = (scale[..., None] * b["part_acc"]).sum(2) / (scale * b["part_l"]).sum(2)[..., None]
+        return out.reshape(out.shape[0], -1)
 
     def _qkv(self, item: WorkItem, w: dict) -> None:
         """Rows a..e of a head of the fused [q; k; v] projection and their partners half a head on, rotated

@@ -15,8 +15,10 @@ their consumers (each item normalizes the few rows it reads) instead of costing 
                   first half and their T partners in the second, so rotary is applied in place; normalizes
                   the stream entering the layer (the embeddings at layer 0); q to a buffer, k/v to the cache
                                                                     waits on every down(l-1) tile
-  attend(l, h)    attention of query head h over the cache          waits on every qkv(l, *) item
-  o_proj(l, j)    h[:, tile j] += attn @ Wo[tile j]^T                waits on every attend(l, *)
+  attend(l, h, s) attention of query head h over split s of the cache (the step's columns cut in
+                  attend_splits equal runs, so a long context spreads over programs too): the split's
+                  running maximum, sum and unnormalized output     waits on every qkv(l, *) item
+  o_proj(l, j)    h[:, tile j] += attn @ Wo[tile j]^T, attn merged from the splits  waits on every attend(l, *)
   gate_up(l, j)   act[:, tile j] = silu(x Wg^T) * (x Wu^T), x the normed stream  waits on every o_proj(l, *)
   down(l, j)      h[:, tile j] += act @ Wd[tile j]^T                 waits on every gate_up(l, *) tile
 then lm_head(j) over vocabulary tiles (with the final norm, and each tile's own maximum and its index), and
@@ -54,12 +56,14 @@ class DecoderShape:
 @dataclass(frozen=True)
 class Tiles:
     """Output rows per item of each projection (the unit a program streams and computes). qkv is the size of
-    each half of a rotation pair, so an item computes 2 * qkv rows; it must divide head_dim / 2."""
+    each half of a rotation pair, so an item computes 2 * qkv rows; it must divide head_dim / 2. Each query
+    head's attention is cut into attend_splits items over the cache's columns."""
     qkv: int = 16
     o_proj: int = 16
     gate_up: int = 16
     down: int = 16
     lm_head: int = 384
+    attend_splits: int = 4
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,8 @@ class WorkItem:
     index: int
     op: str
     layer: int          # -1 for the items after the last layer
-    part: int           # the head (qkv: of the fused q/k/v heads; attend: the query head) or the tile index
+    part: int           # the head (qkv: of the fused q/k/v heads), attend's head * attend_splits + split, or
+                        # the tile index
     cols: tuple[int, int]  # the output rows it writes: qkv the first half's rows of the fused projection,
                            # attend its head, lm_head a vocabulary tile, else a tile of the output columns
     wait: int | None    # the counter it waits on, None for the first items of a step
@@ -94,7 +99,8 @@ def _tiles(total: int, size: int) -> list[tuple[int, int]]:
 def build_schedule(shape: DecoderShape, tiles: Tiles = Tiles()) -> Schedule:
     """Every item of one step, in an order that respects every dependency (a valid order for one program)."""
     half = shape.head_dim // 2
-    if min(tiles.qkv, tiles.o_proj, tiles.gate_up, tiles.down, tiles.lm_head) <= 0 or half % tiles.qkv:
+    if min(tiles.qkv, tiles.o_proj, tiles.gate_up, tiles.down, tiles.lm_head, tiles.attend_splits) <= 0 or \
+            half % tiles.qkv:
         raise ValueError(f"tiles must be positive and qkv ({tiles.qkv}) must divide head_dim / 2 ({half})")
     s = Schedule(shape, tiles)
     fused_heads = shape.heads + 2 * shape.kv_heads  # query heads, key heads, value heads
@@ -114,9 +120,11 @@ def build_schedule(shape: DecoderShape, tiles: Tiles = Tiles()) -> Schedule:
             for lo in range(head * shape.head_dim, head * shape.head_dim + half, tiles.qkv):
                 add("qkv", layer, head, (lo, lo + tiles.qkv), prev_down, prev_count, projected_qkv)
         for head in range(shape.heads):
-            add("attend", layer, head, (head, head + 1), projected_qkv, qkv_items, attended)
+            for split in range(tiles.attend_splits):
+                add("attend", layer, head * tiles.attend_splits + split, (head, head + 1), projected_qkv, qkv_items,
+                    attended)
         for j, cols in enumerate(o_tiles):
-            add("o_proj", layer, j, cols, attended, shape.heads, projected)
+            add("o_proj", layer, j, cols, attended, shape.heads * tiles.attend_splits, projected)
         for j, cols in enumerate(gu_tiles):
             add("gate_up", layer, j, cols, projected, len(o_tiles), activated)
         for j, cols in enumerate(down_tiles):

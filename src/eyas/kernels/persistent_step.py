@@ -96,7 +96,10 @@ class PersistentStep:
         self.n_lm_tiles = -(-s.vocab // tiles.lm_head)
         self.h = torch.zeros(2 * s.layers + 1, rows, s.hidden, **f32)
         self.q = torch.zeros(s.layers, rows, qw, **f32)
-        self.attn = torch.zeros(s.layers, rows, qw, **f32)
+        splits = tiles.attend_splits  # each attention split's maximum, sum and unnormalized output
+        self.part_m = torch.zeros(s.layers, rows, s.heads, splits, **f32)
+        self.part_l = torch.zeros(s.layers, rows, s.heads, splits, **f32)
+        self.part_acc = torch.zeros(s.layers, rows, s.heads, splits, s.head_dim, **f32)
         self.act = torch.zeros(s.layers, rows, s.intermediate, **f32)
         self.logits = torch.zeros(rows, s.vocab, **f32)
         self.tile_max = torch.zeros(rows, self.n_lm_tiles, **f32)
@@ -107,7 +110,7 @@ class PersistentStep:
         (h1, h2), (q1, q2), (i1, i2) = split_pow2(s.hidden), split_pow2(qw), split_pow2(s.intermediate)
         block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
         self.meta = dict(
-            R=rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
+            R=rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, S=tiles.attend_splits, H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
             TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down),
             BL=block_l, BK=64, BT=block_t, BTILES=block(self.n_lm_tiles),
             PREC="ieee" if packed.embed.dtype == torch.float32 else "tf32", PREFETCH=prefetch, TRACE=trace,
@@ -145,7 +148,7 @@ class PersistentStep:
             p.embed, p.attn_norm, p.wqkv, p.wo, p.mlp_norm, p.w_gate_up, p.w_down, p.final_norm, p.lm_head,
             p.cos, p.sin, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             k_cache.stride(3),
-            self.h, self.q, self.attn, self.act, self.logits, self.tile_max, self.tile_arg, self.tokens, self.sink,
+            self.h, self.q, self.part_m, self.part_l, self.part_acc, self.act, self.logits, self.tile_max, self.tile_arg, self.tokens, self.sink,
             self.trace if self.trace is not None else self.sink,
             p.eps, p.scale, s.layers, s.hidden, s.intermediate, s.vocab, self.n_lm_tiles, **self.meta)
 
