@@ -2,11 +2,12 @@
 
 Usage: python benchmarks/persistent_registers.py [--rows 1,4,8] [--warps 4,8] [--tiles 16,16,16,16,384] [--trace]
 
-Compiles eyas.kernels.persistent_decode's kernel for SmolLM2-135M's shape in bf16 (the constexprs
-PersistentStep passes) with Triton for compute capability 9.0, and runs Triton's own ptxas with --verbose on
-the PTX. One program per SM must fit: warps x 32 x registers at most 65,536, and a spill costs local-memory
-traffic inside every item. These are the compiler's counts, not timings. Exits non-zero if a kernel does
-not compile (Triton's interpreter, which the CPU tests run, accepts some programs the compiler rejects).
+Compiles eyas.kernels.persistent_decode's kernel for SmolLM2-135M's shape in bf16 with the three EAGLE-3
+features written (the constexprs PersistentStep passes) with Triton for compute capability 9.0, and runs
+Triton's own ptxas with --verbose on the PTX. One program per SM must fit: warps x 32 x registers at most
+65,536, and a spill costs local-memory traffic inside every item. These are the compiler's counts, not
+timings. Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run, accepts
+some programs the compiler rejects).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from eyas.kernels import persistent_decode  # noqa: E402
 from eyas.kernels.persistent_schedule import DecoderShape, Tiles  # noqa: E402
 
 SMOLLM2 = DecoderShape(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, layers=30, vocab=49152)
-FP32 = {"h_buf", "q_buf", "part_m", "part_l", "part_acc", "act_buf", "logits", "tile_max", "sink", "cos", "sin", "eps", "scale"}
-I32_POINTERS = {"table", "counters", "tile_arg"}
+FP32 = {"h_buf", "q_buf", "part_m", "part_l", "part_acc", "act_buf", "logits", "tile_max", "sink", "cos", "sin",
+        "eps", "scale"}
+I32_POINTERS = {"table", "counters", "tile_arg", "capture"}
 I64_POINTERS = {"ids", "tokens", "start", "slot_of", "depth", "trace"}
 
 
@@ -46,7 +48,7 @@ def signature(kernel, constexprs: dict) -> dict:
         elif p.name == "row_mask":
             sig[p.name] = "*i1"
         elif p.name in ("embed", "attn_norm_w", "wqkv", "wo", "mlp_norm_w", "wgu", "wd", "final_norm_w", "lm_head",
-                        "k_cache", "v_cache"):
+                        "k_cache", "v_cache", "features"):
             sig[p.name] = "*bf16"
         else:
             sig[p.name] = "i32"
@@ -58,7 +60,8 @@ def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool) -> dict:
     (h1, h2), (q1, q2), (i1, i2) = (persistent_decode.split_pow2(k) for k in
                                     (s.hidden, s.heads * s.head_dim, s.intermediate))
     block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
-    constexprs = dict(R=rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, S=tiles.attend_splits, H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
+    constexprs = dict(R=rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, S=tiles.attend_splits, NCAP=3,
+                      H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
                       TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up),
                       BD=block(tiles.down), BL=32, BK=64, BT=64, BTILES=block(-(-s.vocab // tiles.lm_head)),
                       PREC="tf32", PREFETCH=False, TRACE=trace, ON_GPU=True)

@@ -76,13 +76,18 @@ def test_off_by_default_past_eight_rows_and_where_kernels_are_off(target_dir, mo
     assert _engine(target_dir, "0", monkeypatch).execution_plan_summary["persistent_rows"] == 0
 
 
-def test_a_verify_pass_gives_the_models_logits_features_and_cache(target_dir, monkeypatch, plan):
+# The draft's default layers of a 3-layer target (2, 1, 0) read its embeddings, which the engine gathers;
+# (1, 2, 1) the kernel writes itself (a layer may repeat).
+@pytest.mark.parametrize("layers", [None, (1, 2, 1)], ids=["with-embeddings", "written-by-the-kernel"])
+def test_a_verify_pass_gives_the_models_logits_features_and_cache(target_dir, monkeypatch, plan, layers):
     """What a drafted chain's verify reads from the pass: the logits, the EAGLE-3 features of the draft's capture
     layers (which greedy tokens alone would not check: a wrong feature only lowers acceptance) and the cache."""
     plan(persistent_rows=8)
     engine = _engine(target_dir, "force", monkeypatch, SpecConfig(3, 1, adaptive=False))
     runner, dev = engine.runner, engine.device
-    assert engine.target.capture_layers
+    if layers:
+        engine.target.capture_layers = layers
+    assert engine.target.capture_layers == (layers or (2, 1, 0))
     runner.prefill(torch.tensor([[3, 9, 27, 4, 18, 30, 2]], device=dev), [0])
     ids = torch.tensor([[5, 11, 7, 20]], device=dev)
     k0, v0 = runner.kv.k.clone(), runner.kv.v.clone()

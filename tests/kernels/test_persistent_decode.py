@@ -96,6 +96,8 @@ def test_an_unfinished_step_fails_the_counter_check(tiny):
     assert not step.counters_complete()
     with pytest.raises(ValueError, match="1..8 rows"):
         PersistentStep(pack_llama(model), 9, programs=1)
+    with pytest.raises(ValueError, match="captured layers"):  # the embeddings, or past the last layer
+        PersistentStep(pack_llama(model), 1, programs=1, tiles=TILES, capture=(0, 1))
 
 
 def test_tree_rows_in_another_slot_equal_the_reference_executor(tiny):

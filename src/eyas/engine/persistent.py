@@ -8,7 +8,8 @@ graphs' bucket of one) and T up to execution_plan's persistent_rows. Other batch
 today's path.
 
 The target's weights are stacked per kind across layers once, on first use, and the model's own parameters
-are then rebound as views of the stacks, so both paths read one copy of the weights.
+are then rebound as views of the stacks, so both paths read one copy of the weights. The kernel writes the
+EAGLE-3 features of the draft's capture layers itself.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ class PersistentTarget:
             dev = self.runner.device
             programs = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
             tiles = Tiles(qkv=min(Tiles.qkv, self.packed.shape.head_dim // 2))  # a rotation pair within a head
-            step = self.steps[tokens] = PersistentStep(self.packed, tokens, programs, tiles)
+            step = self.steps[tokens] = PersistentStep(self.packed, tokens, programs, tiles,
+                                                       capture=self._kernel_capture())
         return step
 
     def forward(self, ids: torch.Tensor, starts: torch.Tensor, slots: torch.Tensor, depth: torch.Tensor | None = None,
@@ -83,12 +85,19 @@ class PersistentTarget:
         depth = self.depth[:T] if depth is None else depth[0].contiguous()
         step.launch(ids[0].contiguous(), starts[:1], slots[:1], depth, self.causal[:T, :T] if mask is None else mask[0],
                     kv.k, kv.v)
-        aux = None
-        if self.model.capture_layers:
+        aux, layers = None, self.model.capture_layers
+        if layers and self._kernel_capture():
+            aux = step.features[None]
+        elif layers:  # a target so shallow that the draft reads its embeddings: gathered here
             dtype = step.packed.embed.dtype
-            aux = torch.cat([self.model.embed(ids[0]) if i == 0 else step.h[2 * i].to(dtype)
-                             for i in self.model.capture_layers], dim=-1)[None]
+            aux = torch.cat([self.model.embed(ids[0]) if i == 0 else step.h[2 * i].to(dtype) for i in layers],
+                            dim=-1)[None]
         return step.tokens[None], step.logits[None], aux
+
+    def _kernel_capture(self) -> tuple[int, ...]:
+        """The capture layers the kernel writes the features of: all of them, unless one is the embeddings."""
+        layers = self.model.capture_layers
+        return () if 0 in layers else tuple(layers)
 
     def output(self, ids, starts, slots) -> tuple[torch.Tensor, ModelOutput]:
         """A plain step as the engine's decode reads it: (logits [1, vocab], ModelOutput with its features)."""

@@ -3,8 +3,9 @@
 W programs (on a GPU the SM count, so all are co-resident) each take the schedule's items dealt round-robin
 (item i to program i % W) and run them in increasing index. Items are in topological order, so the lowest
 unfinished item can always run: no dealing in order deadlocks. Each item first loads its weight tile into
-registers (weights never depend on the step, so the load overlaps the producers still running), then spins
-on its producers' int32 counter until it reaches the schedule's wait_count (acquire loads), computes, synchronizes the program's threads and bumps its own counter with release semantics.
+registers (weights never depend on the step, so the load overlaps the producers still running), then polls
+its producers' int32 counter with acquire loads until it reaches the schedule's wait_count, computes,
+synchronizes the program's threads and bumps its own counter with release semantics.
 
 The item table is the schedule itself (op, layer, part, columns, wait counter, wait count, signal counter as
 an int32 tensor), so the counters' targets are the schedule's, and the tests check every counter ends at
@@ -166,9 +167,10 @@ def persistent_step_kernel(
         table, n_items, counters, ids, start, slot_of, depth, row_mask, m_row, m_col,
         embed, attn_norm_w, wqkv, wo, mlp_norm_w, wgu, wd, final_norm_w, lm_head,
         cos, sin, k_cache, v_cache, c_layer, c_slot, c_head, c_pos,
-        h_buf, q_buf, part_m, part_l, part_acc, act_buf, logits, tile_max, tile_arg, tokens, sink, trace,
+        h_buf, q_buf, part_m, part_l, part_acc, act_buf, logits, tile_max, tile_arg, tokens, features, capture,
+        sink, trace,
         eps, scale, L, H, I, V, n_lm_tiles,
-        R: tl.constexpr, NH: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
+        R: tl.constexpr, NH: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, S: tl.constexpr, NCAP: tl.constexpr,
         H1: tl.constexpr, H2: tl.constexpr, Q1: tl.constexpr, Q2: tl.constexpr, I1: tl.constexpr,
         I2: tl.constexpr, TQ: tl.constexpr, BQ: tl.constexpr, BO: tl.constexpr, BG: tl.constexpr,
         BD: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BTILES: tl.constexpr,
@@ -301,6 +303,16 @@ def persistent_step_kernel(
                 x1, x2 = _row(act_buf + layer * R * I + r * I, I, I1, I2)
                 res = tl.load(h_in + R * H + r * H + cols, mask=cm, other=0.0, cache_modifier=".cg")
                 tl.store(h_in + 2 * R * H + r * H + cols, _gemv(w1, w2, x1, x2) + res, mask=cm)
+            taken = tl.load(capture + layer + 1)  # bit j: feature j is the stream entering layer + 1
+            if taken != 0:  # the EAGLE-3 features, in the target's dtype, from the columns just written
+                tl.debug_barrier()
+                rc = tl.arange(0, BR)[:, None]
+                m = (rc < R) & cm[None, :]
+                y = tl.load(h_in + 2 * R * H + rc * H + cols[None, :], mask=m, other=0.0, cache_modifier=".cg")
+                for j in tl.static_range(NCAP):
+                    if (taken >> j) & 1:
+                        tl.store(features + (rc * NCAP + j) * H + cols[None, :], y.to(features.dtype.element_ty),
+                                 mask=m)
         elif op == 5:  # lm_head tile [a, b) of final_norm(h[2L]), and the tile's maximum per row
             if PREFETCH:
                 _touch(lm_head, H, a, b, H, sink, BL, BK)

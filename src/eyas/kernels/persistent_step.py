@@ -78,7 +78,7 @@ class PersistentStep:
 
     def __init__(self, packed: PackedDecoder, rows: int, programs: int, tiles: Tiles = Tiles(),
                  block_l: int = 32, block_t: int = 64, prefetch: bool = False, num_warps: int = 8,
-                 trace: bool = False):
+                 trace: bool = False, capture: tuple[int, ...] = ()):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"a persistent step takes 1..{MAX_ROWS} rows, not {rows}")
         s, dev = packed.shape, packed.embed.device
@@ -105,12 +105,22 @@ class PersistentStep:
         self.tile_max = torch.zeros(rows, self.n_lm_tiles, **f32)
         self.tile_arg = torch.zeros(rows, self.n_lm_tiles, dtype=torch.int32, device=dev)
         self.tokens = torch.zeros(rows, dtype=torch.int64, device=dev)
+        # The EAGLE-3 features: feature j is the stream entering layer capture[j] (1..L-1; a layer may repeat).
+        if any(not 1 <= i < s.layers for i in capture):
+            raise ValueError(f"captured layers {capture} must lie in 1..{s.layers - 1}: the kernel writes each "
+                             "from the layer before it")
+        self.features = torch.zeros(rows, max(len(capture), 1) * s.hidden, dtype=packed.embed.dtype, device=dev)
+        bits = [0] * (s.layers + 1)
+        for j, i in enumerate(capture):
+            bits[i] |= 1 << j
+        self.capture = torch.tensor(bits, dtype=torch.int32, device=dev)
         self.sink = torch.zeros(1, **f32)
         self.trace = torch.zeros(len(self.schedule.items), 3, dtype=torch.int64, device=dev) if trace else None
         (h1, h2), (q1, q2), (i1, i2) = split_pow2(s.hidden), split_pow2(qw), split_pow2(s.intermediate)
         block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
         self.meta = dict(
-            R=rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, S=tiles.attend_splits, H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
+            R=rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, S=tiles.attend_splits, NCAP=len(capture),
+            H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
             TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down),
             BL=block_l, BK=64, BT=block_t, BTILES=block(self.n_lm_tiles),
             PREC="ieee" if packed.embed.dtype == torch.float32 else "tf32", PREFETCH=prefetch, TRACE=trace,
@@ -148,7 +158,8 @@ class PersistentStep:
             p.embed, p.attn_norm, p.wqkv, p.wo, p.mlp_norm, p.w_gate_up, p.w_down, p.final_norm, p.lm_head,
             p.cos, p.sin, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             k_cache.stride(3),
-            self.h, self.q, self.part_m, self.part_l, self.part_acc, self.act, self.logits, self.tile_max, self.tile_arg, self.tokens, self.sink,
+            self.h, self.q, self.part_m, self.part_l, self.part_acc, self.act, self.logits, self.tile_max,
+            self.tile_arg, self.tokens, self.features, self.capture, self.sink,
             self.trace if self.trace is not None else self.sink,
             p.eps, p.scale, s.layers, s.hidden, s.intermediate, s.vocab, self.n_lm_tiles, **self.meta)
 
