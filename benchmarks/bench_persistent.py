@@ -86,6 +86,7 @@ def run(args) -> None:
     programs = args.programs or (torch.cuda.get_device_properties(0).multi_processor_count if cuda else 1)
     print(f"model {path} ({dtype}), prompt {PROMPT} tokens, programs {programs}", flush=True)
     variants = [(t, w, pf) for t in args.tiles for w in args.warps for pf in args.prefetch]
+
     def build(R, v, trace=False):
         return PersistentStep(packed, R, programs, Tiles(*v[0]), prefetch=v[2], num_warps=v[1], trace=trace)
 
@@ -130,6 +131,7 @@ def run(args) -> None:
                   torch.ones(R, R, dtype=torch.bool, device=dev).tril())
         launch = lambda: steps[R, v].launch(*inputs, kv.k, kv.v)  # noqa: E731
         if cuda:
+            launch()  # compiles for these inputs' types outside the graph's capture
             done = torch.cuda.Event()
             done.record()
             wait_or_die(done, args.deadline, f"the persistent launch of {R} rows ({v})")
@@ -220,7 +222,7 @@ def main():
     args.warps = [int(w) for w in args.warps.split(",")]
     args.prefetch = [bool(int(p)) for p in args.prefetch.split(",")]
     if args.tiny:  # head_dim 16, vocabulary 256
-        args.tiles = [(min(t[0], 8), *t[1:4], min(t[4], 64)) for t in args.tiles]
+        args.tiles = [(min(t[0], 8), *t[1:4], min(t[4], 64), *t[5:]) for t in args.tiles]
     if args.device == "cpu":
         if args.trace:
             ap.error("--trace reads the GPU's %globaltimer: it needs --device cuda")
