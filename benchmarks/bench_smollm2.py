@@ -9,8 +9,9 @@ Sections, all in one process so the numbers are side by side:
              plain and chain again with the plan's fused_linear off, built after the first two; with --also-specs, a
              row per listed setting and plain once more, built last
   phases     one target decode step vs a verify pass of 4 and 8 tokens vs one draft step (CUDA events)
-  lossless   fp32 (TF32 off): speculative greedy == plain greedy on the MT-bench first turns, chain and tree
-  bf16       share of identical outputs in bf16; every divergence's top-2 logit gap in the plain run
+  lossless   fp32 (TF32 off): speculative greedy == plain greedy on the MT-bench first turns, chain and tree;
+             with --twin, plain, chain and tree with the twin's settings too, one prompt at a time
+  bf16       share of identical outputs in bf16; every divergence's top-2 logit gap in the plain run (twins too)
   accept     acceptance length on the 80 MT-bench first turns and the 164 HumanEval prompts (bf16, greedy, stop at EOS)
   cycle      one speculative cycle at batch 1 under torch.profiler: CUDA kernels, graph launches and eager kernel
              launches per cycle, host wall time, GPU busy time, and the eyas profiler's per-phase GPU times
@@ -213,19 +214,28 @@ def phase_costs(eng, context=300):
     return res
 
 
-def lossless(model_path, prompts, draft, new_tokens=None, batch=16, dtype="fp32"):
+def lossless(model_path, prompts, draft, new_tokens=None, batch=16, dtype="fp32", twin=None):
+    """Speculative greedy (chain, tree) against plain greedy, batches of `batch`. With a twin (parse_twin's), plain,
+    chain and tree also run with its settings one prompt at a time (where batch-1 paths such as the persistent
+    step apply), each against the same plain greedy outputs."""
     params = SamplingParams(max_tokens=new_tokens or NEW_TOKENS)
     plain = Engine(str(model_path), dtype=dtype, device=DEVICE, max_batch=batch, max_len=2048)
     want = [s.output_ids for s in plain.generate(prompts, params)]
     res = {}
-    for name, spec in (("chain", CHAIN), ("tree", TREE)):
-        eng = Engine(str(model_path), dtype=dtype, device=DEVICE, draft=draft, spec=spec, max_batch=batch, max_len=2048)
-        seqs = eng.generate(prompts, params)
+    runs = [(name, spec, None) for name, spec in (("chain", CHAIN), ("tree", TREE))]
+    if twin:
+        runs += [(f"{name} {twin_name(twin)}", spec, twin) for name, spec in (("plain", None), ("chain", CHAIN),
+                                                                             ("tree", TREE))]
+    for name, spec, env in runs:
+        with ablated(*env) if env else contextlib.nullcontext():
+            eng = Engine(str(model_path), dtype=dtype, device=DEVICE, draft=draft if spec else None, spec=spec,
+                         max_batch=1 if env else batch, max_len=2048)
+            seqs = eng.generate(prompts, params)
         got = [s.output_ids for s in seqs]
         same = sum(a == b for a, b in zip(got, want))
         toks = sum(len(g) - 1 for g in got)
         passes = sum(s.verify_passes for s in seqs)
-        entry = dict(identical=same, total=len(prompts), accept_length=toks / max(passes, 1))
+        entry = dict(identical=same, total=len(prompts), accept_length=toks / max(passes, 1) if spec else None)
         if same != len(prompts):
             entry["divergences"] = divergence_gaps(plain, prompts, want, got)
         res[name] = entry
@@ -687,8 +697,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=2, help="sweep and scaling: timing rounds over all engines, "
                     "alternating order")
     ap.add_argument("--twin", default="",
-                    help="sweep: each setting also built with NAME=VALUE[,NAME=VALUE...] set, a row beside it: "
-                         "execution plan fields (e.g. fused_linear=0)")
+                    help="sweep: each setting also built with NAME=VALUE[,NAME=VALUE...] set, a row beside it; "
+                         "lossless and bf16: plain, chain and tree with them, batch 1: execution plan fields (e.g. "
+                         "fused_linear=0, persistent_rows=8)")
     ap.add_argument("--out", default="bench_smollm2.json")
     ap.add_argument("--markdown", default="", help="also write the measured sections as markdown tables to this "
                     "file, rewritten as rows and sections end (for docs/BENCHMARKS.md)")
@@ -778,10 +789,10 @@ def main():
     if "lossless" in sections:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-        results["lossless_fp32"] = lossless(path, prompts[:args.lossless], draft)
+        results["lossless_fp32"] = lossless(path, prompts[:args.lossless], draft, twin=twin)
         print(json.dumps(results["lossless_fp32"])[:2000], flush=True)
     if "bf16" in sections:
-        results["lossless_bf16"] = lossless(path, prompts[:args.lossless], draft, dtype="bf16")
+        results["lossless_bf16"] = lossless(path, prompts[:args.lossless], draft, dtype="bf16", twin=twin)
         print(json.dumps(results["lossless_bf16"])[:2000], flush=True)
     if "accept" in sections:
         results["accept"] = {}

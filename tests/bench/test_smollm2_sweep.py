@@ -213,3 +213,33 @@ def test_kernels_by_name_sums_launches_and_time_per_rep():
                                   kernel("x" * 100, 20.0)], 2)
     assert rows == [dict(name="x" * 80, calls=0.5, us=10.0), dict(name="gemv", calls=1.0, us=4.0),
                     dict(name="norm", calls=0.5, us=0.5)]
+
+
+def test_lossless_runs_the_twin_one_prompt_at_a_time_against_plain_greedy(monkeypatch):
+    """With a twin, plain, chain and tree run under its plan at batch 1 (where the persistent step applies), each
+    compared with the same plain greedy outputs; an output that differs is counted and its divergence read."""
+    built = []
+
+    class Seq:
+        def __init__(self, ids):
+            self.output_ids, self.verify_passes = ids, 2
+
+    class FakeEngine:
+        def __init__(self, path, dtype, device, max_batch, max_len, draft=None, spec=None):
+            self.rows = execution_plan.current().persistent_rows
+            built.append((bench.spec_name(spec) if spec else "plain", max_batch, self.rows))
+
+        def generate(self, prompts, params):  # the twin's tree differs on the second prompt
+            bad = self.rows and built[-1][0] == bench.spec_name(bench.TREE)
+            return [Seq([i, 7] if bad and i == 1 else [i, 5]) for i, _ in enumerate(prompts)]
+
+    monkeypatch.setattr(bench, "Engine", FakeEngine)
+    monkeypatch.setattr(bench, "divergence_gaps", lambda plain, prompts, want, got: [dict(index=1, gap=0.5)])
+    res = bench.lossless("model", [[1], [2]], "draft", twin=bench.parse_twin("persistent_rows=8"))
+    chain, tree = bench.spec_name(bench.CHAIN), bench.spec_name(bench.TREE)
+    assert built == [("plain", 16, 0), (chain, 16, 0), (tree, 16, 0), ("plain", 1, 8), (chain, 1, 8), (tree, 1, 8)]
+    assert set(res) == {"chain", "tree", "plain persistent_rows=8", "chain persistent_rows=8",
+                        "tree persistent_rows=8"}
+    assert all(res[k]["identical"] == 2 for k in res if k != "tree persistent_rows=8")
+    assert res["tree persistent_rows=8"]["identical"] == 1 and res["tree persistent_rows=8"]["divergences"]
+    assert execution_plan.current() == execution_plan.DEFAULT
