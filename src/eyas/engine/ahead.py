@@ -232,11 +232,10 @@ class AheadOfHost:
         """Before a step is enqueued: zero the `active` flag of finished rows, and of rows the steps in flight
         bring to max_tokens (each adds one token), behind those steps: their cache length stops there and later
         steps rewrite that column."""
-        most = len(self.flights) * self.tokens_per_step
         for i, s in enumerate(self.seqs):
             if i in self.stopped:
                 continue
-            if s.finished or len(s.output_ids) + most >= s.params.max_tokens:
+            if s.finished or self._may_reach_max_tokens(s):
                 self.pair.current.active[i] = 0  # shared by both input sets; a fill on the stream, no copy to wait on
                 self.stopped.add(i)
 
@@ -266,9 +265,12 @@ class AheadOfHost:
     def _may_enqueue(self) -> bool:
         """Even if every step in flight adds all it may, no sequence reaches max_tokens before the step to
         enqueue: the in-step path would run it too, and its cache writes stay in the reserved space."""
-        most = len(self.flights) * self.tokens_per_step
-        return all(len(s.output_ids) + most < s.params.max_tokens
-                   for i, s in enumerate(self.seqs) if not s.finished and i not in self.stopped)
+        return not any(self._may_reach_max_tokens(s)
+                       for i, s in enumerate(self.seqs) if not s.finished and i not in self.stopped)
+
+    def _may_reach_max_tokens(self, s) -> bool:
+        """Whether the steps in flight, each adding all it may, could bring `s` to its max_tokens."""
+        return len(s.output_ids) + len(self.flights) * self.tokens_per_step >= s.params.max_tokens
 
     def _pair_for(self, like: StepInputs) -> GraphPair:
         """The pair for inputs like `like` whose attention bounds cover the longest row. One bound for all of a

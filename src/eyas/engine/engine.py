@@ -288,13 +288,13 @@ class Engine:
                 return None
         if self.ahead.usable(seqs):
             return self.ahead.advance(seqs)
-        starts = [s.cached for s in seqs]
-        ids, pos, slots = torch.tensor([[s.output_ids[-1] for s in seqs], starts, [s.slot for s in seqs]],
-                                       device=self.device)[:, :, None]
+        starts, slots = [s.cached for s in seqs], [s.slot for s in seqs]
+        ids, pos, slots_t = torch.tensor([[s.output_ids[-1] for s in seqs], starts, slots],
+                                         device=self.device)[:, :, None]
         if self.runner.persistent.serves(len(seqs), 1):
-            logits, out = self.runner.persistent.output(ids, pos[:, 0], slots[:, 0])
+            logits, out = self.runner.persistent.output(ids, pos[:, 0], slots_t[:, 0])
         else:
-            out = self.runner.forward(ids, pos, [s.slot for s in seqs], starts)
+            out = self.runner.forward(ids, pos, slots, starts)
             logits = self.target.logits(out.hidden[:, -1])
         tokens = self.sample(logits, seqs).tolist()
         self.take_step(seqs, tokens, self.step_logprobs(seqs, logits, tokens))

@@ -25,13 +25,14 @@ REGISTER_TILE_BYTES = 48 * 1024  # the largest weight tile an item holds in regi
 
 
 def supports(model) -> bool:
-    """Whether the kernel covers this target: dense Llama-family layers on one rank, head_dim a power of two
-    of at least 16, and every item's weight tile within what one program holds in registers."""
+    """Whether the kernel covers this target (persistent_step.unsupported: dense Llama-family layers on one
+    rank, widths it takes) and every item's weight tile fits what one program holds in registers. Imports
+    Triton: ask only where kernels may run."""
+    from eyas.kernels.persistent_step import unsupported
+
+    if unsupported(model):
+        return False
     cfg = model.config
-    if cfg.mla or cfg.moe_layers or cfg.qk_norm or cfg.attention_bias or cfg.quantization or model.tp.size != 1:
-        return False
-    if cfg.head_dim < 16 or cfg.head_dim & (cfg.head_dim - 1) or cfg.hidden_size < 32:
-        return False
     elsize = next(model.parameters()).element_size()
     t = Tiles()
     widest = max(2 * t.gate_up * cfg.hidden_size, t.down * cfg.intermediate_size, 2 * t.qkv * cfg.hidden_size,

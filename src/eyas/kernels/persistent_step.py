@@ -47,12 +47,29 @@ class PackedDecoder:
     scale: float
 
 
-def pack_llama(model) -> PackedDecoder:
-    """Stack an eyas CausalLM's (eyas.models.llama) dense Llama weights; other variants keep today's path."""
+def shape_error(head_dim: int, hidden: int) -> str | None:
+    """Why the kernel cannot take these widths (its attention tiles and LM-head blocks), or None."""
+    if head_dim < 16 or head_dim & (head_dim - 1) or hidden < 32:
+        return f"head_dim {head_dim} must be a power of two of at least 16, hidden at least 32"
+    return None
+
+
+def unsupported(model) -> str | None:
+    """Why the persistent step does not cover an eyas CausalLM (eyas.models.llama), or None: it takes dense
+    Llama-family layers without qkv bias or q/k norm, unquantized, on one rank, of widths shape_error takes."""
     cfg = model.config
     if cfg.mla or cfg.moe_layers or cfg.qk_norm or cfg.attention_bias or cfg.quantization or model.tp.size != 1:
-        raise ValueError("the persistent step covers dense Llama-family layers without qkv bias or q/k norm "
-                         "on one rank")
+        return ("the persistent step covers dense Llama-family layers without qkv bias or q/k norm, unquantized, "
+                "on one rank")
+    return shape_error(cfg.head_dim, cfg.hidden_size)
+
+
+def pack_llama(model) -> PackedDecoder:
+    """Stack an eyas CausalLM's dense Llama weights; other variants keep today's path (unsupported says why)."""
+    reason = unsupported(model)
+    if reason:
+        raise ValueError(reason)
+    cfg = model.config
     layers = model.model.layers
     shape = DecoderShape(hidden=cfg.hidden_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
                          head_dim=cfg.head_dim, intermediate=cfg.intermediate_size, layers=cfg.num_layers,
@@ -82,8 +99,9 @@ class PersistentStep:
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"a persistent step takes 1..{MAX_ROWS} rows, not {rows}")
         s, dev = packed.shape, packed.embed.device
-        if s.head_dim < 16 or s.head_dim & (s.head_dim - 1) or s.hidden < 32:
-            raise ValueError(f"head_dim {s.head_dim} must be a power of two of at least 16, hidden at least 32")
+        error = shape_error(s.head_dim, s.hidden)
+        if error:
+            raise ValueError(error)
         if trace and dev.type != "cuda":
             raise ValueError("a traced step reads %globaltimer: it needs a GPU")
         self.packed, self.rows, self.programs = packed, rows, programs
