@@ -63,7 +63,8 @@ def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool) -> dict:
     constexprs = dict(R=rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, S=tiles.attend_splits, NCAP=3,
                       H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
                       TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up),
-                      BD=block(tiles.down), BL=32, BK=64, BT=64, BTILES=block(-(-s.vocab // tiles.lm_head)),
+                      BD=block(tiles.down), HC=min(persistent_decode.CHUNK, h2), QC=min(persistent_decode.CHUNK, q2),
+                      IC=min(persistent_decode.CHUNK, i2), BL=32, BK=64, BT=64, BTILES=block(-(-s.vocab // tiles.lm_head)),
                       PREC="tf32", PREFETCH=False, TRACE=trace, ON_GPU=True)
     kernel = persistent_decode.persistent_step_kernel
     t0 = time.time()

@@ -11,11 +11,15 @@ The item table is the schedule itself (op, layer, part, columns, wait counter, w
 an int32 tensor), so the counters' targets are the schedule's, and the tests check every counter ends at
 the number of items that signal it.
 
-Projections of one to eight rows are matrix-vector products on the CUDA cores: for each row, the weight
-tile in registers times the row (fp32 products and sums, so an fp32 target is computed in full fp32). Only
-the LM head, whose tiles are too large for registers, streams its weights through tl.dot over rows padded
-to 16. Every buffer is written once per step (the residual stream has one slice per stage: h[2l+1] after
-layer l's attention, h[2l+2] after its MLP; layer 0 reads the embedding rows directly), so there are no
+Every projection, the LM head's included, is a tensor-core product of the step's rows (padded to 16)
+and the item's weight tile, its columns cut into chunks of CHUNK: one product per chunk, the warps split
+the chunks, and the chunks' results are summed. (Over all 576 columns at once, every warp would hold all
+the rows' columns, since the warps split only a product's outputs: that spills. A row at a time on the
+CUDA cores costs a cross-warp reduction per row.) The rows are rounded to the weights' dtype first, as a
+dense layer's input is; an fp32 target multiplies in full fp32.
+
+Every buffer is written once per step (the residual stream has one slice per stage: h[2l+1] after layer
+l's attention, h[2l+2] after its MLP; layer 0 reads the embedding rows directly), so there are no
 write-after-read hazards between items. Activations written by other programs are read with
 cache_modifier=".cg" (L2, bypassing the SM's non-coherent L1). Activations are fp32; weights stay in the
 target's dtype.
@@ -32,6 +36,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import globaltimer
 
+CHUNK = 128  # columns per chunk of a product: each chunk is one tensor-core product, the warps split the chunks
 OPS = ("qkv", "attend", "o_proj", "gate_up", "down", "lm_head", "argmax")  # the op codes of the item table
 
 
@@ -71,54 +76,75 @@ def _stamp(trace, it, k, TRACE: tl.constexpr):
 
 
 @triton.jit
-def _tile(w, stride, n0, n_end, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr):
-    """Weight rows n0..n_end of W [*, K] (rows past n_end are 0) as two register blocks [BN, K1], [BN, K2]."""
-    n = n0 + tl.arange(0, BN)
-    c1 = tl.arange(0, K1)
-    c2 = K1 + tl.arange(0, K2)
-    nm = (n < n_end)[:, None]
-    w1 = tl.load(w + n[:, None] * stride + c1[None, :], mask=nm, other=0.0)
-    w2 = tl.load(w + n[:, None] * stride + c2[None, :], mask=nm & (c2[None, :] < K), other=0.0)
+def _chunks(K1: tl.constexpr, KC: tl.constexpr, first):
+    """Column offsets [K1 // KC, 1, KC] of a block of K1 columns starting at `first`, cut into chunks of KC."""
+    return first + tl.arange(0, K1 // KC)[:, None, None] * KC + tl.arange(0, KC)[None, None, :]
+
+
+@triton.jit
+def _tile(w, stride, n0, n_end, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
+    """Weight rows n0..n_end of W [*, K] (rows past n_end are 0) as two register blocks [K1 // KC, BN, KC],
+    [K2 // KC, BN, KC]: columns cut into chunks of KC, so that a product splits its sum over the chunks."""
+    n = (n0 + tl.arange(0, BN))[None, :, None]
+    c1 = _chunks(K1, KC, 0)
+    c2 = _chunks(K2, KC, K1)
+    w1 = tl.load(w + n * stride + c1, mask=n < n_end, other=0.0)
+    w2 = tl.load(w + n * stride + c2, mask=(n < n_end) & (c2 < K), other=0.0)
     return w1, w2
 
 
 @triton.jit
-def _row(src, K, K1: tl.constexpr, K2: tl.constexpr):
-    """One fp32 row src[0:K], written by other programs (read through L2), as blocks [K1], [K2]."""
-    c1 = tl.arange(0, K1)
-    c2 = K1 + tl.arange(0, K2)
-    x1 = tl.load(src + c1, cache_modifier=".cg").to(tl.float32)
-    x2 = tl.load(src + c2, mask=c2 < K, other=0.0, cache_modifier=".cg").to(tl.float32)
-    return x1, x2
+def _rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
+    """Rows src[offs[i] : offs[i] + K] (written by other programs, read through L2) in fp32 as blocks
+    [K1 // KC, BR, KC], [K2 // KC, BR, KC]; rows outside `rm` are 0."""
+    at = offs[None, :, None]
+    m = rm[None, :, None]
+    c1 = _chunks(K1, KC, 0)
+    c2 = _chunks(K2, KC, K1)
+    x1 = tl.load(src + at + c1, mask=m, other=0.0, cache_modifier=".cg")
+    x2 = tl.load(src + at + c2, mask=m & (c2 < K), other=0.0, cache_modifier=".cg")
+    return x1.to(tl.float32), x2.to(tl.float32)
 
 
 @triton.jit
-def _normed_row(src, norm_w, eps, K, K1: tl.constexpr, K2: tl.constexpr):
-    """rmsnorm(src[0:K]) * norm_w, as blocks [K1], [K2]."""
-    x1, x2 = _row(src, K, K1, K2)
-    rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / K + eps)
-    c1 = tl.arange(0, K1)
-    c2 = K1 + tl.arange(0, K2)
+def _normed(x1, x2, norm_w, eps, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
+    """rmsnorm of each row of _rows' blocks, times norm_w."""
+    total = tl.sum(tl.sum(x1 * x1, axis=2), axis=0) + tl.sum(tl.sum(x2 * x2, axis=2), axis=0)
+    rstd = (1.0 / tl.sqrt(total / K + eps))[None, :, None]
+    c1 = _chunks(K1, KC, 0)
+    c2 = _chunks(K2, KC, K1)
     w1 = tl.load(norm_w + c1).to(tl.float32)
     w2 = tl.load(norm_w + c2, mask=c2 < K, other=0.0).to(tl.float32)
     return x1 * rstd * w1, x2 * rstd * w2
 
 
 @triton.jit
-def _gemv(w1, w2, x1, x2):
-    """[BN] fp32: a weight tile held as two blocks times one row held as two blocks."""
-    return tl.sum(w1.to(tl.float32) * x1[None, :], axis=1) + tl.sum(w2.to(tl.float32) * x2[None, :], axis=1)
+def _product(x1, x2, w1, w2, PREC: tl.constexpr):
+    """[BR, BN] fp32: rows (_rows' blocks) times a weight tile (_tile's blocks) on the tensor cores, one
+    product per chunk of columns (so the warps split the sum), then summed over the chunks. The rows are
+    rounded to the weights' dtype, as a dense layer's input is; fp32 weights multiply in full fp32 (PREC
+    "ieee")."""
+    y1 = tl.dot(x1.to(w1.dtype), tl.permute(w1, (0, 2, 1)), out_dtype=tl.float32, input_precision=PREC)
+    y2 = tl.dot(x2.to(w2.dtype), tl.permute(w2, (0, 2, 1)), out_dtype=tl.float32, input_precision=PREC)
+    return tl.sum(y1, axis=0) + tl.sum(y2, axis=0)
 
 
 @triton.jit
-def _merged_attention(part_m, part_l, part_acc, base, K, K1: tl.constexpr, K2: tl.constexpr, S: tl.constexpr,
-                      D: tl.constexpr):
-    """One row's attention output [K = heads * D] as blocks [K1], [K2]: each head's S splits (their maxima,
-    sums and unnormalized outputs from `base` = the row's first (head, split)) merged in split order."""
-    c1 = tl.arange(0, K1)
-    c2 = K1 + tl.arange(0, K2)
-    x1 = _merge_splits(part_m, part_l, part_acc, base, c1, c1 < K, S, D)
-    x2 = _merge_splits(part_m, part_l, part_acc, base, c2, c2 < K, S, D)
+def _merged_attention(part_m, part_l, part_acc, base, R: tl.constexpr, BR: tl.constexpr, K, K1: tl.constexpr,
+                      K2: tl.constexpr, KC: tl.constexpr, S: tl.constexpr, D: tl.constexpr):
+    """The step's attention output [BR, K = heads * D] as _rows' blocks: for each row r, each head's S splits
+    (their maxima, sums and unnormalized outputs from base + r * heads * S, the row's first (head, split))
+    merged in split order. Merged one row at a time, which keeps a row's split values at one register block
+    each."""
+    rows = tl.arange(0, BR)[None, :, None]
+    c1 = _chunks(K1, KC, 0)
+    c2 = _chunks(K2, KC, K1)
+    x1 = tl.zeros((K1 // KC, BR, KC), tl.float32)
+    x2 = tl.zeros((K2 // KC, BR, KC), tl.float32)
+    for r in tl.static_range(R):
+        at = base + r * (K // D) * S
+        x1 = tl.where(rows == r, _merge_splits(part_m, part_l, part_acc, at, c1, c1 < K, S, D), x1)
+        x2 = tl.where(rows == r, _merge_splits(part_m, part_l, part_acc, at, c2, c2 < K, S, D), x2)
     return x1, x2
 
 
@@ -141,24 +167,25 @@ def _merge_splits(part_m, part_l, part_acc, base, cols, cm, S: tl.constexpr, D: 
 
 
 @triton.jit
-def _stream_row(h_in, embed, ids, r, layer, norm_w, eps, H, H1: tl.constexpr, H2: tl.constexpr):
-    """Row r of the stream entering `layer`, normalized: at layer 0 the token's embedding row."""
+def _stream_rows(h_in, embed, ids, rows, rm, layer, norm_w, eps, H, H1: tl.constexpr, H2: tl.constexpr,
+                 HC: tl.constexpr):
+    """The step's rows of the stream entering `layer`, normalized: at layer 0 the tokens' embedding rows."""
     if layer == 0:
-        tok = tl.load(ids + r).to(tl.int64)
-        x1, x2 = _normed_row(embed + tok * H, norm_w, eps, H, H1, H2)
+        x1, x2 = _rows(embed, tl.load(ids + rows, mask=rm, other=0).to(tl.int64) * H, rm, H, H1, H2, HC)
     else:
-        x1, x2 = _normed_row(h_in + r * H, norm_w, eps, H, H1, H2)
-    return x1, x2
+        x1, x2 = _rows(h_in, rows * H, rm, H, H1, H2, HC)
+    return _normed(x1, x2, norm_w, eps, H, H1, H2, HC)
 
 
 @triton.jit
-def _residual(h_in, embed, ids, r, layer, cols, cm, H):
-    """Columns `cols` of row r of the stream entering `layer` (the embedding row at layer 0)."""
+def _residual(h_in, embed, ids, rows, rm, layer, cols, cm, H):
+    """Columns `cols` of the step's rows of the stream entering `layer` (the embedding rows at layer 0)."""
+    m = rm[:, None] & cm[None, :]
     if layer == 0:
-        tok = tl.load(ids + r).to(tl.int64)
-        res = tl.load(embed + tok * H + cols, mask=cm, other=0.0).to(tl.float32)
+        tok = tl.load(ids + rows, mask=rm, other=0).to(tl.int64)
+        res = tl.load(embed + tok[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
     else:
-        res = tl.load(h_in + r * H + cols, mask=cm, other=0.0, cache_modifier=".cg")
+        res = tl.load(h_in + rows[:, None] * H + cols[None, :], mask=m, other=0.0, cache_modifier=".cg")
     return res
 
 
@@ -173,7 +200,7 @@ def persistent_step_kernel(
         R: tl.constexpr, NH: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, S: tl.constexpr, NCAP: tl.constexpr,
         H1: tl.constexpr, H2: tl.constexpr, Q1: tl.constexpr, Q2: tl.constexpr, I1: tl.constexpr,
         I2: tl.constexpr, TQ: tl.constexpr, BQ: tl.constexpr, BO: tl.constexpr, BG: tl.constexpr,
-        BD: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BTILES: tl.constexpr,
+        BD: tl.constexpr, HC: tl.constexpr, QC: tl.constexpr, IC: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BTILES: tl.constexpr,
         PREC: tl.constexpr, PREFETCH: tl.constexpr, TRACE: tl.constexpr, ON_GPU: tl.constexpr):
     pid = tl.program_id(0)
     W = tl.num_programs(0)
@@ -199,35 +226,35 @@ def persistent_step_kernel(
         h_in = h_buf + 2 * layer * R * H          # h[2l]: the stream entering layer l (unused at layer 0)
         if op == 0:  # qkv: rows a..a+TQ of a fused head and their partners HALF on, rotated, to q or the cache
             wl = wqkv + layer.to(tl.int64) * QKVW * H
-            lo1, lo2 = _tile(wl, H, a, a + TQ, H, BQ, H1, H2)
-            hi1, hi2 = _tile(wl, H, a + HALF, a + HALF + TQ, H, BQ, H1, H2)
+            lo1, lo2 = _tile(wl, H, a, a + TQ, H, BQ, H1, H2, HC)
+            hi1, hi2 = _tile(wl, H, a + HALF, a + HALF + TQ, H, BQ, H1, H2, HC)
             _wait(counters, wait, count, ON_GPU)
             _stamp(trace, it, 1, TRACE)
             c = a - part * D + tl.arange(0, BQ)   # the pair's first columns within the head
             cm = tl.arange(0, BQ) < TQ
-            for r in tl.static_range(R):
-                x1, x2 = _stream_row(h_in, embed, ids, r, layer, attn_norm_w + layer * H, eps, H, H1, H2)
-                lo = _gemv(lo1, lo2, x1, x2)
-                hi = _gemv(hi1, hi2, x1, x2)
-                if part < NH + KV:  # q and k heads: rotate-half pairs column c with c + HALF
-                    p = (pos + tl.load(depth + r)) * D  # the row's rotary position: a tree node's depth
-                    cl = tl.load(cos + p + c, mask=cm, other=0.0)
-                    sl = tl.load(sin + p + c, mask=cm, other=0.0)
-                    ch = tl.load(cos + p + c + HALF, mask=cm, other=0.0)
-                    sh = tl.load(sin + p + c + HALF, mask=cm, other=0.0)
-                    lo, hi = lo * cl - hi * sl, hi * ch + lo * sh
-                if part < NH:
-                    q_dst = q_buf + layer * R * QW + r * QW + part * D
-                    tl.store(q_dst + c, lo, mask=cm)
-                    tl.store(q_dst + c + HALF, hi, mask=cm)
+            m = rmask[:, None] & cm[None, :]
+            x1, x2 = _stream_rows(h_in, embed, ids, rows, rmask, layer, attn_norm_w + layer * H, eps, H, H1, H2, HC)
+            lo = _product(x1, x2, lo1, lo2, PREC)
+            hi = _product(x1, x2, hi1, hi2, PREC)
+            if part < NH + KV:  # q and k heads: rotate-half pairs column c with c + HALF
+                p = ((pos + tl.load(depth + rows, mask=rmask, other=0)) * D)[:, None]  # a tree node's depth
+                cl = tl.load(cos + p + c[None, :], mask=m, other=0.0)
+                sl = tl.load(sin + p + c[None, :], mask=m, other=0.0)
+                ch = tl.load(cos + p + HALF + c[None, :], mask=m, other=0.0)
+                sh = tl.load(sin + p + HALF + c[None, :], mask=m, other=0.0)
+                lo, hi = lo * cl - hi * sl, hi * ch + lo * sh
+            if part < NH:
+                q_dst = q_buf + layer * R * QW + rows[:, None] * QW + part * D + c[None, :]
+                tl.store(q_dst, lo, mask=m)
+                tl.store(q_dst + HALF, hi, mask=m)
+            else:
+                if part < NH + KV:
+                    dst = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + (part - NH) * c_head
                 else:
-                    if part < NH + KV:
-                        dst = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + (part - NH) * c_head
-                    else:
-                        dst = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + (part - NH - KV) * c_head
-                    dst += (pos + r) * c_pos
-                    tl.store(dst + c, lo.to(dst.dtype.element_ty), mask=cm)
-                    tl.store(dst + c + HALF, hi.to(dst.dtype.element_ty), mask=cm)
+                    dst = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + (part - NH - KV) * c_head
+                dst = dst + (pos + rows[:, None]) * c_pos + c[None, :]
+                tl.store(dst, lo.to(dst.dtype.element_ty), mask=m)
+                tl.store(dst + HALF, hi.to(dst.dtype.element_ty), mask=m)
         elif op == 1:  # attend: query head part // S over split part % S of the columns (the cache before pos, and
             # the new rows each row sees): the split's maximum, sum of exponentials and unnormalized output
             _wait(counters, wait, count, ON_GPU)
@@ -272,70 +299,55 @@ def persistent_step_kernel(
             tl.store(part_l + at, total, mask=rmask)
             tl.store(part_acc + at[:, None] * D + dcol[None, :], acc, mask=m)
         elif op == 2:  # o_proj tile [a, b): h[2l+1] = h[2l] + attn Wo^T
-            w1, w2 = _tile(wo + layer.to(tl.int64) * H * QW, QW, a, b, QW, BO, Q1, Q2)
+            w1, w2 = _tile(wo + layer.to(tl.int64) * H * QW, QW, a, b, QW, BO, Q1, Q2, QC)
             _wait(counters, wait, count, ON_GPU)
             _stamp(trace, it, 1, TRACE)
             cols = a + tl.arange(0, BO)
             cm = cols < b
-            for r in tl.static_range(R):
-                x1, x2 = _merged_attention(part_m, part_l, part_acc, (layer * R + r) * NH * S, QW, Q1, Q2, S, D)
-                y = _gemv(w1, w2, x1, x2) + _residual(h_in, embed, ids, r, layer, cols, cm, H)
-                tl.store(h_in + R * H + r * H + cols, y, mask=cm)
+            x1, x2 = _merged_attention(part_m, part_l, part_acc, layer * R * NH * S, R, BR, QW, Q1, Q2, QC, S, D)
+            y = _product(x1, x2, w1, w2, PREC) + _residual(h_in, embed, ids, rows, rmask, layer, cols, cm, H)
+            tl.store(h_in + R * H + rows[:, None] * H + cols[None, :], y, mask=rmask[:, None] & cm[None, :])
         elif op == 3:  # gate_up tile [a, b): act = silu(x Wg^T) * (x Wu^T), x = mlp_norm(h[2l+1])
             wl = wgu + layer.to(tl.int64) * 2 * I * H
-            g1, g2 = _tile(wl, H, a, b, H, BG, H1, H2)
-            u1, u2 = _tile(wl, H, I + a, I + b, H, BG, H1, H2)
+            g1, g2 = _tile(wl, H, a, b, H, BG, H1, H2, HC)
+            u1, u2 = _tile(wl, H, I + a, I + b, H, BG, H1, H2, HC)
             _wait(counters, wait, count, ON_GPU)
             _stamp(trace, it, 1, TRACE)
             cols = a + tl.arange(0, BG)
-            for r in tl.static_range(R):
-                x1, x2 = _normed_row(h_in + R * H + r * H, mlp_norm_w + layer * H, eps, H, H1, H2)
-                gate = _gemv(g1, g2, x1, x2)
-                act = gate / (1.0 + tl.exp(-gate)) * _gemv(u1, u2, x1, x2)
-                tl.store(act_buf + layer * R * I + r * I + cols, act, mask=cols < b)
+            x1, x2 = _rows(h_in + R * H, rows * H, rmask, H, H1, H2, HC)
+            x1, x2 = _normed(x1, x2, mlp_norm_w + layer * H, eps, H, H1, H2, HC)
+            gate = _product(x1, x2, g1, g2, PREC)
+            act = gate / (1.0 + tl.exp(-gate)) * _product(x1, x2, u1, u2, PREC)
+            tl.store(act_buf + layer * R * I + rows[:, None] * I + cols[None, :], act,
+                     mask=rmask[:, None] & (cols < b)[None, :])
         elif op == 4:  # down tile [a, b): h[2l+2] = h[2l+1] + act Wd^T
-            w1, w2 = _tile(wd + layer.to(tl.int64) * H * I, I, a, b, I, BD, I1, I2)
+            w1, w2 = _tile(wd + layer.to(tl.int64) * H * I, I, a, b, I, BD, I1, I2, IC)
             _wait(counters, wait, count, ON_GPU)
             _stamp(trace, it, 1, TRACE)
             cols = a + tl.arange(0, BD)
-            cm = cols < b
-            for r in tl.static_range(R):
-                x1, x2 = _row(act_buf + layer * R * I + r * I, I, I1, I2)
-                res = tl.load(h_in + R * H + r * H + cols, mask=cm, other=0.0, cache_modifier=".cg")
-                tl.store(h_in + 2 * R * H + r * H + cols, _gemv(w1, w2, x1, x2) + res, mask=cm)
+            m = rmask[:, None] & (cols < b)[None, :]
+            x1, x2 = _rows(act_buf + layer * R * I, rows * I, rmask, I, I1, I2, IC)
+            res = tl.load(h_in + R * H + rows[:, None] * H + cols[None, :], mask=m, other=0.0, cache_modifier=".cg")
+            y = _product(x1, x2, w1, w2, PREC) + res
+            tl.store(h_in + 2 * R * H + rows[:, None] * H + cols[None, :], y, mask=m)
             taken = tl.load(capture + layer + 1)  # bit j: feature j is the stream entering layer + 1
-            if taken != 0:  # the EAGLE-3 features, in the target's dtype, from the columns just written
-                tl.debug_barrier()
-                rc = tl.arange(0, BR)[:, None]
-                m = (rc < R) & cm[None, :]
-                y = tl.load(h_in + 2 * R * H + rc * H + cols[None, :], mask=m, other=0.0, cache_modifier=".cg")
-                for j in tl.static_range(NCAP):
-                    if (taken >> j) & 1:
-                        tl.store(features + (rc * NCAP + j) * H + cols[None, :], y.to(features.dtype.element_ty),
-                                 mask=m)
+            for j in tl.static_range(NCAP):  # the EAGLE-3 features, in the target's dtype
+                if (taken >> j) & 1:
+                    tl.store(features + (rows[:, None] * NCAP + j) * H + cols[None, :],
+                             y.to(features.dtype.element_ty), mask=m)
         elif op == 5:  # lm_head tile [a, b) of final_norm(h[2L]), and the tile's maximum per row
             if PREFETCH:
                 _touch(lm_head, H, a, b, H, sink, BL, BK)
             _wait(counters, wait, count, ON_GPU)
             _stamp(trace, it, 1, TRACE)
-            hl = h_buf + 2 * L * R * H
-            c1 = tl.arange(0, H1)
-            c2 = H1 + tl.arange(0, H2)
-            m2 = rmask[:, None] & (c2[None, :] < H)
-            x1 = tl.load(hl + rows[:, None] * H + c1[None, :], mask=rmask[:, None], other=0.0, cache_modifier=".cg")
-            x2 = tl.load(hl + rows[:, None] * H + c2[None, :], mask=m2, other=0.0, cache_modifier=".cg")
-            rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / H + eps)
-            n1 = tl.load(final_norm_w + c1).to(tl.float32)
-            n2 = tl.load(final_norm_w + c2, mask=c2 < H, other=0.0).to(tl.float32)
-            x1 = (x1 * rstd[:, None] * n1[None, :]).to(lm_head.dtype.element_ty)
-            x2 = (x2 * rstd[:, None] * n2[None, :]).to(lm_head.dtype.element_ty)
+            x1, x2 = _rows(h_buf + 2 * L * R * H, rows * H, rmask, H, H1, H2, HC)
+            x1, x2 = _normed(x1, x2, final_norm_w, eps, H, H1, H2, HC)
             best = tl.full((BR,), float("-inf"), tl.float32)
             where = tl.zeros((BR,), tl.int32)
             cn = tl.arange(0, BL)
             for n0 in range(a, b, BL):
-                w1, w2 = _tile(lm_head, H, n0, b, H, BL, H1, H2)
-                y = (tl.dot(x1, tl.trans(w1), out_dtype=tl.float32, input_precision=PREC)
-                     + tl.dot(x2, tl.trans(w2), out_dtype=tl.float32, input_precision=PREC))
+                w1, w2 = _tile(lm_head, H, n0, b, H, BL, H1, H2, HC)
+                y = _product(x1, x2, w1, w2, PREC)
                 c = n0 + cn
                 y = tl.where((c < b)[None, :], y, float("-inf"))
                 tl.store(logits + rows[:, None] * V + c[None, :], y, mask=rmask[:, None] & (c[None, :] < b))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from eyas.kernels.persistent_decode import OPS, persistent_step_kernel, split_pow2
+from eyas.kernels.persistent_decode import CHUNK, OPS, persistent_step_kernel, split_pow2
 from eyas.kernels.persistent_schedule import MAX_ROWS, DecoderShape, Schedule, Tiles, build_schedule
 
 
@@ -102,6 +102,8 @@ class PersistentStep:
         error = shape_error(s.head_dim, s.hidden)
         if error:
             raise ValueError(error)
+        if dev.type == "cuda" and block_t < 16:
+            raise ValueError(f"block_t {block_t}: the attention's tl.dot takes at least 16 columns on a GPU")
         if trace and dev.type != "cuda":
             raise ValueError("a traced step reads %globaltimer: it needs a GPU")
         self.packed, self.rows, self.programs = packed, rows, programs
@@ -136,10 +138,11 @@ class PersistentStep:
         self.trace = torch.zeros(len(self.schedule.items), 3, dtype=torch.int64, device=dev) if trace else None
         (h1, h2), (q1, q2), (i1, i2) = split_pow2(s.hidden), split_pow2(qw), split_pow2(s.intermediate)
         block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
+        chunk = lambda k1, k2: min(CHUNK, k2)  # noqa: E731  (k1 >= k2, both powers of two)
         self.meta = dict(
             R=rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, S=tiles.attend_splits, NCAP=len(capture),
             H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
-            TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down),
+            TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down), HC=chunk(h1, h2), QC=chunk(q1, q2), IC=chunk(i1, i2),
             BL=block_l, BK=64, BT=block_t, BTILES=block(self.n_lm_tiles),
             PREC="ieee" if packed.embed.dtype == torch.float32 else "tf32", PREFETCH=prefetch, TRACE=trace,
             ON_GPU=dev.type == "cuda",
