@@ -30,10 +30,10 @@ from eyas.kernels import persistent_decode  # noqa: E402
 from eyas.kernels.persistent_schedule import DecoderShape, Tiles  # noqa: E402
 
 SMOLLM2 = DecoderShape(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, layers=30, vocab=49152)
-FP32 = {"h_buf", "q_buf", "part_m", "part_l", "part_acc", "act_buf", "logits", "tile_max", "sink", "cos", "sin",
-        "eps", "scale"}
-I32_POINTERS = {"table", "counters", "tile_arg", "capture"}
-I64_POINTERS = {"ids", "tokens", "start", "slot_of", "depth", "trace"}
+FP32 = {"logits", "sink", "cos", "sin", "eps", "scale"}
+I32_POINTERS = {"table", "counters", "epoch", "capture"}
+I64_POINTERS = {"ids", "tokens", "start", "slot_of", "depth", "trace",  # and the words items pass each other
+                "h_buf", "q_buf", "kv_new", "part_m", "part_l", "part_acc", "act_buf", "tile_max", "tile_arg"}
 
 
 def signature(kernel, constexprs: dict) -> dict:
@@ -65,7 +65,7 @@ def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool) -> dict:
                       TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up),
                       BD=block(tiles.down), HC=min(persistent_decode.CHUNK, h2), QC=min(persistent_decode.CHUNK, q2),
                       IC=min(persistent_decode.CHUNK, i2), BL=32, BK=64, BT=64, BTILES=block(-(-s.vocab // tiles.lm_head)),
-                      PREC="tf32", PREFETCH=False, TRACE=trace, ON_GPU=True)
+                      PREC="tf32", PREFETCH=False, TRACE=trace)
     kernel = persistent_decode.persistent_step_kernel
     t0 = time.time()
     compiled = triton.compile(ASTSource(kernel, signature(kernel, constexprs), constexprs=constexprs),

@@ -91,7 +91,7 @@ class PersistentTarget:
             aux = step.features[None]
         elif layers:  # a target so shallow that the draft reads its embeddings: gathered here
             dtype = step.packed.embed.dtype
-            aux = torch.cat([self.model.embed(ids[0]) if i == 0 else step.h[2 * i].to(dtype) for i in layers],
+            aux = torch.cat([self.model.embed(ids[0]) if i == 0 else step.stream(i).to(dtype) for i in layers],
                             dim=-1)[None]
         return step.tokens[None], step.logits[None], aux
 

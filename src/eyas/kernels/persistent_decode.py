@@ -3,30 +3,32 @@
 W programs (on a GPU the SM count, so all are co-resident) each take the schedule's items dealt round-robin
 (item i to program i % W) and run them in increasing index. Items are in topological order, so the lowest
 unfinished item can always run: no dealing in order deadlocks. Each item first loads its weight tile into
-registers (weights never depend on the step, so the load overlaps the producers still running), then polls
-its producers' int32 counter with acquire loads until it reaches the schedule's wait_count, computes,
-synchronizes the program's threads and bumps its own counter with release semantics.
+registers (weights never depend on the step, so the load overlaps the producers still running), then reads
+its inputs, computes and writes its outputs.
 
-The item table is the schedule itself (op, layer, part, columns, wait counter, wait count, signal counter as
-an int32 tensor), so the counters' targets are the schedule's, and the tests check every counter ends at
-the number of items that signal it.
+What items pass each other is written as int64 words: an fp32 (or int32) value in the low half and the
+step's epoch in the high half (the epoch of the last finished step, kept on the device, plus one; the
+argmax item, last of a step, stores it). An 8-byte store is seen whole, so a consumer polls its inputs
+themselves until every word carries this step's epoch: no counter, release fence or second load lies
+between a producer's store and its consumer's use, and no buffer needs clearing between steps. Every such
+buffer is written once per step (the residual stream has one slice per stage: h[2l+1] after layer l's
+attention, h[2l+2] after its MLP; layer 0 reads the embedding rows directly), so there are no
+write-after-read hazards between items. The step's own key and value rows go to the cache (in its dtype,
+for later steps) and, as words, to kv_new for this step's attention; the cache's older rows were written
+by earlier launches. Each item also bumps its schedule counter (relaxed; nobody waits on it), so the tests
+can check every counter ends at the number of items that signal it.
 
 Every projection, the LM head's included, is a tensor-core product of the step's rows (padded to 16)
 and the item's weight tile, its columns cut into chunks of CHUNK: one product per chunk, the warps split
 the chunks, and the chunks' results are summed. (Over all 576 columns at once, every warp would hold all
 the rows' columns, since the warps split only a product's outputs: that spills. A row at a time on the
 CUDA cores costs a cross-warp reduction per row.) The rows are rounded to the weights' dtype first, as a
-dense layer's input is; an fp32 target multiplies in full fp32.
+dense layer's input is; an fp32 target multiplies in full fp32. Activations are fp32; weights stay in
+the target's dtype.
 
-Every buffer is written once per step (the residual stream has one slice per stage: h[2l+1] after layer
-l's attention, h[2l+2] after its MLP; layer 0 reads the embedding rows directly), so there are no
-write-after-read hazards between items. Activations written by other programs are read with
-cache_modifier=".cg" (L2, bypassing the SM's non-coherent L1). Activations are fp32; weights stay in the
-target's dtype.
-
-In a traced step each item records three %globaltimer stamps (start, counter reached, done), from which
+In a traced step each item records three %globaltimer stamps (start, inputs arrived, done), from which
 persistent_step.trace_summary tells where the step's time went. In Triton's interpreter (CPU tests) the
-programs of a grid run one after another, so a spin on another program's counter would never end: CPU
+programs of a grid run one after another, so a poll on another program's output would never end: CPU
 callers launch with W=1. eyas.kernels.persistent_step owns the launch, its tables and buffers.
 """
 
@@ -49,24 +51,38 @@ def split_pow2(k: int) -> tuple[int, int]:
     return first, triton.next_power_of_2(k - first)
 
 @triton.jit
-def _load_acquire(ptr, ON_GPU: tl.constexpr):
-    """*ptr with acquire semantics: this item's later reads see what its producers wrote before their release
-    add. On a GPU a plain acquire load (no read-modify-write, so spinning programs do not queue on one
-    address); the interpreter has no inline PTX and takes an atomic add of 0."""
-    if ON_GPU:
-        seen = tl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
-                                         is_pure=False, pack=1)
-    else:
-        seen = tl.atomic_add(ptr, 0, sem="acquire")
-    return seen
+def _pack(bits, ep):
+    """int64 words of a 32-bit payload (int32; an fp32 value bitcast) and the step's epoch in the high half: an
+    8-byte store is seen whole, so a reader that sees this step's epoch sees this step's value."""
+    return (ep.to(tl.int64) << 32) | (bits.to(tl.int64) & 0xFFFFFFFF)
 
 
 @triton.jit
-def _wait(counters, wait, target, ON_GPU: tl.constexpr):
-    if wait >= 0:
-        seen = _load_acquire(counters + wait, ON_GPU)
-        while seen < target:
-            seen = _load_acquire(counters + wait, ON_GPU)
+def _packed(x, ep):
+    return _pack(x.to(tl.int32, bitcast=True), ep)
+
+
+@triton.jit
+def _payload(p):
+    """The int32 payload of _pack's words."""
+    return (p & 0xFFFFFFFF).to(tl.int32)
+
+
+@triton.jit
+def _await_words(ptrs, mask, ep):
+    """The words at ptrs (_pack's, which other programs write this step) once every masked one carries epoch
+    ep: the reader polls the data itself, with no counter, fence or second load between a producer's store
+    and its use. Volatile loads bypass the SM's non-coherent L1."""
+    p = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    while tl.max(tl.where(mask, (p >> 32) != ep, False).to(tl.int32)) > 0:
+        p = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    return p
+
+
+@triton.jit
+def _await(ptrs, mask, ep):
+    """The fp32 values of _await_words."""
+    return _payload(_await_words(ptrs, mask, ep)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -94,15 +110,25 @@ def _tile(w, stride, n0, n_end, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.co
 
 
 @triton.jit
-def _rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
-    """Rows src[offs[i] : offs[i] + K] (written by other programs, read through L2) in fp32 as blocks
+def _rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ep):
+    """Rows src[offs[i] : offs[i] + K] of _packed words written this step, awaited, as fp32 blocks
     [K1 // KC, BR, KC], [K2 // KC, BR, KC]; rows outside `rm` are 0."""
     at = offs[None, :, None]
     m = rm[None, :, None]
     c1 = _chunks(K1, KC, 0)
     c2 = _chunks(K2, KC, K1)
-    x1 = tl.load(src + at + c1, mask=m, other=0.0, cache_modifier=".cg")
-    x2 = tl.load(src + at + c2, mask=m & (c2 < K), other=0.0, cache_modifier=".cg")
+    return _await(src + at + c1, m & (c1 < K), ep), _await(src + at + c2, m & (c2 < K), ep)
+
+
+@triton.jit
+def _embedding_rows(embed, ids, rows, rm, H, H1: tl.constexpr, H2: tl.constexpr, HC: tl.constexpr):
+    """The step's tokens' embedding rows, as _rows' blocks."""
+    at = (tl.load(ids + rows, mask=rm, other=0).to(tl.int64) * H)[None, :, None]
+    m = rm[None, :, None]
+    c1 = _chunks(H1, HC, 0)
+    c2 = _chunks(H2, HC, H1)
+    x1 = tl.load(embed + at + c1, mask=m, other=0.0)
+    x2 = tl.load(embed + at + c2, mask=m & (c2 < H), other=0.0)
     return x1.to(tl.float32), x2.to(tl.float32)
 
 
@@ -131,7 +157,7 @@ def _product(x1, x2, w1, w2, PREC: tl.constexpr):
 
 @triton.jit
 def _merged_attention(part_m, part_l, part_acc, base, R: tl.constexpr, BR: tl.constexpr, K, K1: tl.constexpr,
-                      K2: tl.constexpr, KC: tl.constexpr, S: tl.constexpr, D: tl.constexpr):
+                      K2: tl.constexpr, KC: tl.constexpr, S: tl.constexpr, D: tl.constexpr, ep):
     """The step's attention output [BR, K = heads * D] as _rows' blocks: for each row r, each head's S splits
     (their maxima, sums and unnormalized outputs from base + r * heads * S, the row's first (head, split))
     merged in split order. Merged one row at a time, which keeps a row's split values at one register block
@@ -143,21 +169,21 @@ def _merged_attention(part_m, part_l, part_acc, base, R: tl.constexpr, BR: tl.co
     x2 = tl.zeros((K2 // KC, BR, KC), tl.float32)
     for r in tl.static_range(R):
         at = base + r * (K // D) * S
-        x1 = tl.where(rows == r, _merge_splits(part_m, part_l, part_acc, at, c1, c1 < K, S, D), x1)
-        x2 = tl.where(rows == r, _merge_splits(part_m, part_l, part_acc, at, c2, c2 < K, S, D), x2)
+        x1 = tl.where(rows == r, _merge_splits(part_m, part_l, part_acc, at, c1, c1 < K, S, D, ep), x1)
+        x2 = tl.where(rows == r, _merge_splits(part_m, part_l, part_acc, at, c2, c2 < K, S, D, ep), x2)
     return x1, x2
 
 
 @triton.jit
-def _merge_splits(part_m, part_l, part_acc, base, cols, cm, S: tl.constexpr, D: tl.constexpr):
+def _merge_splits(part_m, part_l, part_acc, base, cols, cm, S: tl.constexpr, D: tl.constexpr, ep):
     at = base + (cols // D) * S  # each column's head, its first split
     top = tl.full(cols.shape, -1.0e30, tl.float32)
     num = tl.zeros(cols.shape, tl.float32)
     den = tl.zeros(cols.shape, tl.float32)
     for j in tl.static_range(S):
-        m = tl.load(part_m + at + j, mask=cm, other=-1.0e30, cache_modifier=".cg")
-        s = tl.load(part_l + at + j, mask=cm, other=0.0, cache_modifier=".cg")
-        a = tl.load(part_acc + (at + j) * D + cols % D, mask=cm, other=0.0, cache_modifier=".cg")
+        m = tl.where(cm, _await(part_m + at + j, cm, ep), -1.0e30)
+        s = _await(part_l + at + j, cm, ep)
+        a = _await(part_acc + (at + j) * D + cols % D, cm, ep)
         new_top = tl.maximum(top, m)
         old, this = tl.exp(top - new_top), tl.exp(m - new_top)
         num = num * old + a * this
@@ -168,40 +194,41 @@ def _merge_splits(part_m, part_l, part_acc, base, cols, cm, S: tl.constexpr, D: 
 
 @triton.jit
 def _stream_rows(h_in, embed, ids, rows, rm, layer, norm_w, eps, H, H1: tl.constexpr, H2: tl.constexpr,
-                 HC: tl.constexpr):
+                 HC: tl.constexpr, ep):
     """The step's rows of the stream entering `layer`, normalized: at layer 0 the tokens' embedding rows."""
     if layer == 0:
-        x1, x2 = _rows(embed, tl.load(ids + rows, mask=rm, other=0).to(tl.int64) * H, rm, H, H1, H2, HC)
+        x1, x2 = _embedding_rows(embed, ids, rows, rm, H, H1, H2, HC)
     else:
-        x1, x2 = _rows(h_in, rows * H, rm, H, H1, H2, HC)
+        x1, x2 = _rows(h_in, rows * H, rm, H, H1, H2, HC, ep)
     return _normed(x1, x2, norm_w, eps, H, H1, H2, HC)
 
 
 @triton.jit
-def _residual(h_in, embed, ids, rows, rm, layer, cols, cm, H):
+def _residual(h_in, embed, ids, rows, rm, layer, cols, cm, H, ep):
     """Columns `cols` of the step's rows of the stream entering `layer` (the embedding rows at layer 0)."""
     m = rm[:, None] & cm[None, :]
     if layer == 0:
         tok = tl.load(ids + rows, mask=rm, other=0).to(tl.int64)
         res = tl.load(embed + tok[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
     else:
-        res = tl.load(h_in + rows[:, None] * H + cols[None, :], mask=m, other=0.0, cache_modifier=".cg")
+        res = _await(h_in + rows[:, None] * H + cols[None, :], m, ep)
     return res
 
 
 @triton.jit
 def persistent_step_kernel(
-        table, n_items, counters, ids, start, slot_of, depth, row_mask, m_row, m_col,
+        table, n_items, counters, epoch, ids, start, slot_of, depth, row_mask, m_row, m_col,
         embed, attn_norm_w, wqkv, wo, mlp_norm_w, wgu, wd, final_norm_w, lm_head,
         cos, sin, k_cache, v_cache, c_layer, c_slot, c_head, c_pos,
-        h_buf, q_buf, part_m, part_l, part_acc, act_buf, logits, tile_max, tile_arg, tokens, features, capture,
-        sink, trace,
+        h_buf, q_buf, kv_new, part_m, part_l, part_acc, act_buf, logits, tile_max, tile_arg, tokens, features,
+        capture, sink, trace,
         eps, scale, L, H, I, V, n_lm_tiles,
         R: tl.constexpr, NH: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, S: tl.constexpr, NCAP: tl.constexpr,
         H1: tl.constexpr, H2: tl.constexpr, Q1: tl.constexpr, Q2: tl.constexpr, I1: tl.constexpr,
         I2: tl.constexpr, TQ: tl.constexpr, BQ: tl.constexpr, BO: tl.constexpr, BG: tl.constexpr,
-        BD: tl.constexpr, HC: tl.constexpr, QC: tl.constexpr, IC: tl.constexpr, BL: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BTILES: tl.constexpr,
-        PREC: tl.constexpr, PREFETCH: tl.constexpr, TRACE: tl.constexpr, ON_GPU: tl.constexpr):
+        BD: tl.constexpr, HC: tl.constexpr, QC: tl.constexpr, IC: tl.constexpr, BL: tl.constexpr,
+        BK: tl.constexpr, BT: tl.constexpr, BTILES: tl.constexpr, PREC: tl.constexpr, PREFETCH: tl.constexpr,
+        TRACE: tl.constexpr):
     pid = tl.program_id(0)
     W = tl.num_programs(0)
     BR: tl.constexpr = 16
@@ -211,8 +238,10 @@ def persistent_step_kernel(
     QKVW: tl.constexpr = (NH + 2 * KV) * D
     rows = tl.arange(0, BR)
     rmask = rows < R
+    dcol = tl.arange(0, D)
     pos = tl.load(start).to(tl.int32)  # the step's rows go to cache positions pos..pos+R-1 of slot `slot`
     slot = tl.load(slot_of).to(tl.int64)
+    ep = tl.load(epoch) + 1  # this step's epoch: every word written this step carries it (the argmax item stores it)
     for it in range(pid, n_items, W):
         e = table + it * 8
         op = tl.load(e)
@@ -220,20 +249,18 @@ def persistent_step_kernel(
         part = tl.load(e + 2)
         a = tl.load(e + 3)
         b = tl.load(e + 4)
-        wait = tl.load(e + 5)
-        count = tl.load(e + 6)
         _stamp(trace, it, 0, TRACE)
         h_in = h_buf + 2 * layer * R * H          # h[2l]: the stream entering layer l (unused at layer 0)
         if op == 0:  # qkv: rows a..a+TQ of a fused head and their partners HALF on, rotated, to q or the cache
             wl = wqkv + layer.to(tl.int64) * QKVW * H
             lo1, lo2 = _tile(wl, H, a, a + TQ, H, BQ, H1, H2, HC)
             hi1, hi2 = _tile(wl, H, a + HALF, a + HALF + TQ, H, BQ, H1, H2, HC)
-            _wait(counters, wait, count, ON_GPU)
+            x1, x2 = _stream_rows(h_in, embed, ids, rows, rmask, layer, attn_norm_w + layer * H, eps, H, H1, H2, HC,
+                                  ep)
             _stamp(trace, it, 1, TRACE)
             c = a - part * D + tl.arange(0, BQ)   # the pair's first columns within the head
             cm = tl.arange(0, BQ) < TQ
             m = rmask[:, None] & cm[None, :]
-            x1, x2 = _stream_rows(h_in, embed, ids, rows, rmask, layer, attn_norm_w + layer * H, eps, H, H1, H2, HC)
             lo = _product(x1, x2, lo1, lo2, PREC)
             hi = _product(x1, x2, hi1, hi2, PREC)
             if part < NH + KV:  # q and k heads: rotate-half pairs column c with c + HALF
@@ -245,91 +272,90 @@ def persistent_step_kernel(
                 lo, hi = lo * cl - hi * sl, hi * ch + lo * sh
             if part < NH:
                 q_dst = q_buf + layer * R * QW + rows[:, None] * QW + part * D + c[None, :]
-                tl.store(q_dst, lo, mask=m)
-                tl.store(q_dst + HALF, hi, mask=m)
-            else:
+                tl.store(q_dst, _packed(lo, ep), mask=m)
+                tl.store(q_dst + HALF, _packed(hi, ep), mask=m)
+            else:  # k or v: to the cache for later steps, and (as the cache rounds it) to kv_new for this one
                 if part < NH + KV:
                     dst = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + (part - NH) * c_head
                 else:
                     dst = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + (part - NH - KV) * c_head
                 dst = dst + (pos + rows[:, None]) * c_pos + c[None, :]
-                tl.store(dst, lo.to(dst.dtype.element_ty), mask=m)
-                tl.store(dst + HALF, hi.to(dst.dtype.element_ty), mask=m)
-        elif op == 1:  # attend: query head part // S over split part % S of the columns (the cache before pos, and
-            # the new rows each row sees): the split's maximum, sum of exponentials and unnormalized output
-            _wait(counters, wait, count, ON_GPU)
-            _stamp(trace, it, 1, TRACE)
+                kv_lo = lo.to(dst.dtype.element_ty)
+                kv_hi = hi.to(dst.dtype.element_ty)
+                tl.store(dst, kv_lo, mask=m)
+                tl.store(dst + HALF, kv_hi, mask=m)
+                new_dst = kv_new + ((layer * 2 * KV + part - NH) * BR + rows[:, None]) * D + c[None, :]
+                tl.store(new_dst, _packed(kv_lo.to(tl.float32), ep), mask=m)
+                tl.store(new_dst + HALF, _packed(kv_hi.to(tl.float32), ep), mask=m)
+        elif op == 1:  # attend: query head part // S over split part % S of the cache's columns before pos (the
+            # last split also over the new rows each row sees): the split's maximum, sum of exponentials and
+            # unnormalized output
             head = part // S
             split = part % S
-            chunk = (pos + R + S - 1) // S
-            lo = tl.minimum(pos + R, split * chunk)
-            hi = tl.minimum(pos + R, lo + chunk)
             g = head // REP
+            m = rmask[:, None] & (dcol[None, :] < D)
+            q = _await(q_buf + layer * R * QW + rows[:, None] * QW + head * D + dcol[None, :], m, ep)
+            _stamp(trace, it, 1, TRACE)
+            q = q.to(k_cache.dtype.element_ty)
+            chunk = (pos + S - 1) // S
+            lo = tl.minimum(pos, split * chunk)
+            hi = tl.minimum(pos, lo + chunk)
             kc = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
             vc = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
-            dcol = tl.arange(0, D)
-            m = rmask[:, None] & (dcol[None, :] < D)
             ts = tl.arange(0, BT)
-            q = tl.load(q_buf + layer * R * QW + rows[:, None] * QW + head * D + dcol[None, :], mask=m, other=0.0,
-                        cache_modifier=".cg")
             best = tl.full((BR,), -1.0e30, tl.float32)
             total = tl.zeros((BR,), tl.float32)
             acc = tl.zeros((BR, D), tl.float32)
-            for t0 in range(lo, hi, BT):
+            for t0 in range(lo, hi, BT):  # the cache, written by earlier steps
                 t = t0 + ts
-                tm = t < hi
-                k = tl.load(kc + t[:, None] * c_pos + dcol[None, :], mask=tm[:, None], other=0.0,
-                            cache_modifier=".cg")
-                v = tl.load(vc + t[:, None] * c_pos + dcol[None, :], mask=tm[:, None], other=0.0,
-                            cache_modifier=".cg")
-                s = tl.dot(q.to(k.dtype), tl.trans(k), out_dtype=tl.float32, input_precision=PREC) * scale
-                new = t - pos  # the new rows a row sees follow row_mask
-                sees = tl.load(row_mask + rows[:, None] * m_row + new[None, :] * m_col,
-                               mask=rmask[:, None] & (new[None, :] >= 0) & tm[None, :], other=0)
-                seen = ((t < pos) & tm)[None, :] | (sees != 0)
-                s = tl.where(seen, s, -1.0e30)
-                new_best = tl.maximum(best, tl.max(s, axis=1))
-                pr = tl.where(seen, tl.exp(s - new_best[:, None]), 0.0)
-                fade = tl.exp(best - new_best)
-                total = total * fade + tl.sum(pr, axis=1)
-                acc = acc * fade[:, None] + tl.dot(pr.to(v.dtype), v, out_dtype=tl.float32, input_precision=PREC)
-                best = new_best
+                tm = (t < hi)[:, None]
+                k = tl.load(kc + t[:, None] * c_pos + dcol[None, :], mask=tm, other=0.0)
+                v = tl.load(vc + t[:, None] * c_pos + dcol[None, :], mask=tm, other=0.0)
+                s = tl.dot(q, tl.trans(k), out_dtype=tl.float32, input_precision=PREC) * scale
+                s = tl.where(tl.trans(tm), s, -1.0e30)
+                best, total, acc = _online_softmax(s, v, best, total, acc, PREC)
+            if split == S - 1:  # the new rows, from kv_new: row r sees new row j where row_mask[r, j]
+                at = ((layer * 2 * KV + g) * BR + rows[:, None]) * D + dcol[None, :]
+                k = _await(kv_new + at, m, ep).to(k_cache.dtype.element_ty)
+                v = _await(kv_new + at + KV * BR * D, m, ep).to(v_cache.dtype.element_ty)
+                s = tl.dot(q, tl.trans(k), out_dtype=tl.float32, input_precision=PREC) * scale
+                sees = tl.load(row_mask + rows[:, None] * m_row + rows[None, :] * m_col,
+                               mask=rmask[:, None] & rmask[None, :], other=0)
+                s = tl.where(sees != 0, s, -1.0e30)
+                best, total, acc = _online_softmax(s, v, best, total, acc, PREC)
             at = (layer * R + rows) * NH * S + part  # [layer, row, head, split]
-            tl.store(part_m + at, best, mask=rmask)  # -1e30 where a row sees none of the split
-            tl.store(part_l + at, total, mask=rmask)
-            tl.store(part_acc + at[:, None] * D + dcol[None, :], acc, mask=m)
+            tl.store(part_m + at, _packed(best, ep), mask=rmask)  # -1e30 where a row sees none of the split
+            tl.store(part_l + at, _packed(total, ep), mask=rmask)
+            tl.store(part_acc + at[:, None] * D + dcol[None, :], _packed(acc, ep), mask=m)
         elif op == 2:  # o_proj tile [a, b): h[2l+1] = h[2l] + attn Wo^T
             w1, w2 = _tile(wo + layer.to(tl.int64) * H * QW, QW, a, b, QW, BO, Q1, Q2, QC)
-            _wait(counters, wait, count, ON_GPU)
-            _stamp(trace, it, 1, TRACE)
             cols = a + tl.arange(0, BO)
             cm = cols < b
-            x1, x2 = _merged_attention(part_m, part_l, part_acc, layer * R * NH * S, R, BR, QW, Q1, Q2, QC, S, D)
-            y = _product(x1, x2, w1, w2, PREC) + _residual(h_in, embed, ids, rows, rmask, layer, cols, cm, H)
-            tl.store(h_in + R * H + rows[:, None] * H + cols[None, :], y, mask=rmask[:, None] & cm[None, :])
+            x1, x2 = _merged_attention(part_m, part_l, part_acc, layer * R * NH * S, R, BR, QW, Q1, Q2, QC, S, D, ep)
+            _stamp(trace, it, 1, TRACE)
+            y = _product(x1, x2, w1, w2, PREC) + _residual(h_in, embed, ids, rows, rmask, layer, cols, cm, H, ep)
+            tl.store(h_in + R * H + rows[:, None] * H + cols[None, :], _packed(y, ep),
+                     mask=rmask[:, None] & cm[None, :])
         elif op == 3:  # gate_up tile [a, b): act = silu(x Wg^T) * (x Wu^T), x = mlp_norm(h[2l+1])
             wl = wgu + layer.to(tl.int64) * 2 * I * H
             g1, g2 = _tile(wl, H, a, b, H, BG, H1, H2, HC)
             u1, u2 = _tile(wl, H, I + a, I + b, H, BG, H1, H2, HC)
-            _wait(counters, wait, count, ON_GPU)
+            x1, x2 = _rows(h_in + R * H, rows * H, rmask, H, H1, H2, HC, ep)
             _stamp(trace, it, 1, TRACE)
-            cols = a + tl.arange(0, BG)
-            x1, x2 = _rows(h_in + R * H, rows * H, rmask, H, H1, H2, HC)
             x1, x2 = _normed(x1, x2, mlp_norm_w + layer * H, eps, H, H1, H2, HC)
+            cols = a + tl.arange(0, BG)
             gate = _product(x1, x2, g1, g2, PREC)
             act = gate / (1.0 + tl.exp(-gate)) * _product(x1, x2, u1, u2, PREC)
-            tl.store(act_buf + layer * R * I + rows[:, None] * I + cols[None, :], act,
+            tl.store(act_buf + layer * R * I + rows[:, None] * I + cols[None, :], _packed(act, ep),
                      mask=rmask[:, None] & (cols < b)[None, :])
         elif op == 4:  # down tile [a, b): h[2l+2] = h[2l+1] + act Wd^T
             w1, w2 = _tile(wd + layer.to(tl.int64) * H * I, I, a, b, I, BD, I1, I2, IC)
-            _wait(counters, wait, count, ON_GPU)
+            x1, x2 = _rows(act_buf + layer * R * I, rows * I, rmask, I, I1, I2, IC, ep)
             _stamp(trace, it, 1, TRACE)
             cols = a + tl.arange(0, BD)
             m = rmask[:, None] & (cols < b)[None, :]
-            x1, x2 = _rows(act_buf + layer * R * I, rows * I, rmask, I, I1, I2, IC)
-            res = tl.load(h_in + R * H + rows[:, None] * H + cols[None, :], mask=m, other=0.0, cache_modifier=".cg")
-            y = _product(x1, x2, w1, w2, PREC) + res
-            tl.store(h_in + 2 * R * H + rows[:, None] * H + cols[None, :], y, mask=m)
+            y = _product(x1, x2, w1, w2, PREC) + _await(h_in + R * H + rows[:, None] * H + cols[None, :], m, ep)
+            tl.store(h_in + 2 * R * H + rows[:, None] * H + cols[None, :], _packed(y, ep), mask=m)
             taken = tl.load(capture + layer + 1)  # bit j: feature j is the stream entering layer + 1
             for j in tl.static_range(NCAP):  # the EAGLE-3 features, in the target's dtype
                 if (taken >> j) & 1:
@@ -338,9 +364,8 @@ def persistent_step_kernel(
         elif op == 5:  # lm_head tile [a, b) of final_norm(h[2L]), and the tile's maximum per row
             if PREFETCH:
                 _touch(lm_head, H, a, b, H, sink, BL, BK)
-            _wait(counters, wait, count, ON_GPU)
+            x1, x2 = _rows(h_buf + 2 * L * R * H, rows * H, rmask, H, H1, H2, HC, ep)
             _stamp(trace, it, 1, TRACE)
-            x1, x2 = _rows(h_buf + 2 * L * R * H, rows * H, rmask, H, H1, H2, HC)
             x1, x2 = _normed(x1, x2, final_norm_w, eps, H, H1, H2, HC)
             best = tl.full((BR,), float("-inf"), tl.float32)
             where = tl.zeros((BR,), tl.int32)
@@ -356,23 +381,34 @@ def persistent_step_kernel(
                 better = top > best
                 where = tl.where(better, at, where)
                 best = tl.where(better, top, best)
-            tl.store(tile_max + rows * n_lm_tiles + part, best, mask=rmask)
-            tl.store(tile_arg + rows * n_lm_tiles + part, where, mask=rmask)
-        else:  # argmax: the first tile holding a row's maximum holds its first index
-            _wait(counters, wait, count, ON_GPU)
-            _stamp(trace, it, 1, TRACE)
+            tl.store(tile_max + rows * n_lm_tiles + part, _packed(best, ep), mask=rmask)
+            tl.store(tile_arg + rows * n_lm_tiles + part, _pack(where, ep), mask=rmask)
+        else:  # argmax: the first tile holding a row's maximum holds its first index; then the step's epoch
             tc = tl.arange(0, BTILES)
             m = rmask[:, None] & (tc[None, :] < n_lm_tiles)
-            tops = tl.load(tile_max + rows[:, None] * n_lm_tiles + tc[None, :], mask=m, other=float("-inf"),
-                           cache_modifier=".cg")
-            ats = tl.load(tile_arg + rows[:, None] * n_lm_tiles + tc[None, :], mask=m, other=0, cache_modifier=".cg")
+            at = rows[:, None] * n_lm_tiles + tc[None, :]
+            tops = tl.where(m, _await(tile_max + at, m, ep), float("-inf"))
+            ats = _payload(_await_words(tile_arg + at, m, ep))
+            _stamp(trace, it, 1, TRACE)
             top = tl.max(tops, axis=1)
             first = tl.min(tl.where(tops == top[:, None], tc[None, :], BTILES), axis=1)
             token = tl.sum(tl.where(tc[None, :] == first[:, None], ats, 0), axis=1)
             tl.store(tokens + rows, token.to(tokens.dtype.element_ty), mask=rmask)
-        tl.debug_barrier()
+            tl.store(epoch, ep)
         _stamp(trace, it, 2, TRACE)
-        tl.atomic_add(counters + tl.load(e + 7), 1, sem="release")
+        tl.atomic_add(counters + tl.load(e + 7), 1, sem="relaxed")  # completion accounting; nobody waits on it
+
+
+@triton.jit
+def _online_softmax(s, v, best, total, acc, PREC: tl.constexpr):
+    """One block of attention scores s [BR, T] (-1e30 where not seen) and values v [T, D] folded into the running
+    maximum, sum of exponentials and unnormalized output of each row."""
+    new_best = tl.maximum(best, tl.max(s, axis=1))
+    pr = tl.where(s > -1.0e29, tl.exp(s - new_best[:, None]), 0.0)
+    fade = tl.exp(best - new_best)
+    total = total * fade + tl.sum(pr, axis=1)
+    acc = acc * fade[:, None] + tl.dot(pr.to(v.dtype), v, out_dtype=tl.float32, input_precision=PREC)
+    return new_best, total, acc
 
 
 @triton.jit

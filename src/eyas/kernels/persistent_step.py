@@ -112,18 +112,24 @@ class PersistentStep:
         self.expected = torch.tensor(expected_counts(self.schedule), dtype=torch.int32, device=dev)
         self.counters = torch.zeros(len(self.schedule.counters), dtype=torch.int32, device=dev)
         f32 = dict(dtype=torch.float32, device=dev)
+        # What items pass each other: int64 words of an fp32 (or int32) value and the step's epoch
+        # (persistent_decode._pack), so a reader polls the data itself; the epoch of the last finished step
+        # is in self.epoch, so the words never need clearing.
+        words = dict(dtype=torch.int64, device=dev)
+        self.epoch = torch.zeros(1, dtype=torch.int32, device=dev)
         qw = s.heads * s.head_dim
         self.n_lm_tiles = -(-s.vocab // tiles.lm_head)
-        self.h = torch.zeros(2 * s.layers + 1, rows, s.hidden, **f32)
-        self.q = torch.zeros(s.layers, rows, qw, **f32)
+        self.h = torch.zeros(2 * s.layers + 1, rows, s.hidden, **words)
+        self.q = torch.zeros(s.layers, rows, qw, **words)
+        self.kv_new = torch.zeros(s.layers, 2 * s.kv_heads, 16, s.head_dim, **words)  # this step's k, v rows
         splits = tiles.attend_splits  # each attention split's maximum, sum and unnormalized output
-        self.part_m = torch.zeros(s.layers, rows, s.heads, splits, **f32)
-        self.part_l = torch.zeros(s.layers, rows, s.heads, splits, **f32)
-        self.part_acc = torch.zeros(s.layers, rows, s.heads, splits, s.head_dim, **f32)
-        self.act = torch.zeros(s.layers, rows, s.intermediate, **f32)
+        self.part_m = torch.zeros(s.layers, rows, s.heads, splits, **words)
+        self.part_l = torch.zeros(s.layers, rows, s.heads, splits, **words)
+        self.part_acc = torch.zeros(s.layers, rows, s.heads, splits, s.head_dim, **words)
+        self.act = torch.zeros(s.layers, rows, s.intermediate, **words)
         self.logits = torch.zeros(rows, s.vocab, **f32)
-        self.tile_max = torch.zeros(rows, self.n_lm_tiles, **f32)
-        self.tile_arg = torch.zeros(rows, self.n_lm_tiles, dtype=torch.int32, device=dev)
+        self.tile_max = torch.zeros(rows, self.n_lm_tiles, **words)
+        self.tile_arg = torch.zeros(rows, self.n_lm_tiles, **words)
         self.tokens = torch.zeros(rows, dtype=torch.int64, device=dev)
         # The EAGLE-3 features: feature j is the stream entering layer capture[j] (1..L-1; a layer may repeat).
         if any(not 1 <= i < s.layers for i in capture):
@@ -145,7 +151,6 @@ class PersistentStep:
             TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down), HC=chunk(h1, h2), QC=chunk(q1, q2), IC=chunk(i1, i2),
             BL=block_l, BK=64, BT=block_t, BTILES=block(self.n_lm_tiles),
             PREC="ieee" if packed.embed.dtype == torch.float32 else "tf32", PREFETCH=prefetch, TRACE=trace,
-            ON_GPU=dev.type == "cuda",
             num_warps=num_warps)
 
     def __call__(self, ids: torch.Tensor, pos: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int = 0,
@@ -174,15 +179,20 @@ class PersistentStep:
         assert ids.is_contiguous() and depth.is_contiguous()
         self.counters.zero_()
         persistent_step_kernel[(self.programs,)](
-            self.table, len(self.schedule.items), self.counters, ids, start, slot, depth, row_mask,
+            self.table, len(self.schedule.items), self.counters, self.epoch, ids, start, slot, depth, row_mask,
             row_mask.stride(0), row_mask.stride(1),
             p.embed, p.attn_norm, p.wqkv, p.wo, p.mlp_norm, p.w_gate_up, p.w_down, p.final_norm, p.lm_head,
             p.cos, p.sin, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             k_cache.stride(3),
-            self.h, self.q, self.part_m, self.part_l, self.part_acc, self.act, self.logits, self.tile_max,
+            self.h, self.q, self.kv_new, self.part_m, self.part_l, self.part_acc, self.act, self.logits, self.tile_max,
             self.tile_arg, self.tokens, self.features, self.capture, self.sink,
             self.trace if self.trace is not None else self.sink,
             p.eps, p.scale, s.layers, s.hidden, s.intermediate, s.vocab, self.n_lm_tiles, **self.meta)
+
+    def stream(self, i: int) -> torch.Tensor:
+        """[rows, hidden] fp32: the residual stream entering layer i (i = layers: after the last), as the
+        last launch left it."""
+        return self.h[2 * i].view(torch.float32)[..., 0::2]
 
     def counters_complete(self) -> bool:
         """Whether every counter ended at the number of items that signal it (a finished step)."""
@@ -190,9 +200,9 @@ class PersistentStep:
 
 
 def trace_summary(step: PersistentStep) -> list[dict]:
-    """Where a traced step's time went, per op: how long its items waited for their counter, how long they
-    worked, and how late they saw their counter after its last producer finished (the cost of a stage
-    boundary). Times in microseconds; medians over the op's items (the latency: over items that waited)."""
+    """Where a traced step's time went, per op: how long its items waited for their inputs (from the item's
+    start to the last input word of this step read), how long they then worked, and how late their inputs
+    arrived after the last producer finished (the cost of a stage boundary). Times in microseconds; medians over the op's items (the latency: over items that waited)."""
     t = step.trace.cpu().double()
     items, zero = step.schedule.items, t[:, 0].min()
     t = (t - zero) / 1e3
