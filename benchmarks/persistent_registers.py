@@ -60,7 +60,7 @@ def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool) -> dict:
     (h1, h2), (q1, q2), (i1, i2) = (persistent_decode.split_pow2(k) for k in
                                     (s.hidden, s.heads * s.head_dim, s.intermediate))
     block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
-    constexprs = dict(R=rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, S=tiles.attend_splits, NCAP=3,
+    constexprs = dict(R=rows, BR=triton.next_power_of_2(rows), NH=s.heads, KV=s.kv_heads, D=s.head_dim, S=tiles.attend_splits, NCAP=3,
                       H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
                       TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up),
                       BD=block(tiles.down), HC=min(persistent_decode.CHUNK, h2), QC=min(persistent_decode.CHUNK, q2),

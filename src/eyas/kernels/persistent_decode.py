@@ -18,13 +18,13 @@ for later steps) and, as words, to kv_new for this step's attention; the cache's
 by earlier launches. Each item also bumps its schedule counter (relaxed; nobody waits on it), so the tests
 can check every counter ends at the number of items that signal it.
 
-Every projection, the LM head's included, is a tensor-core product of the step's rows (padded to 16)
-and the item's weight tile, its columns cut into chunks of CHUNK: one product per chunk, the warps split
-the chunks, and the chunks' results are summed. (Over all 576 columns at once, every warp would hold all
-the rows' columns, since the warps split only a product's outputs: that spills. A row at a time on the
-CUDA cores costs a cross-warp reduction per row.) The rows are rounded to the weights' dtype first, as a
-dense layer's input is; an fp32 target multiplies in full fp32. Activations are fp32; weights stay in
-the target's dtype.
+Every projection, the LM head's included, is a tensor-core product of the step's rows (BR: R padded to a
+power of two) and the item's weight tile, its columns cut into chunks of CHUNK: one product per chunk, the
+warps split the chunks, and the chunks' results are summed. (Over all 576 columns at once, every warp
+would hold all the rows' columns, since the warps split only a product's outputs: that spills. A row at a
+time on the CUDA cores costs a cross-warp reduction per row.) The rows are rounded to the weights' dtype
+first, as a dense layer's input is; an fp32 target multiplies in full fp32. Activations are fp32; weights
+stay in the target's dtype.
 
 In a traced step each item records three %globaltimer stamps (start, inputs arrived, done), from which
 persistent_step.trace_summary tells where the step's time went. In Triton's interpreter (CPU tests) the
@@ -167,7 +167,7 @@ def _merged_attention(part_m, part_l, part_acc, base, R: tl.constexpr, BR: tl.co
     c2 = _chunks(K2, KC, K1)
     x1 = tl.zeros((K1 // KC, BR, KC), tl.float32)
     x2 = tl.zeros((K2 // KC, BR, KC), tl.float32)
-    for r in tl.static_range(R):
+    for r in range(R):
         at = base + r * (K // D) * S
         x1 = tl.where(rows == r, _merge_splits(part_m, part_l, part_acc, at, c1, c1 < K, S, D, ep), x1)
         x2 = tl.where(rows == r, _merge_splits(part_m, part_l, part_acc, at, c2, c2 < K, S, D, ep), x2)
@@ -223,7 +223,7 @@ def persistent_step_kernel(
         h_buf, q_buf, kv_new, part_m, part_l, part_acc, act_buf, logits, tile_max, tile_arg, tokens, features,
         capture, sink, trace,
         eps, scale, L, H, I, V, n_lm_tiles,
-        R: tl.constexpr, NH: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, S: tl.constexpr, NCAP: tl.constexpr,
+        R: tl.constexpr, BR: tl.constexpr, NH: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, S: tl.constexpr, NCAP: tl.constexpr,
         H1: tl.constexpr, H2: tl.constexpr, Q1: tl.constexpr, Q2: tl.constexpr, I1: tl.constexpr,
         I2: tl.constexpr, TQ: tl.constexpr, BQ: tl.constexpr, BO: tl.constexpr, BG: tl.constexpr,
         BD: tl.constexpr, HC: tl.constexpr, QC: tl.constexpr, IC: tl.constexpr, BL: tl.constexpr,
@@ -231,7 +231,7 @@ def persistent_step_kernel(
         TRACE: tl.constexpr):
     pid = tl.program_id(0)
     W = tl.num_programs(0)
-    BR: tl.constexpr = 16
+    NEW: tl.constexpr = 16  # kv_new's rows per head: this step's rows, padded to a tensor-core product's depth
     REP: tl.constexpr = NH // KV
     HALF: tl.constexpr = D // 2
     QW: tl.constexpr = NH * D
@@ -284,7 +284,7 @@ def persistent_step_kernel(
                 kv_hi = hi.to(dst.dtype.element_ty)
                 tl.store(dst, kv_lo, mask=m)
                 tl.store(dst + HALF, kv_hi, mask=m)
-                new_dst = kv_new + ((layer * 2 * KV + part - NH) * BR + rows[:, None]) * D + c[None, :]
+                new_dst = kv_new + ((layer * 2 * KV + part - NH) * NEW + rows[:, None]) * D + c[None, :]
                 tl.store(new_dst, _packed(kv_lo.to(tl.float32), ep), mask=m)
                 tl.store(new_dst + HALF, _packed(kv_hi.to(tl.float32), ep), mask=m)
         elif op == 1:  # attend: query head part // S over split part % S of the cache's columns before pos (the
@@ -315,12 +315,14 @@ def persistent_step_kernel(
                 s = tl.where(tl.trans(tm), s, -1.0e30)
                 best, total, acc = _online_softmax(s, v, best, total, acc, PREC)
             if split == S - 1:  # the new rows, from kv_new: row r sees new row j where row_mask[r, j]
-                at = ((layer * 2 * KV + g) * BR + rows[:, None]) * D + dcol[None, :]
-                k = _await(kv_new + at, m, ep).to(k_cache.dtype.element_ty)
-                v = _await(kv_new + at + KV * BR * D, m, ep).to(v_cache.dtype.element_ty)
+                j = tl.arange(0, NEW)
+                jm = (j < R)[:, None] & (dcol[None, :] < D)
+                at = ((layer * 2 * KV + g) * NEW + j[:, None]) * D + dcol[None, :]
+                k = _await(kv_new + at, jm, ep).to(k_cache.dtype.element_ty)
+                v = _await(kv_new + at + KV * NEW * D, jm, ep).to(v_cache.dtype.element_ty)
                 s = tl.dot(q, tl.trans(k), out_dtype=tl.float32, input_precision=PREC) * scale
-                sees = tl.load(row_mask + rows[:, None] * m_row + rows[None, :] * m_col,
-                               mask=rmask[:, None] & rmask[None, :], other=0)
+                sees = tl.load(row_mask + rows[:, None] * m_row + j[None, :] * m_col,
+                               mask=rmask[:, None] & (j < R)[None, :], other=0)
                 s = tl.where(sees != 0, s, -1.0e30)
                 best, total, acc = _online_softmax(s, v, best, total, acc, PREC)
             at = (layer * R + rows) * NH * S + part  # [layer, row, head, split]

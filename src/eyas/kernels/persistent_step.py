@@ -146,7 +146,7 @@ class PersistentStep:
         block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
         chunk = lambda k1, k2: min(CHUNK, k2)  # noqa: E731  (k1 >= k2, both powers of two)
         self.meta = dict(
-            R=rows, NH=s.heads, KV=s.kv_heads, D=s.head_dim, S=tiles.attend_splits, NCAP=len(capture),
+            R=rows, BR=triton.next_power_of_2(rows), NH=s.heads, KV=s.kv_heads, D=s.head_dim, S=tiles.attend_splits, NCAP=len(capture),
             H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
             TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down), HC=chunk(h1, h2), QC=chunk(q1, q2), IC=chunk(i1, i2),
             BL=block_l, BK=64, BT=block_t, BTILES=block(self.n_lm_tiles),
