@@ -32,7 +32,7 @@ def _engine(target_dir, kernels: str, monkeypatch, spec=None):
                   spec=spec)
 
 
-def _generate(engine, tokens=8):
+def _generate(engine, tokens=6):
     prompt = torch.randint(0, 32, (7,), generator=torch.Generator().manual_seed(0)).tolist()
     return engine.generate([prompt], SamplingParams(max_tokens=tokens, ignore_eos=True))[0].output_ids
 
