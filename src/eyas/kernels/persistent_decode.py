@@ -150,9 +150,26 @@ def _product(x1, x2, w1, w2, PREC: tl.constexpr):
     product per chunk of columns (so the warps split the sum), then summed over the chunks. The rows are
     rounded to the weights' dtype, as a dense layer's input is; fp32 weights multiply in full fp32 (PREC
     "ieee")."""
-    y1 = tl.dot(x1.to(w1.dtype), tl.permute(w1, (0, 2, 1)), out_dtype=tl.float32, input_precision=PREC)
-    y2 = tl.dot(x2.to(w2.dtype), tl.permute(w2, (0, 2, 1)), out_dtype=tl.float32, input_precision=PREC)
-    return tl.sum(y1, axis=0) + tl.sum(y2, axis=0)
+    return _block_product(x1, w1, PREC) + _block_product(x2, w2, PREC)
+
+
+@triton.jit
+def _block_product(x, w, PREC: tl.constexpr):
+    y = tl.dot(x.to(w.dtype), tl.permute(w, (0, 2, 1)), out_dtype=tl.float32, input_precision=PREC)
+    return tl.sum(y, axis=0)
+
+
+@triton.jit
+def _awaited_product(src, offs, rm, K, w1, w2, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ep,
+                     PREC: tl.constexpr):
+    """_product of rows that _rows would await, one block at a time: a wide row's words, their addresses and
+    values for all the rows at once would not fit in registers."""
+    at = offs[None, :, None]
+    m = rm[None, :, None]
+    c1 = _chunks(K1, KC, 0)
+    y = _block_product(_await(src + at + c1, m & (c1 < K), ep), w1, PREC)
+    c2 = _chunks(K2, KC, K1)
+    return y + _block_product(_await(src + at + c2, m & (c2 < K), ep), w2, PREC)
 
 
 @triton.jit
@@ -352,11 +369,11 @@ def persistent_step_kernel(
                      mask=rmask[:, None] & (cols < b)[None, :])
         elif op == 4:  # down tile [a, b): h[2l+2] = h[2l+1] + act Wd^T
             w1, w2 = _tile(wd + layer.to(tl.int64) * H * I, I, a, b, I, BD, I1, I2, IC)
-            x1, x2 = _rows(act_buf + layer * R * I, rows * I, rmask, I, I1, I2, IC, ep)
-            _stamp(trace, it, 1, TRACE)
+            y = _awaited_product(act_buf + layer * R * I, rows * I, rmask, I, w1, w2, I1, I2, IC, ep, PREC)
+            _stamp(trace, it, 1, TRACE)  # after the product, which awaits its inputs block by block
             cols = a + tl.arange(0, BD)
             m = rmask[:, None] & (cols < b)[None, :]
-            y = _product(x1, x2, w1, w2, PREC) + _await(h_in + R * H + rows[:, None] * H + cols[None, :], m, ep)
+            y += _await(h_in + R * H + rows[:, None] * H + cols[None, :], m, ep)
             tl.store(h_in + 2 * R * H + rows[:, None] * H + cols[None, :], _packed(y, ep), mask=m)
             taken = tl.load(capture + layer + 1)  # bit j: feature j is the stream entering layer + 1
             for j in tl.static_range(NCAP):  # the EAGLE-3 features, in the target's dtype
