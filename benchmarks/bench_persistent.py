@@ -202,8 +202,7 @@ def main():
     ap.add_argument("--rows", default="1,2,4,8")
     ap.add_argument("--tiles", default="16,16,16,16,384",
                     help="';'-separated tile sets, each the rows per item of qkv (each half of a rotation pair), "
-                         "o_proj, gate_up, down and lm_head, and optionally the attention splits per head "
-                         "(small tiles spread each stage over every SM)")
+                         "o_proj, gate_up, down and lm_head (small tiles spread each stage over every SM)")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--warps", default="8", help="warps per program")
     ap.add_argument("--prefetch", default="0", help="0/1 list: whether LM-head items pull their tile into L2 "
@@ -217,12 +216,12 @@ def main():
         args.tiles = [tuple(int(t) for t in ts.split(",")) for ts in args.tiles.split(";")]
     except ValueError:
         ap.error(f"--tiles takes ';'-separated sets of comma-separated integers, got {args.tiles!r}")
-    if any(len(t) not in (5, 6) for t in args.tiles):
-        ap.error("each --tiles set is qkv,o_proj,gate_up,down,lm_head[,attention splits]")
+    if any(len(t) != 5 for t in args.tiles):
+        ap.error("each --tiles set is qkv,o_proj,gate_up,down,lm_head")
     args.warps = [int(w) for w in args.warps.split(",")]
     args.prefetch = [bool(int(p)) for p in args.prefetch.split(",")]
     if args.tiny:  # head_dim 16, vocabulary 256
-        args.tiles = [(min(t[0], 8), *t[1:4], min(t[4], 64), *t[5:]) for t in args.tiles]
+        args.tiles = [(min(t[0], 8), *t[1:4], min(t[4], 64)) for t in args.tiles]
     if args.device == "cpu":
         if args.trace:
             ap.error("--trace reads the GPU's %globaltimer: it needs --device cuda")

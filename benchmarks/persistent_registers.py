@@ -33,7 +33,7 @@ SMOLLM2 = DecoderShape(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediat
 FP32 = {"logits", "sink", "cos", "sin", "eps", "scale"}
 I32_POINTERS = {"table", "counters", "epoch", "capture"}
 I64_POINTERS = {"ids", "tokens", "start", "slot_of", "depth", "trace",  # and the words items pass each other
-                "h_buf", "q_buf", "kv_new", "part_m", "part_l", "part_acc", "act_buf", "tile_max", "tile_arg"}
+                "h_buf", "q_buf", "kv_new", "attn_buf", "act_buf", "tile_max", "tile_arg"}
 
 
 def signature(kernel, constexprs: dict) -> dict:
@@ -60,7 +60,7 @@ def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool) -> dict:
     (h1, h2), (q1, q2), (i1, i2) = (persistent_decode.split_pow2(k) for k in
                                     (s.hidden, s.heads * s.head_dim, s.intermediate))
     block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
-    constexprs = dict(R=rows, BR=triton.next_power_of_2(rows), NH=s.heads, KV=s.kv_heads, D=s.head_dim, S=tiles.attend_splits, NCAP=3,
+    constexprs = dict(R=rows, BR=triton.next_power_of_2(rows), NH=s.heads, KV=s.kv_heads, D=s.head_dim, NCAP=3,
                       H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
                       TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up),
                       BD=block(tiles.down), HC=min(persistent_decode.CHUNK, h2), QC=min(persistent_decode.CHUNK, q2),
@@ -77,20 +77,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="1,4,8")
     ap.add_argument("--warps", default="8")
-    ap.add_argument("--tiles", default="16,16,16,16,384", help="qkv, o_proj, gate_up, down, lm_head[, attention "
-                                                                "splits per head]")
+    ap.add_argument("--tiles", default="16,16,16,16,384", help="qkv, o_proj, gate_up, down, lm_head")
     ap.add_argument("--trace", action="store_true")
     args = ap.parse_args(argv)
     try:
         rows = [int(r) for r in args.rows.split(",")]
         warps = [int(w) for w in args.warps.split(",")]
         sizes = [int(t) for t in args.tiles.split(",")]
-        if len(sizes) not in (5, 6):
+        if len(sizes) != 5:
             raise ValueError
         tiles = Tiles(*sizes)
     except ValueError:
         print("persistent_registers: error: --rows, --warps and --tiles take comma-separated integers "
-              "(--tiles five or six of them)", file=sys.stderr)
+              "(--tiles five of them)", file=sys.stderr)
         return 2
     print("| rows | warps | trace | registers | spill bytes | fits one program per SM | compile s |")
     print("| ---: | ---: | --- | ---: | ---: | --- | ---: |")

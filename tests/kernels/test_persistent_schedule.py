@@ -11,7 +11,7 @@ from eyas.kernels.persistent_reference import PersistentReference, interleave
 from eyas.kernels.persistent_schedule import DecoderShape, Tiles, build_schedule, check_no_deadlock, deal
 
 SMOLLM2 = DecoderShape(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, layers=30, vocab=49152)
-TILES = Tiles(qkv=4, o_proj=16, gate_up=32, down=16, lm_head=40)
+TILES = Tiles(qkv=4, o_proj=16, gate_up=32, down=16, lm_head=40, attend_splits=4)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,7 @@ def reference(model, shape, tiles=TILES):
 
 
 def test_smollm2_schedule_deals_to_any_program_count_without_deadlock():
-    s = build_schedule(SMOLLM2, Tiles())
+    s = build_schedule(SMOLLM2, Tiles(attend_splits=4))
     # 15 fused heads in rotation pairs of 2 x 16 rows, 9 query heads in 4 splits, 16-row tiles of o/gate_up/down
     per_layer = 15 * 2 + 9 * 4 + 576 // 16 + 1536 // 16 + 576 // 16
     assert len(s.items) == 30 * per_layer + 49152 // 384 + 1

@@ -86,6 +86,19 @@ def _await(ptrs, mask, ep):
 
 
 @triton.jit
+def _await_both(ptrs1, mask1, ptrs2, mask2, ep):
+    """_await of two blocks in one poll: both loads are in flight at once, so the pair costs one round trip
+    to L2, not two (a poll's exit depends on its data, so two polls in turn are serial)."""
+    p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
+    p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
+    while (tl.max(tl.where(mask1, (p1 >> 32) != ep, False).to(tl.int32))
+           + tl.max(tl.where(mask2, (p2 >> 32) != ep, False).to(tl.int32))) > 0:
+        p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
+        p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
+    return _payload(p1).to(tl.float32, bitcast=True), _payload(p2).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _stamp(trace, it, k, TRACE: tl.constexpr):
     if TRACE:
         tl.store(trace + it * 3 + k, globaltimer())
@@ -117,7 +130,7 @@ def _rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr
     m = rm[None, :, None]
     c1 = _chunks(K1, KC, 0)
     c2 = _chunks(K2, KC, K1)
-    return _await(src + at + c1, m & (c1 < K), ep), _await(src + at + c2, m & (c2 < K), ep)
+    return _await_both(src + at + c1, m & (c1 < K), src + at + c2, m & (c2 < K), ep)
 
 
 @triton.jit
@@ -160,56 +173,6 @@ def _block_product(x, w, PREC: tl.constexpr):
 
 
 @triton.jit
-def _awaited_product(src, offs, rm, K, w1, w2, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ep,
-                     PREC: tl.constexpr):
-    """_product of rows that _rows would await, one block at a time: a wide row's words, their addresses and
-    values for all the rows at once would not fit in registers."""
-    at = offs[None, :, None]
-    m = rm[None, :, None]
-    c1 = _chunks(K1, KC, 0)
-    y = _block_product(_await(src + at + c1, m & (c1 < K), ep), w1, PREC)
-    c2 = _chunks(K2, KC, K1)
-    return y + _block_product(_await(src + at + c2, m & (c2 < K), ep), w2, PREC)
-
-
-@triton.jit
-def _merged_attention(part_m, part_l, part_acc, base, R: tl.constexpr, BR: tl.constexpr, K, K1: tl.constexpr,
-                      K2: tl.constexpr, KC: tl.constexpr, S: tl.constexpr, D: tl.constexpr, ep):
-    """The step's attention output [BR, K = heads * D] as _rows' blocks: for each row r, each head's S splits
-    (their maxima, sums and unnormalized outputs from base + r * heads * S, the row's first (head, split))
-    merged in split order. Merged one row at a time, which keeps a row's split values at one register block
-    each."""
-    rows = tl.arange(0, BR)[None, :, None]
-    c1 = _chunks(K1, KC, 0)
-    c2 = _chunks(K2, KC, K1)
-    x1 = tl.zeros((K1 // KC, BR, KC), tl.float32)
-    x2 = tl.zeros((K2 // KC, BR, KC), tl.float32)
-    for r in range(R):
-        at = base + r * (K // D) * S
-        x1 = tl.where(rows == r, _merge_splits(part_m, part_l, part_acc, at, c1, c1 < K, S, D, ep), x1)
-        x2 = tl.where(rows == r, _merge_splits(part_m, part_l, part_acc, at, c2, c2 < K, S, D, ep), x2)
-    return x1, x2
-
-
-@triton.jit
-def _merge_splits(part_m, part_l, part_acc, base, cols, cm, S: tl.constexpr, D: tl.constexpr, ep):
-    at = base + (cols // D) * S  # each column's head, its first split
-    top = tl.full(cols.shape, -1.0e30, tl.float32)
-    num = tl.zeros(cols.shape, tl.float32)
-    den = tl.zeros(cols.shape, tl.float32)
-    for j in tl.static_range(S):
-        m = tl.where(cm, _await(part_m + at + j, cm, ep), -1.0e30)
-        s = _await(part_l + at + j, cm, ep)
-        a = _await(part_acc + (at + j) * D + cols % D, cm, ep)
-        new_top = tl.maximum(top, m)
-        old, this = tl.exp(top - new_top), tl.exp(m - new_top)
-        num = num * old + a * this
-        den = den * old + s * this
-        top = new_top
-    return tl.where(cm, num / tl.maximum(den, 1.0e-30), 0.0)
-
-
-@triton.jit
 def _stream_rows(h_in, embed, ids, rows, rm, layer, norm_w, eps, H, H1: tl.constexpr, H2: tl.constexpr,
                  HC: tl.constexpr, ep):
     """The step's rows of the stream entering `layer`, normalized: at layer 0 the tokens' embedding rows."""
@@ -237,10 +200,10 @@ def persistent_step_kernel(
         table, n_items, counters, epoch, ids, start, slot_of, depth, row_mask, m_row, m_col,
         embed, attn_norm_w, wqkv, wo, mlp_norm_w, wgu, wd, final_norm_w, lm_head,
         cos, sin, k_cache, v_cache, c_layer, c_slot, c_head, c_pos,
-        h_buf, q_buf, kv_new, part_m, part_l, part_acc, act_buf, logits, tile_max, tile_arg, tokens, features,
+        h_buf, q_buf, kv_new, attn_buf, act_buf, logits, tile_max, tile_arg, tokens, features,
         capture, sink, trace,
         eps, scale, L, H, I, V, n_lm_tiles,
-        R: tl.constexpr, BR: tl.constexpr, NH: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, S: tl.constexpr, NCAP: tl.constexpr,
+        R: tl.constexpr, BR: tl.constexpr, NH: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, NCAP: tl.constexpr,
         H1: tl.constexpr, H2: tl.constexpr, Q1: tl.constexpr, Q2: tl.constexpr, I1: tl.constexpr,
         I2: tl.constexpr, TQ: tl.constexpr, BQ: tl.constexpr, BO: tl.constexpr, BG: tl.constexpr,
         BD: tl.constexpr, HC: tl.constexpr, QC: tl.constexpr, IC: tl.constexpr, BL: tl.constexpr,
@@ -304,53 +267,44 @@ def persistent_step_kernel(
                 new_dst = kv_new + ((layer * 2 * KV + part - NH) * NEW + rows[:, None]) * D + c[None, :]
                 tl.store(new_dst, _packed(kv_lo.to(tl.float32), ep), mask=m)
                 tl.store(new_dst + HALF, _packed(kv_hi.to(tl.float32), ep), mask=m)
-        elif op == 1:  # attend: query head part // S over split part % S of the cache's columns before pos (the
-            # last split also over the new rows each row sees): the split's maximum, sum of exponentials and
-            # unnormalized output
-            head = part // S
-            split = part % S
-            g = head // REP
+        elif op == 1:  # attend: query head `part` over the cache's columns before pos, then over the new rows each
+            # row sees; its normalized output, to attn
+            g = part // REP
             m = rmask[:, None] & (dcol[None, :] < D)
-            q = _await(q_buf + layer * R * QW + rows[:, None] * QW + head * D + dcol[None, :], m, ep)
+            q = _await(q_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], m, ep)
             _stamp(trace, it, 1, TRACE)
             q = q.to(k_cache.dtype.element_ty)
-            chunk = (pos + S - 1) // S
-            lo = tl.minimum(pos, split * chunk)
-            hi = tl.minimum(pos, lo + chunk)
             kc = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
             vc = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
             ts = tl.arange(0, BT)
             best = tl.full((BR,), -1.0e30, tl.float32)
             total = tl.zeros((BR,), tl.float32)
             acc = tl.zeros((BR, D), tl.float32)
-            for t0 in range(lo, hi, BT):  # the cache, written by earlier steps
+            for t0 in range(0, pos, BT):  # the cache, written by earlier steps
                 t = t0 + ts
-                tm = (t < hi)[:, None]
+                tm = (t < pos)[:, None]
                 k = tl.load(kc + t[:, None] * c_pos + dcol[None, :], mask=tm, other=0.0)
                 v = tl.load(vc + t[:, None] * c_pos + dcol[None, :], mask=tm, other=0.0)
                 s = tl.dot(q, tl.trans(k), out_dtype=tl.float32, input_precision=PREC) * scale
                 s = tl.where(tl.trans(tm), s, -1.0e30)
                 best, total, acc = _online_softmax(s, v, best, total, acc, PREC)
-            if split == S - 1:  # the new rows, from kv_new: row r sees new row j where row_mask[r, j]
-                j = tl.arange(0, NEW)
-                jm = (j < R)[:, None] & (dcol[None, :] < D)
-                at = ((layer * 2 * KV + g) * NEW + j[:, None]) * D + dcol[None, :]
-                k = _await(kv_new + at, jm, ep).to(k_cache.dtype.element_ty)
-                v = _await(kv_new + at + KV * NEW * D, jm, ep).to(v_cache.dtype.element_ty)
-                s = tl.dot(q, tl.trans(k), out_dtype=tl.float32, input_precision=PREC) * scale
-                sees = tl.load(row_mask + rows[:, None] * m_row + j[None, :] * m_col,
-                               mask=rmask[:, None] & (j < R)[None, :], other=0)
-                s = tl.where(sees != 0, s, -1.0e30)
-                best, total, acc = _online_softmax(s, v, best, total, acc, PREC)
-            at = (layer * R + rows) * NH * S + part  # [layer, row, head, split]
-            tl.store(part_m + at, _packed(best, ep), mask=rmask)  # -1e30 where a row sees none of the split
-            tl.store(part_l + at, _packed(total, ep), mask=rmask)
-            tl.store(part_acc + at[:, None] * D + dcol[None, :], _packed(acc, ep), mask=m)
+            j = tl.arange(0, NEW)  # the new rows, from kv_new: row r sees new row j where row_mask[r, j]
+            jm = (j < R)[:, None] & (dcol[None, :] < D)
+            at = ((layer * 2 * KV + g) * NEW + j[:, None]) * D + dcol[None, :]
+            k, v = _await_both(kv_new + at, jm, kv_new + at + KV * NEW * D, jm, ep)
+            s = tl.dot(q, tl.trans(k.to(k_cache.dtype.element_ty)), out_dtype=tl.float32, input_precision=PREC)
+            sees = tl.load(row_mask + rows[:, None] * m_row + j[None, :] * m_col,
+                           mask=rmask[:, None] & (j < R)[None, :], other=0)
+            s = tl.where(sees != 0, s * scale, -1.0e30)
+            best, total, acc = _online_softmax(s, v.to(v_cache.dtype.element_ty), best, total, acc, PREC)
+            out = acc / tl.maximum(total, 1.0e-30)[:, None]
+            tl.store(attn_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], _packed(out, ep),
+                     mask=m)
         elif op == 2:  # o_proj tile [a, b): h[2l+1] = h[2l] + attn Wo^T
             w1, w2 = _tile(wo + layer.to(tl.int64) * H * QW, QW, a, b, QW, BO, Q1, Q2, QC)
             cols = a + tl.arange(0, BO)
             cm = cols < b
-            x1, x2 = _merged_attention(part_m, part_l, part_acc, layer * R * NH * S, R, BR, QW, Q1, Q2, QC, S, D, ep)
+            x1, x2 = _rows(attn_buf + layer * R * QW, rows * QW, rmask, QW, Q1, Q2, QC, ep)
             _stamp(trace, it, 1, TRACE)
             y = _product(x1, x2, w1, w2, PREC) + _residual(h_in, embed, ids, rows, rmask, layer, cols, cm, H, ep)
             tl.store(h_in + R * H + rows[:, None] * H + cols[None, :], _packed(y, ep),
@@ -369,11 +323,11 @@ def persistent_step_kernel(
                      mask=rmask[:, None] & (cols < b)[None, :])
         elif op == 4:  # down tile [a, b): h[2l+2] = h[2l+1] + act Wd^T
             w1, w2 = _tile(wd + layer.to(tl.int64) * H * I, I, a, b, I, BD, I1, I2, IC)
-            y = _awaited_product(act_buf + layer * R * I, rows * I, rmask, I, w1, w2, I1, I2, IC, ep, PREC)
-            _stamp(trace, it, 1, TRACE)  # after the product, which awaits its inputs block by block
+            x1, x2 = _rows(act_buf + layer * R * I, rows * I, rmask, I, I1, I2, IC, ep)
+            _stamp(trace, it, 1, TRACE)
             cols = a + tl.arange(0, BD)
             m = rmask[:, None] & (cols < b)[None, :]
-            y += _await(h_in + R * H + rows[:, None] * H + cols[None, :], m, ep)
+            y = _product(x1, x2, w1, w2, PREC) + _await(h_in + R * H + rows[:, None] * H + cols[None, :], m, ep)
             tl.store(h_in + 2 * R * H + rows[:, None] * H + cols[None, :], _packed(y, ep), mask=m)
             taken = tl.load(capture + layer + 1)  # bit j: feature j is the stream entering layer + 1
             for j in tl.static_range(NCAP):  # the EAGLE-3 features, in the target's dtype

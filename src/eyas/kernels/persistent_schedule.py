@@ -57,13 +57,14 @@ class DecoderShape:
 class Tiles:
     """Output rows per item of each projection (the unit a program streams and computes). qkv is the size of
     each half of a rotation pair, so an item computes 2 * qkv rows; it must divide head_dim / 2. Each query
-    head's attention is cut into attend_splits items over the cache's columns."""
+    head's attention is cut into attend_splits items over the cache's columns (the reference executor takes
+    any number; the kernel one, see persistent_decode)."""
     qkv: int = 16
     o_proj: int = 16
     gate_up: int = 16
     down: int = 16
     lm_head: int = 384
-    attend_splits: int = 4
+    attend_splits: int = 1
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,9 @@ class PersistentStep:
         error = shape_error(s.head_dim, s.hidden)
         if error:
             raise ValueError(error)
+        if tiles.attend_splits != 1:
+            raise ValueError(f"attend_splits {tiles.attend_splits}: the kernel runs one attention item per query "
+                             "head (merging splits costs o_proj a poll per split)")
         if dev.type == "cuda" and block_t < 16:
             raise ValueError(f"block_t {block_t}: the attention's tl.dot takes at least 16 columns on a GPU")
         if trace and dev.type != "cuda":
@@ -122,10 +125,7 @@ class PersistentStep:
         self.h = torch.zeros(2 * s.layers + 1, rows, s.hidden, **words)
         self.q = torch.zeros(s.layers, rows, qw, **words)
         self.kv_new = torch.zeros(s.layers, 2 * s.kv_heads, 16, s.head_dim, **words)  # this step's k, v rows
-        splits = tiles.attend_splits  # each attention split's maximum, sum and unnormalized output
-        self.part_m = torch.zeros(s.layers, rows, s.heads, splits, **words)
-        self.part_l = torch.zeros(s.layers, rows, s.heads, splits, **words)
-        self.part_acc = torch.zeros(s.layers, rows, s.heads, splits, s.head_dim, **words)
+        self.attn = torch.zeros(s.layers, rows, qw, **words)  # each head's attention output
         self.act = torch.zeros(s.layers, rows, s.intermediate, **words)
         self.logits = torch.zeros(rows, s.vocab, **f32)
         self.tile_max = torch.zeros(rows, self.n_lm_tiles, **words)
@@ -146,7 +146,7 @@ class PersistentStep:
         block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
         chunk = lambda k1, k2: min(CHUNK, k2)  # noqa: E731  (k1 >= k2, both powers of two)
         self.meta = dict(
-            R=rows, BR=triton.next_power_of_2(rows), NH=s.heads, KV=s.kv_heads, D=s.head_dim, S=tiles.attend_splits, NCAP=len(capture),
+            R=rows, BR=triton.next_power_of_2(rows), NH=s.heads, KV=s.kv_heads, D=s.head_dim, NCAP=len(capture),
             H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
             TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down), HC=chunk(h1, h2), QC=chunk(q1, q2), IC=chunk(i1, i2),
             BL=block_l, BK=64, BT=block_t, BTILES=block(self.n_lm_tiles),
@@ -184,7 +184,7 @@ class PersistentStep:
             p.embed, p.attn_norm, p.wqkv, p.wo, p.mlp_norm, p.w_gate_up, p.w_down, p.final_norm, p.lm_head,
             p.cos, p.sin, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             k_cache.stride(3),
-            self.h, self.q, self.kv_new, self.part_m, self.part_l, self.part_acc, self.act, self.logits, self.tile_max,
+            self.h, self.q, self.kv_new, self.attn, self.act, self.logits, self.tile_max,
             self.tile_arg, self.tokens, self.features, self.capture, self.sink,
             self.trace if self.trace is not None else self.sink,
             p.eps, p.scale, s.layers, s.hidden, s.intermediate, s.vocab, self.n_lm_tiles, **self.meta)
