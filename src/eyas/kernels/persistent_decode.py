@@ -69,26 +69,12 @@ def _payload(p):
 
 
 @triton.jit
-def _await_words(ptrs, mask, ep):
-    """The words at ptrs (_pack's, which other programs write this step) once every masked one carries epoch
-    ep: the reader polls the data itself, with no counter, fence or second load between a producer's store
-    and its use. Volatile loads bypass the SM's non-coherent L1."""
-    p = tl.load(ptrs, mask=mask, other=0, volatile=True)
-    while tl.max(tl.where(mask, (p >> 32) != ep, False).to(tl.int32)) > 0:
-        p = tl.load(ptrs, mask=mask, other=0, volatile=True)
-    return p
-
-
-@triton.jit
-def _await(ptrs, mask, ep):
-    """The fp32 values of _await_words."""
-    return _payload(_await_words(ptrs, mask, ep)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _await_both(ptrs1, mask1, ptrs2, mask2, ep):
-    """_await of two blocks in one poll: both loads are in flight at once, so the pair costs one round trip
-    to L2, not two (a poll's exit depends on its data, so two polls in turn are serial)."""
+    """The fp32 values at ptrs1 and ptrs2 (_pack's words, which other programs write this step) once every
+    masked word carries epoch ep: the reader polls the data itself, with no counter, fence or second load
+    between a producer's store and its use; volatile loads bypass the SM's non-coherent L1. Both tensors are
+    polled in one loop, so the pair costs one round trip to L2 (a poll's exit depends on its data, so two
+    polls in turn would be serial); an item polls all its inputs at once."""
     p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
     p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
     while (tl.max(tl.where(mask1, (p1 >> 32) != ep, False).to(tl.int32))
@@ -96,6 +82,22 @@ def _await_both(ptrs1, mask1, ptrs2, mask2, ep):
         p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
         p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
     return _payload(p1).to(tl.float32, bitcast=True), _payload(p2).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _await_three(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep):
+    """_await_both of three tensors."""
+    p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
+    p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
+    p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
+    while (tl.max(tl.where(mask1, (p1 >> 32) != ep, False).to(tl.int32))
+           + tl.max(tl.where(mask2, (p2 >> 32) != ep, False).to(tl.int32))
+           + tl.max(tl.where(mask3, (p3 >> 32) != ep, False).to(tl.int32))) > 0:
+        p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
+        p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
+        p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
+    return (_payload(p1).to(tl.float32, bitcast=True), _payload(p2).to(tl.float32, bitcast=True),
+            _payload(p3).to(tl.float32, bitcast=True))
 
 
 @triton.jit
@@ -131,6 +133,16 @@ def _rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr
     c1 = _chunks(K1, KC, 0)
     c2 = _chunks(K2, KC, K1)
     return _await_both(src + at + c1, m & (c1 < K), src + at + c2, m & (c2 < K), ep)
+
+
+@triton.jit
+def _rows_and(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ptrs, mask, ep):
+    """_rows, and the words at ptrs (where mask), in the same poll."""
+    at = offs[None, :, None]
+    m = rm[None, :, None]
+    c1 = _chunks(K1, KC, 0)
+    c2 = _chunks(K2, KC, K1)
+    return _await_three(src + at + c1, m & (c1 < K), src + at + c2, m & (c2 < K), ptrs, mask, ep)
 
 
 @triton.jit
@@ -181,18 +193,6 @@ def _stream_rows(h_in, embed, ids, rows, rm, layer, norm_w, eps, H, H1: tl.const
     else:
         x1, x2 = _rows(h_in, rows * H, rm, H, H1, H2, HC, ep)
     return _normed(x1, x2, norm_w, eps, H, H1, H2, HC)
-
-
-@triton.jit
-def _residual(h_in, embed, ids, rows, rm, layer, cols, cm, H, ep):
-    """Columns `cols` of the step's rows of the stream entering `layer` (the embedding rows at layer 0)."""
-    m = rm[:, None] & cm[None, :]
-    if layer == 0:
-        tok = tl.load(ids + rows, mask=rm, other=0).to(tl.int64)
-        res = tl.load(embed + tok[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    else:
-        res = _await(h_in + rows[:, None] * H + cols[None, :], m, ep)
-    return res
 
 
 @triton.jit
@@ -271,7 +271,11 @@ def persistent_step_kernel(
             # row sees; its normalized output, to attn
             g = part // REP
             m = rmask[:, None] & (dcol[None, :] < D)
-            q = _await(q_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], m, ep)
+            j = tl.arange(0, NEW)  # the new rows, from kv_new: row r sees new row j where row_mask[r, j]
+            jm = (j < R)[:, None] & (dcol[None, :] < D)
+            at = ((layer * 2 * KV + g) * NEW + j[:, None]) * D + dcol[None, :]
+            q, k_new, v_new = _await_three(q_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], m,
+                                           kv_new + at, jm, kv_new + at + KV * NEW * D, jm, ep)
             _stamp(trace, it, 1, TRACE)
             q = q.to(k_cache.dtype.element_ty)
             kc = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
@@ -288,15 +292,11 @@ def persistent_step_kernel(
                 s = tl.dot(q, tl.trans(k), out_dtype=tl.float32, input_precision=PREC) * scale
                 s = tl.where(tl.trans(tm), s, -1.0e30)
                 best, total, acc = _online_softmax(s, v, best, total, acc, PREC)
-            j = tl.arange(0, NEW)  # the new rows, from kv_new: row r sees new row j where row_mask[r, j]
-            jm = (j < R)[:, None] & (dcol[None, :] < D)
-            at = ((layer * 2 * KV + g) * NEW + j[:, None]) * D + dcol[None, :]
-            k, v = _await_both(kv_new + at, jm, kv_new + at + KV * NEW * D, jm, ep)
-            s = tl.dot(q, tl.trans(k.to(k_cache.dtype.element_ty)), out_dtype=tl.float32, input_precision=PREC)
+            s = tl.dot(q, tl.trans(k_new.to(k_cache.dtype.element_ty)), out_dtype=tl.float32, input_precision=PREC)
             sees = tl.load(row_mask + rows[:, None] * m_row + j[None, :] * m_col,
                            mask=rmask[:, None] & (j < R)[None, :], other=0)
             s = tl.where(sees != 0, s * scale, -1.0e30)
-            best, total, acc = _online_softmax(s, v.to(v_cache.dtype.element_ty), best, total, acc, PREC)
+            best, total, acc = _online_softmax(s, v_new.to(v_cache.dtype.element_ty), best, total, acc, PREC)
             out = acc / tl.maximum(total, 1.0e-30)[:, None]
             tl.store(attn_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], _packed(out, ep),
                      mask=m)
@@ -304,9 +304,16 @@ def persistent_step_kernel(
             w1, w2 = _tile(wo + layer.to(tl.int64) * H * QW, QW, a, b, QW, BO, Q1, Q2, QC)
             cols = a + tl.arange(0, BO)
             cm = cols < b
-            x1, x2 = _rows(attn_buf + layer * R * QW, rows * QW, rmask, QW, Q1, Q2, QC, ep)
+            m = rmask[:, None] & cm[None, :]
+            if layer == 0:  # the residual is the tokens' embedding rows
+                x1, x2 = _rows(attn_buf, rows * QW, rmask, QW, Q1, Q2, QC, ep)
+                tok = tl.load(ids + rows, mask=rmask, other=0).to(tl.int64)
+                res = tl.load(embed + tok[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
+            else:
+                x1, x2, res = _rows_and(attn_buf + layer * R * QW, rows * QW, rmask, QW, Q1, Q2, QC,
+                                        h_in + rows[:, None] * H + cols[None, :], m, ep)
             _stamp(trace, it, 1, TRACE)
-            y = _product(x1, x2, w1, w2, PREC) + _residual(h_in, embed, ids, rows, rmask, layer, cols, cm, H, ep)
+            y = _product(x1, x2, w1, w2, PREC) + res
             tl.store(h_in + R * H + rows[:, None] * H + cols[None, :], _packed(y, ep),
                      mask=rmask[:, None] & cm[None, :])
         elif op == 3:  # gate_up tile [a, b): act = silu(x Wg^T) * (x Wu^T), x = mlp_norm(h[2l+1])
@@ -323,11 +330,12 @@ def persistent_step_kernel(
                      mask=rmask[:, None] & (cols < b)[None, :])
         elif op == 4:  # down tile [a, b): h[2l+2] = h[2l+1] + act Wd^T
             w1, w2 = _tile(wd + layer.to(tl.int64) * H * I, I, a, b, I, BD, I1, I2, IC)
-            x1, x2 = _rows(act_buf + layer * R * I, rows * I, rmask, I, I1, I2, IC, ep)
-            _stamp(trace, it, 1, TRACE)
             cols = a + tl.arange(0, BD)
             m = rmask[:, None] & (cols < b)[None, :]
-            y = _product(x1, x2, w1, w2, PREC) + _await(h_in + R * H + rows[:, None] * H + cols[None, :], m, ep)
+            x1, x2, res = _rows_and(act_buf + layer * R * I, rows * I, rmask, I, I1, I2, IC,
+                                    h_in + R * H + rows[:, None] * H + cols[None, :], m, ep)
+            _stamp(trace, it, 1, TRACE)
+            y = _product(x1, x2, w1, w2, PREC) + res
             tl.store(h_in + 2 * R * H + rows[:, None] * H + cols[None, :], _packed(y, ep), mask=m)
             taken = tl.load(capture + layer + 1)  # bit j: feature j is the stream entering layer + 1
             for j in tl.static_range(NCAP):  # the EAGLE-3 features, in the target's dtype
@@ -360,8 +368,9 @@ def persistent_step_kernel(
             tc = tl.arange(0, BTILES)
             m = rmask[:, None] & (tc[None, :] < n_lm_tiles)
             at = rows[:, None] * n_lm_tiles + tc[None, :]
-            tops = tl.where(m, _await(tile_max + at, m, ep), float("-inf"))
-            ats = _payload(_await_words(tile_arg + at, m, ep))
+            tops, ats = _await_both(tile_max + at, m, tile_arg + at, m, ep)
+            tops = tl.where(m, tops, float("-inf"))
+            ats = ats.to(tl.int32, bitcast=True)
             _stamp(trace, it, 1, TRACE)
             top = tl.max(tops, axis=1)
             first = tl.min(tl.where(tops == top[:, None], tc[None, :], BTILES), axis=1)
