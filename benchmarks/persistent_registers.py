@@ -19,6 +19,7 @@ import time
 
 os.environ["TRITON_INTERPRET"] = "0"
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -28,6 +29,7 @@ from kernel_registers import counts  # noqa: E402  (benchmarks/kernel_registers.
 
 from eyas.kernels import persistent_decode  # noqa: E402
 from eyas.kernels.persistent_schedule import DecoderShape, Tiles  # noqa: E402
+from eyas.kernels.persistent_step import kernel_constants  # noqa: E402
 
 SMOLLM2 = DecoderShape(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, layers=30, vocab=49152)
 FP32 = {"logits", "sink", "cos", "sin", "eps", "scale"}
@@ -56,16 +58,7 @@ def signature(kernel, constexprs: dict) -> dict:
 
 
 def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool) -> dict:
-    s = SMOLLM2
-    (h1, h2), (q1, q2), (i1, i2) = (persistent_decode.split_pow2(k) for k in
-                                    (s.hidden, s.heads * s.head_dim, s.intermediate))
-    block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
-    constexprs = dict(R=rows, BR=triton.next_power_of_2(rows), NH=s.heads, KV=s.kv_heads, D=s.head_dim, NCAP=3,
-                      H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
-                      TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up),
-                      BD=block(tiles.down), HC=min(persistent_decode.CHUNK, h2), QC=min(persistent_decode.CHUNK, q2),
-                      IC=min(persistent_decode.CHUNK, i2), BL=32, BK=64, BT=64, BTILES=block(-(-s.vocab // tiles.lm_head)),
-                      PREC="tf32", PREFETCH=False, TRACE=trace)
+    constexprs = kernel_constants(SMOLLM2, rows, tiles, 3, 32, 64, torch.bfloat16, False, trace)
     kernel = persistent_decode.persistent_step_kernel
     t0 = time.time()
     compiled = triton.compile(ASTSource(kernel, signature(kernel, constexprs), constexprs=constexprs),

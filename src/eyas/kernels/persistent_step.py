@@ -89,6 +89,21 @@ def pack_llama(model) -> PackedDecoder:
         scale=cfg.head_dim ** -0.5)
 
 
+def kernel_constants(s: DecoderShape, rows: int, tiles: Tiles, captured: int, block_l: int, block_t: int,
+                     dtype: torch.dtype, prefetch: bool, trace: bool) -> dict:
+    """The kernel's compile-time constants for this shape, row count and tiling."""
+    (h1, h2), (q1, q2), (i1, i2) = split_pow2(s.hidden), split_pow2(s.heads * s.head_dim), split_pow2(s.intermediate)
+    block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
+    chunk = lambda k2: min(CHUNK, k2)  # noqa: E731  divides both blocks (powers of two, the second no wider)
+    return dict(
+        R=rows, BR=triton.next_power_of_2(rows), NH=s.heads, KV=s.kv_heads, D=s.head_dim, NCAP=captured,
+        H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
+        TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down),
+        HC=chunk(h2), QC=chunk(q2), IC=chunk(i2),
+        BL=block_l, BK=64, BT=block_t, BTILES=block(-(-s.vocab // tiles.lm_head)),
+        PREC="ieee" if dtype == torch.float32 else "tf32", PREFETCH=prefetch, TRACE=trace)
+
+
 class PersistentStep:
     """The launch of one persistent step of `rows` rows with its item table, counters and step buffers,
     allocated once so that the launch can be captured in a CUDA graph."""
@@ -142,16 +157,8 @@ class PersistentStep:
         self.capture = torch.tensor(bits, dtype=torch.int32, device=dev)
         self.sink = torch.zeros(1, **f32)
         self.trace = torch.zeros(len(self.schedule.items), 3, dtype=torch.int64, device=dev) if trace else None
-        (h1, h2), (q1, q2), (i1, i2) = split_pow2(s.hidden), split_pow2(qw), split_pow2(s.intermediate)
-        block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
-        chunk = lambda k1, k2: min(CHUNK, k2)  # noqa: E731  (k1 >= k2, both powers of two)
-        self.meta = dict(
-            R=rows, BR=triton.next_power_of_2(rows), NH=s.heads, KV=s.kv_heads, D=s.head_dim, NCAP=len(capture),
-            H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
-            TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down), HC=chunk(h1, h2), QC=chunk(q1, q2), IC=chunk(i1, i2),
-            BL=block_l, BK=64, BT=block_t, BTILES=block(self.n_lm_tiles),
-            PREC="ieee" if packed.embed.dtype == torch.float32 else "tf32", PREFETCH=prefetch, TRACE=trace,
-            num_warps=num_warps)
+        self.meta = dict(kernel_constants(s, rows, tiles, len(capture), block_l, block_t, packed.embed.dtype,
+                                          prefetch, trace), num_warps=num_warps)
 
     def __call__(self, ids: torch.Tensor, pos: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int = 0,
                  positions: torch.Tensor | None = None, row_mask: torch.Tensor | None = None):
@@ -202,7 +209,8 @@ class PersistentStep:
 def trace_summary(step: PersistentStep) -> list[dict]:
     """Where a traced step's time went, per op: how long its items waited for their inputs (from the item's
     start to the last input word of this step read), how long they then worked, and how late their inputs
-    arrived after the last producer finished (the cost of a stage boundary). Times in microseconds; medians over the op's items (the latency: over items that waited)."""
+    arrived after the last producer finished (the cost of a stage boundary). Times in microseconds; medians
+    over the op's items (the latency: over items that waited)."""
     t = step.trace.cpu().double()
     items, zero = step.schedule.items, t[:, 0].min()
     t = (t - zero) / 1e3
