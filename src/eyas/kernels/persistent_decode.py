@@ -6,17 +6,15 @@ unfinished item can always run: no dealing in order deadlocks. Each item first l
 registers (weights never depend on the step, so the load overlaps the producers still running), then reads
 its inputs, computes and writes its outputs.
 
-What items pass each other is written as int64 words: an fp32 (or int32) value in the low half and the
-step's epoch in the high half (the epoch of the last finished step, kept on the device, plus one; the
-argmax item, last of a step, stores it). An 8-byte store is seen whole, so a consumer polls its inputs
-themselves until every word carries this step's epoch: no counter, release fence or second load lies
-between a producer's store and its consumer's use, and no buffer needs clearing between steps. Every such
-buffer is written once per step (the residual stream has one slice per stage: h[2l+1] after layer l's
-attention, h[2l+2] after its MLP; layer 0 reads the embedding rows directly), so there are no
-write-after-read hazards between items. The step's own key and value rows go to the cache (in its dtype,
-for later steps) and, as words, to kv_new for this step's attention; the cache's older rows were written
-by earlier launches. Each item also bumps its schedule counter (relaxed; nobody waits on it), so the tests
-can check every counter ends at the number of items that signal it.
+What items pass each other is written as eyas.kernels.persistent_words' epoch-tagged words, which the
+consumer polls until all carry this step's epoch (the epoch of the last finished step, kept on the device,
+plus one; the argmax item, last of a step, stores it). Every such buffer is written once per step (the
+residual stream has one slice per stage: h[2l+1] after layer l's attention, h[2l+2] after its MLP; layer 0
+reads the embedding rows directly), so there are no write-after-read hazards between items. The step's own
+key and value rows go to the cache (in its dtype, for later steps) and, as words, to kv_new for this step's
+attention; the cache's older rows were written by earlier launches. Each item also bumps its schedule
+counter (relaxed; nobody waits on it), so the tests can check every counter ends at the number of items that
+signal it.
 
 Every projection, the LM head's included, is a tensor-core product of the step's rows (BR: R padded to a
 power of two) and the item's weight tile, its columns cut into chunks of CHUNK: one product per chunk, the
@@ -38,6 +36,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import globaltimer
 
+from eyas.kernels.persistent_words import await_both, await_three, pack, packed
+
 CHUNK = 128  # columns per chunk of a product: each chunk is one tensor-core product, the warps split the chunks
 OPS = ("qkv", "attend", "o_proj", "gate_up", "down", "lm_head", "argmax")  # the op codes of the item table
 
@@ -49,56 +49,6 @@ def split_pow2(k: int) -> tuple[int, int]:
     if first == k:
         first //= 2
     return first, triton.next_power_of_2(k - first)
-
-@triton.jit
-def _pack(bits, ep):
-    """int64 words of a 32-bit payload (int32; an fp32 value bitcast) and the step's epoch in the high half: an
-    8-byte store is seen whole, so a reader that sees this step's epoch sees this step's value."""
-    return (ep.to(tl.int64) << 32) | (bits.to(tl.int64) & 0xFFFFFFFF)
-
-
-@triton.jit
-def _packed(x, ep):
-    return _pack(x.to(tl.int32, bitcast=True), ep)
-
-
-@triton.jit
-def _payload(p):
-    """The int32 payload of _pack's words."""
-    return (p & 0xFFFFFFFF).to(tl.int32)
-
-
-@triton.jit
-def _await_both(ptrs1, mask1, ptrs2, mask2, ep):
-    """The fp32 values at ptrs1 and ptrs2 (_pack's words, which other programs write this step) once every
-    masked word carries epoch ep: the reader polls the data itself, with no counter, fence or second load
-    between a producer's store and its use; volatile loads bypass the SM's non-coherent L1. Both tensors are
-    polled in one loop, so the pair costs one round trip to L2 (a poll's exit depends on its data, so two
-    polls in turn would be serial); an item polls all its inputs at once."""
-    p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
-    p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
-    while (tl.max(tl.where(mask1, (p1 >> 32) != ep, False).to(tl.int32))
-           + tl.max(tl.where(mask2, (p2 >> 32) != ep, False).to(tl.int32))) > 0:
-        p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
-        p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
-    return _payload(p1).to(tl.float32, bitcast=True), _payload(p2).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _await_three(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep):
-    """_await_both of three tensors."""
-    p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
-    p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
-    p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
-    while (tl.max(tl.where(mask1, (p1 >> 32) != ep, False).to(tl.int32))
-           + tl.max(tl.where(mask2, (p2 >> 32) != ep, False).to(tl.int32))
-           + tl.max(tl.where(mask3, (p3 >> 32) != ep, False).to(tl.int32))) > 0:
-        p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
-        p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
-        p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
-    return (_payload(p1).to(tl.float32, bitcast=True), _payload(p2).to(tl.float32, bitcast=True),
-            _payload(p3).to(tl.float32, bitcast=True))
-
 
 @triton.jit
 def _stamp(trace, it, k, TRACE: tl.constexpr):
@@ -126,13 +76,13 @@ def _tile(w, stride, n0, n_end, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.co
 
 @triton.jit
 def _rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ep):
-    """Rows src[offs[i] : offs[i] + K] of _packed words written this step, awaited, as fp32 blocks
+    """Rows src[offs[i] : offs[i] + K] of packed words written this step, awaited, as fp32 blocks
     [K1 // KC, BR, KC], [K2 // KC, BR, KC]; rows outside `rm` are 0."""
     at = offs[None, :, None]
     m = rm[None, :, None]
     c1 = _chunks(K1, KC, 0)
     c2 = _chunks(K2, KC, K1)
-    return _await_both(src + at + c1, m & (c1 < K), src + at + c2, m & (c2 < K), ep)
+    return await_both(src + at + c1, m & (c1 < K), src + at + c2, m & (c2 < K), ep)
 
 
 @triton.jit
@@ -142,7 +92,7 @@ def _rows_and(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.const
     m = rm[None, :, None]
     c1 = _chunks(K1, KC, 0)
     c2 = _chunks(K2, KC, K1)
-    return _await_three(src + at + c1, m & (c1 < K), src + at + c2, m & (c2 < K), ptrs, mask, ep)
+    return await_three(src + at + c1, m & (c1 < K), src + at + c2, m & (c2 < K), ptrs, mask, ep)
 
 
 @triton.jit
@@ -252,8 +202,8 @@ def persistent_step_kernel(
                 lo, hi = lo * cl - hi * sl, hi * ch + lo * sh
             if part < NH:
                 q_dst = q_buf + layer * R * QW + rows[:, None] * QW + part * D + c[None, :]
-                tl.store(q_dst, _packed(lo, ep), mask=m)
-                tl.store(q_dst + HALF, _packed(hi, ep), mask=m)
+                tl.store(q_dst, packed(lo, ep), mask=m)
+                tl.store(q_dst + HALF, packed(hi, ep), mask=m)
             else:  # k or v: to the cache for later steps, and (as the cache rounds it) to kv_new for this one
                 if part < NH + KV:
                     dst = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + (part - NH) * c_head
@@ -265,8 +215,8 @@ def persistent_step_kernel(
                 tl.store(dst, kv_lo, mask=m)
                 tl.store(dst + HALF, kv_hi, mask=m)
                 new_dst = kv_new + ((layer * 2 * KV + part - NH) * NEW + rows[:, None]) * D + c[None, :]
-                tl.store(new_dst, _packed(kv_lo.to(tl.float32), ep), mask=m)
-                tl.store(new_dst + HALF, _packed(kv_hi.to(tl.float32), ep), mask=m)
+                tl.store(new_dst, packed(kv_lo.to(tl.float32), ep), mask=m)
+                tl.store(new_dst + HALF, packed(kv_hi.to(tl.float32), ep), mask=m)
         elif op == 1:  # attend: query head `part` over the cache's columns before pos, then over the new rows each
             # row sees; its normalized output, to attn
             g = part // REP
@@ -274,7 +224,7 @@ def persistent_step_kernel(
             j = tl.arange(0, NEW)  # the new rows, from kv_new: row r sees new row j where row_mask[r, j]
             jm = (j < R)[:, None] & (dcol[None, :] < D)
             at = ((layer * 2 * KV + g) * NEW + j[:, None]) * D + dcol[None, :]
-            q, k_new, v_new = _await_three(q_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], m,
+            q, k_new, v_new = await_three(q_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], m,
                                            kv_new + at, jm, kv_new + at + KV * NEW * D, jm, ep)
             _stamp(trace, it, 1, TRACE)
             q = q.to(k_cache.dtype.element_ty)
@@ -298,7 +248,7 @@ def persistent_step_kernel(
             s = tl.where(sees != 0, s * scale, -1.0e30)
             best, total, acc = _online_softmax(s, v_new.to(v_cache.dtype.element_ty), best, total, acc, PREC)
             out = acc / tl.maximum(total, 1.0e-30)[:, None]
-            tl.store(attn_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], _packed(out, ep),
+            tl.store(attn_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], packed(out, ep),
                      mask=m)
         elif op == 2:  # o_proj tile [a, b): h[2l+1] = h[2l] + attn Wo^T
             w1, w2 = _tile(wo + layer.to(tl.int64) * H * QW, QW, a, b, QW, BO, Q1, Q2, QC)
@@ -314,7 +264,7 @@ def persistent_step_kernel(
                                         h_in + rows[:, None] * H + cols[None, :], m, ep)
             _stamp(trace, it, 1, TRACE)
             y = _product(x1, x2, w1, w2, PREC) + res
-            tl.store(h_in + R * H + rows[:, None] * H + cols[None, :], _packed(y, ep),
+            tl.store(h_in + R * H + rows[:, None] * H + cols[None, :], packed(y, ep),
                      mask=rmask[:, None] & cm[None, :])
         elif op == 3:  # gate_up tile [a, b): act = silu(x Wg^T) * (x Wu^T), x = mlp_norm(h[2l+1])
             wl = wgu + layer.to(tl.int64) * 2 * I * H
@@ -326,7 +276,7 @@ def persistent_step_kernel(
             cols = a + tl.arange(0, BG)
             gate = _product(x1, x2, g1, g2, PREC)
             act = gate / (1.0 + tl.exp(-gate)) * _product(x1, x2, u1, u2, PREC)
-            tl.store(act_buf + layer * R * I + rows[:, None] * I + cols[None, :], _packed(act, ep),
+            tl.store(act_buf + layer * R * I + rows[:, None] * I + cols[None, :], packed(act, ep),
                      mask=rmask[:, None] & (cols < b)[None, :])
         elif op == 4:  # down tile [a, b): h[2l+2] = h[2l+1] + act Wd^T
             w1, w2 = _tile(wd + layer.to(tl.int64) * H * I, I, a, b, I, BD, I1, I2, IC)
@@ -336,7 +286,7 @@ def persistent_step_kernel(
                                     h_in + R * H + rows[:, None] * H + cols[None, :], m, ep)
             _stamp(trace, it, 1, TRACE)
             y = _product(x1, x2, w1, w2, PREC) + res
-            tl.store(h_in + 2 * R * H + rows[:, None] * H + cols[None, :], _packed(y, ep), mask=m)
+            tl.store(h_in + 2 * R * H + rows[:, None] * H + cols[None, :], packed(y, ep), mask=m)
             taken = tl.load(capture + layer + 1)  # bit j: feature j is the stream entering layer + 1
             for j in tl.static_range(NCAP):  # the EAGLE-3 features, in the target's dtype
                 if (taken >> j) & 1:
@@ -362,13 +312,13 @@ def persistent_step_kernel(
                 better = top > best
                 where = tl.where(better, at, where)
                 best = tl.where(better, top, best)
-            tl.store(tile_max + rows * n_lm_tiles + part, _packed(best, ep), mask=rmask)
-            tl.store(tile_arg + rows * n_lm_tiles + part, _pack(where, ep), mask=rmask)
+            tl.store(tile_max + rows * n_lm_tiles + part, packed(best, ep), mask=rmask)
+            tl.store(tile_arg + rows * n_lm_tiles + part, pack(where, ep), mask=rmask)
         else:  # argmax: the first tile holding a row's maximum holds its first index; then the step's epoch
             tc = tl.arange(0, BTILES)
             m = rmask[:, None] & (tc[None, :] < n_lm_tiles)
             at = rows[:, None] * n_lm_tiles + tc[None, :]
-            tops, ats = _await_both(tile_max + at, m, tile_arg + at, m, ep)
+            tops, ats = await_both(tile_max + at, m, tile_arg + at, m, ep)
             tops = tl.where(m, tops, float("-inf"))
             ats = ats.to(tl.int32, bitcast=True)
             _stamp(trace, it, 1, TRACE)

@@ -131,7 +131,7 @@ class PersistentStep:
         self.counters = torch.zeros(len(self.schedule.counters), dtype=torch.int32, device=dev)
         f32 = dict(dtype=torch.float32, device=dev)
         # What items pass each other: int64 words of an fp32 (or int32) value and the step's epoch
-        # (persistent_decode._pack), so a reader polls the data itself; the epoch of the last finished step
+        # (persistent_words.pack), so a reader polls the data itself; the epoch of the last finished step
         # is in self.epoch, so the words never need clearing.
         words = dict(dtype=torch.int64, device=dev)
         self.epoch = torch.zeros(1, dtype=torch.int32, device=dev)

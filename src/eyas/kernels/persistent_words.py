@@ -1,0 +1,63 @@
+"""Epoch-tagged words: how the persistent step's items pass values to each other without counters.
+
+A word is an int64: a 32-bit payload (an int32, or an fp32 value's bits) in the low half and the step's
+epoch in the high half. An 8-byte store is seen whole, so a reader that sees this step's epoch in a word
+sees this step's value in it: a consumer polls the data itself until every word it needs carries the
+epoch, with no counter, release fence or second load between a producer's store and its use, and no
+buffer needs clearing between steps (the next step's epoch is new).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def pack(bits, ep):
+    """int64 words of a 32-bit payload (int32; an fp32 value bitcast) and the step's epoch in the high half: an
+    8-byte store is seen whole, so a reader that sees this step's epoch sees this step's value."""
+    return (ep.to(tl.int64) << 32) | (bits.to(tl.int64) & 0xFFFFFFFF)
+
+
+@triton.jit
+def packed(x, ep):
+    return pack(x.to(tl.int32, bitcast=True), ep)
+
+
+@triton.jit
+def payload(p):
+    """The int32 payload of pack's words."""
+    return (p & 0xFFFFFFFF).to(tl.int32)
+
+
+@triton.jit
+def await_both(ptrs1, mask1, ptrs2, mask2, ep):
+    """The fp32 values at ptrs1 and ptrs2 (pack's words, which other programs write this step) once every
+    masked word carries epoch ep: the reader polls the data itself, with no counter, fence or second load
+    between a producer's store and its use; volatile loads bypass the SM's non-coherent L1. Both tensors are
+    polled in one loop, so the pair costs one round trip to L2 (a poll's exit depends on its data, so two
+    polls in turn would be serial); an item polls all its inputs at once."""
+    p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
+    p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
+    while (tl.max(tl.where(mask1, (p1 >> 32) != ep, False).to(tl.int32))
+           + tl.max(tl.where(mask2, (p2 >> 32) != ep, False).to(tl.int32))) > 0:
+        p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
+        p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
+    return payload(p1).to(tl.float32, bitcast=True), payload(p2).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def await_three(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep):
+    """await_both of three tensors."""
+    p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
+    p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
+    p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
+    while (tl.max(tl.where(mask1, (p1 >> 32) != ep, False).to(tl.int32))
+           + tl.max(tl.where(mask2, (p2 >> 32) != ep, False).to(tl.int32))
+           + tl.max(tl.where(mask3, (p3 >> 32) != ep, False).to(tl.int32))) > 0:
+        p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
+        p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
+        p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
+    return (payload(p1).to(tl.float32, bitcast=True), payload(p2).to(tl.float32, bitcast=True),
+            payload(p3).to(tl.float32, bitcast=True))
