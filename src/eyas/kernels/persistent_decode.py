@@ -108,15 +108,22 @@ def _embedding_rows(embed, ids, rows, rm, H, H1: tl.constexpr, H2: tl.constexpr,
 
 
 @triton.jit
-def _normed(x1, x2, norm_w, eps, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
-    """rmsnorm of each row of _rows' blocks, times norm_w."""
-    total = tl.sum(tl.sum(x1 * x1, axis=2), axis=0) + tl.sum(tl.sum(x2 * x2, axis=2), axis=0)
-    rstd = (1.0 / tl.sqrt(total / K + eps))[None, :, None]
+def _norm_weights(norm_w, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
+    """An rmsnorm's weights as fp32 blocks shaped like _rows' (one row). Items load them before they poll
+    their inputs, so the load's round trip overlaps the wait instead of following it."""
     c1 = _chunks(K1, KC, 0)
     c2 = _chunks(K2, KC, K1)
     w1 = tl.load(norm_w + c1).to(tl.float32)
     w2 = tl.load(norm_w + c2, mask=c2 < K, other=0.0).to(tl.float32)
-    return x1 * rstd * w1, x2 * rstd * w2
+    return w1, w2
+
+
+@triton.jit
+def _normed(x1, x2, nw1, nw2, eps, K):
+    """rmsnorm of each row of _rows' blocks, times the norm's weights (_norm_weights' blocks)."""
+    total = tl.sum(tl.sum(x1 * x1, axis=2), axis=0) + tl.sum(tl.sum(x2 * x2, axis=2), axis=0)
+    rstd = (1.0 / tl.sqrt(total / K + eps))[None, :, None]
+    return x1 * rstd * nw1, x2 * rstd * nw2
 
 
 @triton.jit
@@ -135,14 +142,14 @@ def _block_product(x, w, PREC: tl.constexpr):
 
 
 @triton.jit
-def _stream_rows(h_in, embed, ids, rows, rm, layer, norm_w, eps, H, H1: tl.constexpr, H2: tl.constexpr,
+def _stream_rows(h_in, embed, ids, rows, rm, layer, nw1, nw2, eps, H, H1: tl.constexpr, H2: tl.constexpr,
                  HC: tl.constexpr, ep):
     """The step's rows of the stream entering `layer`, normalized: at layer 0 the tokens' embedding rows."""
     if layer == 0:
         x1, x2 = _embedding_rows(embed, ids, rows, rm, H, H1, H2, HC)
     else:
         x1, x2 = _rows(h_in, rows * H, rm, H, H1, H2, HC, ep)
-    return _normed(x1, x2, norm_w, eps, H, H1, H2, HC)
+    return _normed(x1, x2, nw1, nw2, eps, H)
 
 
 @triton.jit
@@ -185,20 +192,23 @@ def persistent_step_kernel(
             wl = wqkv + layer.to(tl.int64) * QKVW * H
             lo1, lo2 = _tile(wl, H, a, a + TQ, H, BQ, H1, H2, HC)
             hi1, hi2 = _tile(wl, H, a + HALF, a + HALF + TQ, H, BQ, H1, H2, HC)
-            x1, x2 = _stream_rows(h_in, embed, ids, rows, rmask, layer, attn_norm_w + layer * H, eps, H, H1, H2, HC,
-                                  ep)
-            _stamp(trace, it, 1, TRACE)
+            nw1, nw2 = _norm_weights(attn_norm_w + layer * H, H, H1, H2, HC)
             c = a - part * D + tl.arange(0, BQ)   # the pair's first columns within the head
             cm = tl.arange(0, BQ) < TQ
             m = rmask[:, None] & cm[None, :]
+            # q and k heads are rotated (rotate-half pairs column c with c + HALF): their cos and sin are loaded
+            # before the poll, so the loads overlap the wait
+            rm = m & (tl.zeros_like(c) + part < NH + KV)[None, :]
+            p = ((pos + tl.load(depth + rows, mask=rmask, other=0)) * D)[:, None]  # a tree node's depth
+            cl = tl.load(cos + p + c[None, :], mask=rm, other=0.0)
+            sl = tl.load(sin + p + c[None, :], mask=rm, other=0.0)
+            ch = tl.load(cos + p + HALF + c[None, :], mask=rm, other=0.0)
+            sh = tl.load(sin + p + HALF + c[None, :], mask=rm, other=0.0)
+            x1, x2 = _stream_rows(h_in, embed, ids, rows, rmask, layer, nw1, nw2, eps, H, H1, H2, HC, ep)
+            _stamp(trace, it, 1, TRACE)
             lo = _product(x1, x2, lo1, lo2, PREC)
             hi = _product(x1, x2, hi1, hi2, PREC)
-            if part < NH + KV:  # q and k heads: rotate-half pairs column c with c + HALF
-                p = ((pos + tl.load(depth + rows, mask=rmask, other=0)) * D)[:, None]  # a tree node's depth
-                cl = tl.load(cos + p + c[None, :], mask=m, other=0.0)
-                sl = tl.load(sin + p + c[None, :], mask=m, other=0.0)
-                ch = tl.load(cos + p + HALF + c[None, :], mask=m, other=0.0)
-                sh = tl.load(sin + p + HALF + c[None, :], mask=m, other=0.0)
+            if part < NH + KV:
                 lo, hi = lo * cl - hi * sl, hi * ch + lo * sh
             if part < NH:
                 q_dst = q_buf + layer * R * QW + rows[:, None] * QW + part * D + c[None, :]
@@ -256,9 +266,9 @@ def persistent_step_kernel(
             cm = cols < b
             m = rmask[:, None] & cm[None, :]
             if layer == 0:  # the residual is the tokens' embedding rows
-                x1, x2 = _rows(attn_buf, rows * QW, rmask, QW, Q1, Q2, QC, ep)
                 tok = tl.load(ids + rows, mask=rmask, other=0).to(tl.int64)
                 res = tl.load(embed + tok[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
+                x1, x2 = _rows(attn_buf, rows * QW, rmask, QW, Q1, Q2, QC, ep)
             else:
                 x1, x2, res = _rows_and(attn_buf + layer * R * QW, rows * QW, rmask, QW, Q1, Q2, QC,
                                         h_in + rows[:, None] * H + cols[None, :], m, ep)
@@ -270,9 +280,10 @@ def persistent_step_kernel(
             wl = wgu + layer.to(tl.int64) * 2 * I * H
             g1, g2 = _tile(wl, H, a, b, H, BG, H1, H2, HC)
             u1, u2 = _tile(wl, H, I + a, I + b, H, BG, H1, H2, HC)
+            nw1, nw2 = _norm_weights(mlp_norm_w + layer * H, H, H1, H2, HC)
             x1, x2 = _rows(h_in + R * H, rows * H, rmask, H, H1, H2, HC, ep)
             _stamp(trace, it, 1, TRACE)
-            x1, x2 = _normed(x1, x2, mlp_norm_w + layer * H, eps, H, H1, H2, HC)
+            x1, x2 = _normed(x1, x2, nw1, nw2, eps, H)
             cols = a + tl.arange(0, BG)
             gate = _product(x1, x2, g1, g2, PREC)
             act = gate / (1.0 + tl.exp(-gate)) * _product(x1, x2, u1, u2, PREC)
@@ -282,12 +293,12 @@ def persistent_step_kernel(
             w1, w2 = _tile(wd + layer.to(tl.int64) * H * I, I, a, b, I, BD, I1, I2, IC)
             cols = a + tl.arange(0, BD)
             m = rmask[:, None] & (cols < b)[None, :]
+            taken = tl.load(capture + layer + 1)  # bit j: feature j is the stream entering layer + 1
             x1, x2, res = _rows_and(act_buf + layer * R * I, rows * I, rmask, I, I1, I2, IC,
                                     h_in + R * H + rows[:, None] * H + cols[None, :], m, ep)
             _stamp(trace, it, 1, TRACE)
             y = _product(x1, x2, w1, w2, PREC) + res
             tl.store(h_in + 2 * R * H + rows[:, None] * H + cols[None, :], packed(y, ep), mask=m)
-            taken = tl.load(capture + layer + 1)  # bit j: feature j is the stream entering layer + 1
             for j in tl.static_range(NCAP):  # the EAGLE-3 features, in the target's dtype
                 if (taken >> j) & 1:
                     tl.store(features + (rows[:, None] * NCAP + j) * H + cols[None, :],
@@ -295,9 +306,10 @@ def persistent_step_kernel(
         elif op == 5:  # lm_head tile [a, b) of final_norm(h[2L]), and the tile's maximum per row
             if PREFETCH:
                 _touch(lm_head, H, a, b, H, sink, BL, BK)
+            nw1, nw2 = _norm_weights(final_norm_w, H, H1, H2, HC)
             x1, x2 = _rows(h_buf + 2 * L * R * H, rows * H, rmask, H, H1, H2, HC, ep)
             _stamp(trace, it, 1, TRACE)
-            x1, x2 = _normed(x1, x2, final_norm_w, eps, H, H1, H2, HC)
+            x1, x2 = _normed(x1, x2, nw1, nw2, eps, H)
             best = tl.full((BR,), float("-inf"), tl.float32)
             where = tl.zeros((BR,), tl.int32)
             cn = tl.arange(0, BL)
