@@ -234,27 +234,22 @@ def persistent_step_kernel(
             j = tl.arange(0, NEW)  # the new rows, from kv_new: row r sees new row j where row_mask[r, j]
             jm = (j < R)[:, None] & (dcol[None, :] < D)
             at = ((layer * 2 * KV + g) * NEW + j[:, None]) * D + dcol[None, :]
-            q, k_new, v_new = await_three(q_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], m,
-                                           kv_new + at, jm, kv_new + at + KV * NEW * D, jm, ep)
-            _stamp(trace, it, 1, TRACE)
-            q = q.to(k_cache.dtype.element_ty)
             kc = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
             vc = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
-            ts = tl.arange(0, BT)
+            # the tree mask does not depend on this step's words: loaded before the poll
+            sees = tl.load(row_mask + rows[:, None] * m_row + j[None, :] * m_col,
+                           mask=rmask[:, None] & (j < R)[None, :], other=0)
+            q, k_new, v_new = await_three(q_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], m,
+                                          kv_new + at, jm, kv_new + at + KV * NEW * D, jm, ep)
+            _stamp(trace, it, 1, TRACE)
+            q = q.to(k_cache.dtype.element_ty)
             best = tl.full((BR,), -1.0e30, tl.float32)
             total = tl.zeros((BR,), tl.float32)
             acc = tl.zeros((BR, D), tl.float32)
             for t0 in range(0, pos, BT):  # the cache, written by earlier steps
-                t = t0 + ts
-                tm = (t < pos)[:, None]
-                k = tl.load(kc + t[:, None] * c_pos + dcol[None, :], mask=tm, other=0.0)
-                v = tl.load(vc + t[:, None] * c_pos + dcol[None, :], mask=tm, other=0.0)
-                s = tl.dot(q, tl.trans(k), out_dtype=tl.float32, input_precision=PREC) * scale
-                s = tl.where(tl.trans(tm), s, -1.0e30)
-                best, total, acc = _online_softmax(s, v, best, total, acc, PREC)
+                k, v, tm = _cache_block(kc, vc, t0, pos, c_pos, BT, D)
+                best, total, acc = _fold_cache_block(q, k, v, tm, scale, best, total, acc, PREC)
             s = tl.dot(q, tl.trans(k_new.to(k_cache.dtype.element_ty)), out_dtype=tl.float32, input_precision=PREC)
-            sees = tl.load(row_mask + rows[:, None] * m_row + j[None, :] * m_col,
-                           mask=rmask[:, None] & (j < R)[None, :], other=0)
             s = tl.where(sees != 0, s * scale, -1.0e30)
             best, total, acc = _online_softmax(s, v_new.to(v_cache.dtype.element_ty), best, total, acc, PREC)
             out = acc / tl.maximum(total, 1.0e-30)[:, None]
@@ -341,6 +336,25 @@ def persistent_step_kernel(
             tl.store(epoch, ep)
         _stamp(trace, it, 2, TRACE)
         tl.atomic_add(counters + tl.load(e + 7), 1, sem="relaxed")  # completion accounting; nobody waits on it
+
+
+@triton.jit
+def _cache_block(kc, vc, t0, pos, c_pos, BT: tl.constexpr, D: tl.constexpr):
+    """Cache columns t0..t0+BT of one kv head (keys, values [BT, D]) and which of them lie before pos."""
+    t = t0 + tl.arange(0, BT)
+    tm = (t < pos)[:, None]
+    d = tl.arange(0, D)[None, :]
+    k = tl.load(kc + t[:, None] * c_pos + d, mask=tm, other=0.0)
+    v = tl.load(vc + t[:, None] * c_pos + d, mask=tm, other=0.0)
+    return k, v, tm
+
+
+@triton.jit
+def _fold_cache_block(q, k, v, tm, scale, best, total, acc, PREC: tl.constexpr):
+    """_cache_block's columns folded into the rows' running softmax (columns past pos are not seen)."""
+    s = tl.dot(q, tl.trans(k), out_dtype=tl.float32, input_precision=PREC) * scale
+    s = tl.where(tl.trans(tm), s, -1.0e30)
+    return _online_softmax(s, v, best, total, acc, PREC)
 
 
 @triton.jit
