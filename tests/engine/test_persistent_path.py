@@ -70,10 +70,22 @@ def test_off_by_default_past_eight_rows_and_where_kernels_are_off(target_dir, mo
     assert engine.execution_plan_summary["persistent_rows"] == 0
     _generate(engine, tokens=3)
     assert not engine.runner.persistent.steps  # the plan's default keeps today's path
-    plan(persistent_rows=16)  # past the kernel's 8 rows, and batches of two, keep today's path
-    served = engine.runner.persistent.serves
-    assert served(1, 8) and not served(1, 9) and not served(2, 1) and not served(1, 0)
+    plan(persistent_rows=16)
+    assert not engine.runner.persistent.serves(1, 1)  # the plan at build decides: the weights were not restacked
+    served = _engine(target_dir, "force", monkeypatch).runner.persistent.serves
+    assert served(1, 8) and not served(1, 9) and not served(2, 1) and not served(1, 0)  # past 8 rows, batches of 2
     assert _engine(target_dir, "0", monkeypatch).execution_plan_summary["persistent_rows"] == 0
+
+
+def test_weights_are_restacked_at_build_not_under_captured_graphs(target_dir, monkeypatch, plan):
+    """The engine's CUDA graphs hold the addresses of the target's weights: the kernel's stacked copies must
+    replace them before any graph is captured, so no pass may move them."""
+    plan(persistent_rows=8)
+    engine = _engine(target_dir, "force", monkeypatch)
+    addresses = [p.data_ptr() for p in engine.target.parameters()]
+    _generate(engine, tokens=3)
+    assert 1 in engine.runner.persistent.steps
+    assert [p.data_ptr() for p in engine.target.parameters()] == addresses
 
 
 # The draft's default layers of a 3-layer target (2, 1, 0) read its embeddings, which the engine gathers;

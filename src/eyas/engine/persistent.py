@@ -7,8 +7,10 @@ cycle) call `forward` in place of the model and its LM head when `serves` says s
 graphs' bucket of one) and T up to execution_plan's persistent_rows. Other batches, shapes and TP > 1 keep
 today's path.
 
-The target's weights are stacked per kind across layers once, on first use, and the model's own parameters
-are then rebound as views of the stacks, so both paths read one copy of the weights. The kernel writes the
+The target's weights are stacked per kind across layers when the engine is built with the plan asking for
+the kernel, and the model's own parameters are then rebound as views of the stacks, so both paths read one
+copy of the weights. Not later: a CUDA graph captured before would keep reading the freed tensors. So the
+plan in force at build decides whether the engine may use the kernel at all. The kernel writes the
 EAGLE-3 features of the draft's capture layers itself.
 """
 
@@ -53,17 +55,20 @@ class PersistentTarget:
         dev = runner.device
         self.depth = torch.arange(MAX_ROWS, device=dev)  # a plain pass's rotary offsets: row r at start + r
         self.causal = torch.ones(MAX_ROWS, MAX_ROWS, dtype=torch.bool, device=dev).tril()
+        if self.eligible and execution_plan.current().persistent_rows > 0:
+            from eyas.kernels.persistent_step import pack_llama  # imports Triton
+
+            self.packed = pack_llama(self.model)
+            share_weights(self.model, self.packed)
 
     def serves(self, rows: int, tokens: int) -> bool:
         """Whether a pass of `rows` rows (padded to its graph bucket) of `tokens` new tokens runs here."""
-        return self.eligible and rows == 1 and 1 <= tokens <= min(execution_plan.current().persistent_rows, MAX_ROWS)
+        return (self.packed is not None and rows == 1
+                and 1 <= tokens <= min(execution_plan.current().persistent_rows, MAX_ROWS))
 
     def _step(self, tokens: int):
-        from eyas.kernels.persistent_step import PersistentStep, pack_llama  # imports Triton
+        from eyas.kernels.persistent_step import PersistentStep  # imports Triton
 
-        if self.packed is None:
-            self.packed = pack_llama(self.model)
-            share_weights(self.model, self.packed)
         step = self.steps.get(tokens)
         if step is None:
             dev = self.runner.device
