@@ -32,6 +32,13 @@ def wide_target_dir(tmp_path_factory):
     return str(path)
 
 
+@pytest.fixture(autouse=True)
+def per_op_kernels(plan):
+    """These tests are about today's per-op kernels: one-sequence passes do not go through the persistent kernel
+    (execution_plan's persistent_rows; its own tests are test_persistent_path's)."""
+    plan(persistent_rows=0)
+
+
 WIDE = dict(hidden=128, tokens=(4, 6))  # the wide target's width, and fewer tokens: its attention kernels
 # step through the interpreter slowly on the CPU
 

@@ -65,11 +65,15 @@ def test_plain_persistent_steps_ahead_of_the_host(target_dir, monkeypatch, plan,
     assert replays and 1 in engine.runner.persistent.steps
 
 
-def test_off_by_default_past_eight_rows_and_where_kernels_are_off(target_dir, monkeypatch, plan):
+def test_up_to_four_rows_by_default_past_eight_never_and_not_where_kernels_are_off(target_dir, monkeypatch, plan):
     engine = _engine(target_dir, "force", monkeypatch)
-    assert engine.execution_plan_summary["persistent_rows"] == 0
+    assert engine.execution_plan_summary["persistent_rows"] == 4  # the plan's default
+    served = engine.runner.persistent.serves
+    assert served(1, 4) and not served(1, 5)
+    plan(persistent_rows=0)
+    engine = _engine(target_dir, "force", monkeypatch)
     _generate(engine, tokens=3)
-    assert not engine.runner.persistent.steps  # the plan's default keeps today's path
+    assert not engine.runner.persistent.steps  # 0 keeps today's path
     plan(persistent_rows=16)
     assert not engine.runner.persistent.serves(1, 1)  # the plan at build decides: the weights were not restacked
     served = _engine(target_dir, "force", monkeypatch).runner.persistent.serves
