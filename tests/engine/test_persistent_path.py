@@ -8,6 +8,7 @@ import torch
 import eyas.engine.ahead as ahead_mod
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
+from eyas.engine.persistent import MAX_COLUMNS
 from eyas.layers.sampling import SamplingParams
 from tests.conftest import on_gpu
 from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
@@ -65,19 +66,20 @@ def test_plain_persistent_steps_ahead_of_the_host(target_dir, monkeypatch, plan,
     assert replays and 1 in engine.runner.persistent.steps
 
 
-def test_up_to_four_rows_by_default_past_eight_never_and_not_where_kernels_are_off(target_dir, monkeypatch, plan):
+def test_serves_short_passes_by_default_and_only_what_it_was_built_for(target_dir, monkeypatch, plan):
     engine = _engine(target_dir, "force", monkeypatch)
     assert engine.execution_plan_summary["persistent_rows"] == 4  # the plan's default
     served = engine.runner.persistent.serves
-    assert served(1, 4) and not served(1, 5)
+    assert served(1, 4, 64) and not served(1, 5, 64)
+    assert served(1, 1, MAX_COLUMNS) and not served(1, 1, 2 * MAX_COLUMNS)  # longer rows keep today's path
     plan(persistent_rows=0)
     engine = _engine(target_dir, "force", monkeypatch)
     _generate(engine, tokens=3)
     assert not engine.runner.persistent.steps  # 0 keeps today's path
     plan(persistent_rows=16)
-    assert not engine.runner.persistent.serves(1, 1)  # the plan at build decides: the weights were not restacked
+    assert not engine.runner.persistent.serves(1, 1, 64)  # the plan at build decides: the weights were not restacked
     served = _engine(target_dir, "force", monkeypatch).runner.persistent.serves
-    assert served(1, 8) and not served(1, 9) and not served(2, 1) and not served(1, 0)  # past 8 rows, batches of 2
+    assert served(1, 8, 64) and not served(1, 9, 64) and not served(2, 1, 64) and not served(1, 0, 64)
     assert _engine(target_dir, "0", monkeypatch).execution_plan_summary["persistent_rows"] == 0
 
 

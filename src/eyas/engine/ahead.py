@@ -324,7 +324,7 @@ class DecodeAhead(AheadOfHost):
         runner, target = self.engine.runner, self.engine.target
 
         def step(x: StepInputs):
-            if runner.persistent is not None and runner.persistent.serves(x.token.shape[0], 1):
+            if runner.persistent is not None and runner.persistent.serves(x.token.shape[0], 1, kv_len):
                 tokens, _, aux = runner.persistent.forward(x.token[:, None], x.cached, x.slots)
                 tokens = tokens[:, -1]
             else:

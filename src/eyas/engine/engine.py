@@ -16,6 +16,7 @@ import torch
 
 from eyas.tensor_parallel import SINGLE, TPContext
 from eyas.engine.ahead import DecodeAhead
+from eyas.engine.graphs import graph_kv_len
 from eyas.engine.persistent import PersistentTarget
 from eyas.engine.plan_summary import plan_summary
 from eyas.engine.profile import NULL_PROFILER
@@ -291,7 +292,7 @@ class Engine:
         starts, slots = [s.cached for s in seqs], [s.slot for s in seqs]
         ids, pos, slots_t = torch.tensor([[s.output_ids[-1] for s in seqs], starts, slots],
                                          device=self.device)[:, :, None]
-        if self.runner.persistent.serves(len(seqs), 1):
+        if self.runner.persistent.serves(len(seqs), 1, graph_kv_len(self.runner.kv, max(starts) + 1)):
             logits, out = self.runner.persistent.output(ids, pos[:, 0], slots_t[:, 0])
         else:
             out = self.runner.forward(ids, pos, slots, starts)

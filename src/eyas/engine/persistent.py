@@ -4,8 +4,8 @@ A pass of one sequence over T new tokens (a plain decode step, T = 1, or a verif
 to eight) runs the whole decoder, the LM head and the argmax as one launch instead of about 240 small
 kernels. The engine's graphed bodies (a plain step ahead of the host, a verify pass, a whole speculative
 cycle) call `forward` in place of the model and its LM head when `serves` says so: a batch of one row (the
-graphs' bucket of one) and T up to execution_plan's persistent_rows. Other batches, shapes and TP > 1 keep
-today's path.
+graphs' bucket of one), T up to execution_plan's persistent_rows and a cache of up to MAX_COLUMNS columns.
+Other batches, shapes, longer rows and TP > 1 keep today's path.
 
 The target's weights are stacked per kind across layers when the engine is built with the plan asking for
 the kernel, and the model's own parameters are then rebound as views of the stacks, so both paths read one
@@ -23,6 +23,9 @@ from eyas.kernels import switched_on
 from eyas.kernels.persistent_schedule import MAX_ROWS, Tiles
 from eyas.models.llama import ModelOutput
 
+MAX_COLUMNS = 512  # cache columns up to which a pass runs here (a graph's kv_len: graphs.graph_kv_len). One
+# attention item per head reads all of them in turn; up to about 450 (MT-bench's first turns and 256 tokens, one
+# H100) plain tied and the chain won, longer rows were not measured.
 REGISTER_TILE_BYTES = 48 * 1024  # the largest weight tile an item holds in registers (SmolLM2's down tile)
 
 
@@ -61,9 +64,10 @@ class PersistentTarget:
             self.packed = pack_llama(self.model)
             share_weights(self.model, self.packed)
 
-    def serves(self, rows: int, tokens: int) -> bool:
-        """Whether a pass of `rows` rows (padded to its graph bucket) of `tokens` new tokens runs here."""
-        return (self.packed is not None and rows == 1
+    def serves(self, rows: int, tokens: int, kv_len: int) -> bool:
+        """Whether a pass of `rows` rows (padded to its graph bucket) of `tokens` new tokens, over a cache of
+        up to kv_len columns (graphs.graph_kv_len's), runs here."""
+        return (self.packed is not None and rows == 1 and kv_len <= MAX_COLUMNS
                 and 1 <= tokens <= min(execution_plan.current().persistent_rows, MAX_ROWS))
 
     def _step(self, tokens: int):

@@ -90,7 +90,7 @@ class SpeculativeDecoder:
     def verify_body(self, tokens, depth, mask, c_t, slots, kv_len):
         """The target over the drafted tree at columns c..c+N-1; returns its greedy tokens, logits and features."""
         persistent = self.engine.runner.persistent
-        if persistent is not None and persistent.serves(*tokens.shape):
+        if persistent is not None and persistent.serves(*tokens.shape, kv_len):
             return persistent.forward(tokens, c_t, slots, depth, mask)
         batch = AttentionBatch(kv=self.engine.runner.kv, slots=slots, starts=c_t, kv_len=kv_len, new_mask=mask)
         out = self.target(tokens, c_t[:, None] + depth, batch)
