@@ -1,6 +1,6 @@
 """The persistent decoder step (eyas.kernels.persistent_decode) vs eyas's CUDA-graph plain step, on SmolLM2-135M.
 
-Usage: python benchmarks/bench_persistent.py [--random] [--programs N] [--rows 1,2,4,8]
+Usage: python benchmarks/bench_persistent.py [--random] [--programs N] [--rows 1,2,4,8] [--context 100,500]
        [--tiles "qkv,o,gu,down,lm;..."] [--warps 4,8] [--prefetch 0,1] [--trace] [--device cpu --tiny]
 
 In one child process (killed after --timeout seconds, so a deadlocked kernel ends with a message instead of
@@ -8,8 +8,9 @@ holding the GPU; each first launch is also polled against a deadline):
   (a) correctness: after a ~100-token prompt prefilled by eyas's engine path, the persistent step's logits vs
       eyas's plain forward at 1 and 4 rows (max abs diff, argmax equal), cache rows included;
   (b) timing (CUDA events, median of --reps): the persistent step, captured in a CUDA graph, at each of --rows
-      rows vs eyas's own graphed decode step / verify forward of as many rows (as bench_smollm2's phases time
-      them), and the weight-read bound: weight bytes / measured device copy bandwidth;
+      rows after each of --context cached tokens vs eyas's own graphed decode step / verify forward of as many
+      rows there (as bench_smollm2's phases time them), and the weight-read bound: weight bytes / measured
+      device copy bandwidth;
   (c) with --trace, one traced launch of each: per op, how long items waited for their counter, worked, and
       took to notice their counter after its last producer finished.
 Each variant is a tile set x warps per program x the LM head's L2 prefetch. Prints markdown tables last.
@@ -74,13 +75,14 @@ def run(args) -> None:
         from eyas.models.demo import demo_model_path
         path = str(demo_model_path())
     dtype = "bf16" if cuda else "fp32"
-    eng = Engine(path, dtype=dtype, device=args.device, max_batch=1, max_len=512)
+    cached = max(PROMPT, *args.context)  # the prompt prefilled: each timed step reads its first `context` columns
+    eng = Engine(path, dtype=dtype, device=args.device, max_batch=1, max_len=cached + 64)
     if cuda:
         eng.warm_up()
     model, runner, dev = eng.target, eng.runner, args.device
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (1, PROMPT), generator=g).to(dev)
+    prompt = torch.randint(0, vocab, (1, cached), generator=g).to(dev)
     runner.prefill(prompt, [0])
     packed = pack_llama(model)
     programs = args.programs or (torch.cuda.get_device_properties(0).multi_processor_count if cuda else 1)
@@ -93,10 +95,10 @@ def run(args) -> None:
     steps = {(R, v): build(R, v) for R in sorted(set(args.rows) | {1, 4}) for v in variants}
     kv = runner.kv
 
-    def plain(ids, R):
-        pos = torch.arange(PROMPT, PROMPT + R, device=dev)[None]
+    def plain(ids, R, at=PROMPT):
+        pos = torch.arange(at, at + R, device=dev)[None]
         mask = None if R == 1 else torch.tril(torch.ones(R, R, dtype=torch.bool, device=dev))[None]
-        return model.logits(runner.forward(ids, pos, [0], [PROMPT], new_mask=mask).hidden)[0]
+        return model.logits(runner.forward(ids, pos, [0], [at], new_mask=mask).hidden)[0]
 
     def persistent(ids, R, variant):
         return steps[R, variant](ids[0].to(torch.int32), PROMPT, kv.k, kv.v)
@@ -125,8 +127,8 @@ def run(args) -> None:
         rows_out[R, v] = dict(diff=diff, argmax=same)
 
     # (b) timing
-    def timed_step(ids, R, v):
-        where = torch.tensor([PROMPT, 0], device=dev)
+    def timed_step(ids, R, v, at):
+        where = torch.tensor([at, 0], device=dev)
         inputs = (ids[0].contiguous(), where[0:1], where[1:2], torch.arange(R, device=dev),
                   torch.ones(R, R, dtype=torch.bool, device=dev).tril())
         launch = lambda: steps[R, v].launch(*inputs, kv.k, kv.v)  # noqa: E731
@@ -148,12 +150,14 @@ def run(args) -> None:
         return ms
 
     table = []
-    for R in args.rows:
-        ids = torch.randint(0, vocab, (1, R), generator=g).to(dev)
-        ours = [timed_step(ids, R, v) for v in variants]
-        theirs = median_ms(lambda: plain(ids, R), reps=args.reps, cuda=cuda)
-        table.append((R, ours, theirs))
-        print(f"R={R}: persistent {', '.join(f'{t:.4f}' for t in ours)} ms, eyas {theirs:.4f} ms", flush=True)
+    for at in args.context:
+        for R in args.rows:
+            ids = torch.randint(0, vocab, (1, R), generator=g).to(dev)
+            ours = [timed_step(ids, R, v, at) for v in variants]
+            theirs = median_ms(lambda: plain(ids, R, at), reps=args.reps, cuda=cuda)
+            table.append((at, R, ours, theirs))
+            print(f"context {at}, R={R}: persistent {', '.join(f'{t:.4f}' for t in ours)} ms, eyas {theirs:.4f} ms",
+                  flush=True)
 
     weights = sum(t.numel() * t.element_size() for t in (packed.attn_norm, packed.wqkv, packed.wo, packed.mlp_norm,
                                                           packed.w_gate_up, packed.w_down, packed.final_norm,
@@ -167,12 +171,12 @@ def run(args) -> None:
         bound = weights / bandwidth * 1e3
         print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s, weights {weights / 1e6:.1f} MB", flush=True)
     name = lambda v: f"tiles {','.join(map(str, v[0]))}, {v[1]} warps{', LM prefetch' if v[2] else ''}"  # noqa: E731
-    print("\n| rows | variant | persistent ms | eyas forward ms (its CUDA graph where it has one) | eyas / persistent "
-          "| weight-read bound ms |\n| --- | --- | --- | --- | --- | --- |")
+    print("\n| cached tokens | rows | variant | persistent ms | eyas forward ms (its CUDA graph where it has one) "
+          "| eyas / persistent | weight-read bound ms |\n| ---: | --- | --- | --- | --- | --- | --- |")
     b = f"{bound:.4f}" if bound is not None else "n/a (cpu)"
-    for R, ours, theirs in table:
+    for at, R, ours, theirs in table:
         for v, t in zip(variants, ours):
-            print(f"| {R} | {name(v)} | {t:.4f} | {theirs:.4f} | {theirs / t:.2f}x | {b} |")
+            print(f"| {at} | {R} | {name(v)} | {t:.4f} | {theirs:.4f} | {theirs / t:.2f}x | {b} |")
     print("\n| rows | variant | max abs logits diff | argmax equal |\n| --- | --- | --- | --- |")
     for (R, v), r in rows_out.items():
         print(f"| {R} | {name(v)} | {r['diff']:.3e} | {r['argmax']} |")
@@ -200,6 +204,7 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="a tiny random model (with --random; CPU smoke test)")
     ap.add_argument("--programs", type=int, default=0, help="persistent programs (default: the SM count; 1 on cpu)")
     ap.add_argument("--rows", default="1,2,4,8")
+    ap.add_argument("--context", default=str(PROMPT), help="cached tokens before each timed step, comma-separated")
     ap.add_argument("--tiles", default="16,16,16,16,384",
                     help="';'-separated tile sets, each the rows per item of qkv (each half of a rotation pair), "
                          "o_proj, gate_up, down and lm_head (small tiles spread each stage over every SM)")
@@ -211,7 +216,16 @@ def main():
     ap.add_argument("--deadline", type=float, default=60.0, help="seconds a first launch may take")
     ap.add_argument("--timeout", type=float, default=280.0, help="seconds before the child is killed")
     args = ap.parse_args()
-    args.rows = [int(r) for r in args.rows.split(",")]
+    try:
+        args.rows = [int(r) for r in args.rows.split(",")]
+        args.context = [int(c) for c in args.context.split(",")]
+    except ValueError:
+        ap.error("--rows and --context take comma-separated integers")
+    if not all(1 <= r <= 8 for r in args.rows):
+        ap.error("--rows: the persistent step serves 1 to 8 rows")
+    longest = 448 if args.tiny else 1984  # the random models' positions (512, 2048) less a verify's rows
+    if not all(1 <= c <= longest for c in args.context):
+        ap.error(f"--context: 1 to {longest} cached tokens")
     try:
         args.tiles = [tuple(int(t) for t in ts.split(",")) for ts in args.tiles.split(";")]
     except ValueError:
