@@ -217,7 +217,9 @@ def phase_costs(eng, context=300):
 def lossless(model_path, prompts, draft, new_tokens=None, batch=16, dtype="fp32", twin=None):
     """Speculative greedy (chain, tree) against plain greedy, batches of `batch`. With a twin (parse_twin's), plain,
     chain and tree also run with its settings one prompt at a time (where batch-1 paths such as the persistent
-    step apply), each against the same plain greedy outputs."""
+    step apply), each against the same plain greedy outputs; each twin row also says what the engine made of the
+    settings it reports in its plan summary (`in_force`: persistent_rows is 0 where the kernel does not take the
+    target, e.g. SmolLM2 in fp32)."""
     params = SamplingParams(max_tokens=new_tokens or NEW_TOKENS)
     plain = Engine(str(model_path), dtype=dtype, device=DEVICE, max_batch=batch, max_len=2048)
     want = [s.output_ids for s in plain.generate(prompts, params)]
@@ -236,6 +238,9 @@ def lossless(model_path, prompts, draft, new_tokens=None, batch=16, dtype="fp32"
         toks = sum(len(g) - 1 for g in got)
         passes = sum(s.verify_passes for s in seqs)
         entry = dict(identical=same, total=len(prompts), accept_length=toks / max(passes, 1) if spec else None)
+        if env:
+            summary = eng.execution_plan_summary
+            entry["in_force"] = {n: summary[n] for n in env[::2] if n in summary}
         if same != len(prompts):
             entry["divergences"] = divergence_gaps(plain, prompts, want, got)
         res[name] = entry

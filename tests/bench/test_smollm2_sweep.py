@@ -227,6 +227,7 @@ def test_lossless_runs_the_twin_one_prompt_at_a_time_against_plain_greedy(monkey
     class FakeEngine:
         def __init__(self, path, dtype, device, max_batch, max_len, draft=None, spec=None):
             self.rows = execution_plan.current().persistent_rows
+            self.execution_plan_summary = {"persistent_rows": self.rows if dtype == "bf16" else 0}
             built.append((bench.spec_name(spec) if spec else "plain", max_batch, self.rows))
 
         def generate(self, prompts, params):  # the twin's tree differs on the second prompt
@@ -244,4 +245,8 @@ def test_lossless_runs_the_twin_one_prompt_at_a_time_against_plain_greedy(monkey
                         "tree persistent_rows=8"}
     assert all(res[k]["identical"] == 2 for k in res if k != "tree persistent_rows=8")
     assert res["tree persistent_rows=8"]["identical"] == 1 and res["tree persistent_rows=8"]["divergences"]
+    assert all(res[k]["in_force"] == {"persistent_rows": 0} for k in res if "=" in k)  # fp32: the kernel declined
+    assert all("in_force" not in res[k] for k in ("chain", "tree"))
+    res = bench.lossless("model", [[1], [2]], "draft", dtype="bf16", twin=bench.parse_twin("persistent_rows=8"))
+    assert all(res[k]["in_force"] == {"persistent_rows": 8} for k in res if "=" in k)
     assert execution_plan.current() == execution_plan.DEFAULT
