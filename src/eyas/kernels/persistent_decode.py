@@ -39,6 +39,7 @@ from triton.language.extra.cuda import globaltimer
 from eyas.kernels.persistent_words import await_both, await_three, pack, packed
 
 CHUNK = 128  # columns per chunk of a product: each chunk is one tensor-core product, the warps split the chunks
+NEW_ROWS = tl.constexpr(16)  # kv_new's rows per kv head: a step's rows, padded to a tensor-core product's depth
 OPS = ("qkv", "attend", "o_proj", "gate_up", "down", "lm_head", "argmax")  # the op codes of the item table
 
 
@@ -75,35 +76,38 @@ def _tile(w, stride, n0, n_end, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.co
 
 
 @triton.jit
-def _rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ep):
-    """Rows src[offs[i] : offs[i] + K] of packed words written this step, awaited, as fp32 blocks
-    [K1 // KC, BR, KC], [K2 // KC, BR, KC]; rows outside `rm` are 0."""
+def _row_blocks(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
+    """Pointers and masks of rows src[offs[i] : offs[i] + K] as two blocks [K1 // KC, BR, KC],
+    [K2 // KC, BR, KC] (_chunks' columns); rows outside `rm` are masked."""
     at = offs[None, :, None]
     m = rm[None, :, None]
     c1 = _chunks(K1, KC, 0)
     c2 = _chunks(K2, KC, K1)
-    return await_both(src + at + c1, m & (c1 < K), src + at + c2, m & (c2 < K), ep)
+    return src + at + c1, m & (c1 < K), src + at + c2, m & (c2 < K)
+
+
+@triton.jit
+def _rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ep):
+    """Rows src[offs[i] : offs[i] + K] of packed words written this step, awaited, as fp32 blocks
+    [K1 // KC, BR, KC], [K2 // KC, BR, KC]; rows outside `rm` are 0."""
+    p1, m1, p2, m2 = _row_blocks(src, offs, rm, K, K1, K2, KC)
+    return await_both(p1, m1, p2, m2, ep)
 
 
 @triton.jit
 def _rows_and(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ptrs, mask, ep):
     """_rows, and the words at ptrs (where mask), in the same poll."""
-    at = offs[None, :, None]
-    m = rm[None, :, None]
-    c1 = _chunks(K1, KC, 0)
-    c2 = _chunks(K2, KC, K1)
-    return await_three(src + at + c1, m & (c1 < K), src + at + c2, m & (c2 < K), ptrs, mask, ep)
+    p1, m1, p2, m2 = _row_blocks(src, offs, rm, K, K1, K2, KC)
+    return await_three(p1, m1, p2, m2, ptrs, mask, ep)
 
 
 @triton.jit
 def _embedding_rows(embed, ids, rows, rm, H, H1: tl.constexpr, H2: tl.constexpr, HC: tl.constexpr):
     """The step's tokens' embedding rows, as _rows' blocks."""
-    at = (tl.load(ids + rows, mask=rm, other=0).to(tl.int64) * H)[None, :, None]
-    m = rm[None, :, None]
-    c1 = _chunks(H1, HC, 0)
-    c2 = _chunks(H2, HC, H1)
-    x1 = tl.load(embed + at + c1, mask=m, other=0.0)
-    x2 = tl.load(embed + at + c2, mask=m & (c2 < H), other=0.0)
+    offs = tl.load(ids + rows, mask=rm, other=0).to(tl.int64) * H
+    p1, m1, p2, m2 = _row_blocks(embed, offs, rm, H, H1, H2, HC)
+    x1 = tl.load(p1, mask=m1, other=0.0)
+    x2 = tl.load(p2, mask=m2, other=0.0)
     return x1.to(tl.float32), x2.to(tl.float32)
 
 
@@ -168,7 +172,6 @@ def persistent_step_kernel(
         TRACE: tl.constexpr):
     pid = tl.program_id(0)
     W = tl.num_programs(0)
-    NEW: tl.constexpr = 16  # kv_new's rows per head: this step's rows, padded to a tensor-core product's depth
     REP: tl.constexpr = NH // KV
     HALF: tl.constexpr = D // 2
     QW: tl.constexpr = NH * D
@@ -224,23 +227,23 @@ def persistent_step_kernel(
                 kv_hi = hi.to(dst.dtype.element_ty)
                 tl.store(dst, kv_lo, mask=m)
                 tl.store(dst + HALF, kv_hi, mask=m)
-                new_dst = kv_new + ((layer * 2 * KV + part - NH) * NEW + rows[:, None]) * D + c[None, :]
+                new_dst = kv_new + ((layer * 2 * KV + part - NH) * NEW_ROWS + rows[:, None]) * D + c[None, :]
                 tl.store(new_dst, packed(kv_lo.to(tl.float32), ep), mask=m)
                 tl.store(new_dst + HALF, packed(kv_hi.to(tl.float32), ep), mask=m)
         elif op == 1:  # attend: query head `part` over the cache's columns before pos, then over the new rows each
             # row sees; its normalized output, to attn
             g = part // REP
             m = rmask[:, None] & (dcol[None, :] < D)
-            j = tl.arange(0, NEW)  # the new rows, from kv_new: row r sees new row j where row_mask[r, j]
+            j = tl.arange(0, NEW_ROWS)  # the new rows, from kv_new: row r sees new row j where row_mask[r, j]
             jm = (j < R)[:, None] & (dcol[None, :] < D)
-            at = ((layer * 2 * KV + g) * NEW + j[:, None]) * D + dcol[None, :]
+            at = ((layer * 2 * KV + g) * NEW_ROWS + j[:, None]) * D + dcol[None, :]
             kc = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
             vc = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
             # the tree mask does not depend on this step's words: loaded before the poll
             sees = tl.load(row_mask + rows[:, None] * m_row + j[None, :] * m_col,
                            mask=rmask[:, None] & (j < R)[None, :], other=0)
             q, k_new, v_new = await_three(q_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], m,
-                                          kv_new + at, jm, kv_new + at + KV * NEW * D, jm, ep)
+                                          kv_new + at, jm, kv_new + at + KV * NEW_ROWS * D, jm, ep)
             _stamp(trace, it, 1, TRACE)
             q = q.to(k_cache.dtype.element_ty)
             best = tl.full((BR,), -1.0e30, tl.float32)
@@ -269,8 +272,7 @@ def persistent_step_kernel(
                                         h_in + rows[:, None] * H + cols[None, :], m, ep)
             _stamp(trace, it, 1, TRACE)
             y = _product(x1, x2, w1, w2, PREC) + res
-            tl.store(h_in + R * H + rows[:, None] * H + cols[None, :], packed(y, ep),
-                     mask=rmask[:, None] & cm[None, :])
+            tl.store(h_in + R * H + rows[:, None] * H + cols[None, :], packed(y, ep), mask=m)
         elif op == 3:  # gate_up tile [a, b): act = silu(x Wg^T) * (x Wu^T), x = mlp_norm(h[2l+1])
             wl = wgu + layer.to(tl.int64) * 2 * I * H
             g1, g2 = _tile(wl, H, a, b, H, BG, H1, H2, HC)

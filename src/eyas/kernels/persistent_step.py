@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from eyas.kernels.persistent_decode import CHUNK, OPS, persistent_step_kernel, split_pow2
+from eyas.kernels.persistent_decode import CHUNK, NEW_ROWS, OPS, persistent_step_kernel, split_pow2
 from eyas.kernels.persistent_schedule import MAX_ROWS, DecoderShape, Schedule, Tiles, build_schedule
 
 
@@ -139,7 +139,8 @@ class PersistentStep:
         self.n_lm_tiles = -(-s.vocab // tiles.lm_head)
         self.h = torch.zeros(2 * s.layers + 1, rows, s.hidden, **words)
         self.q = torch.zeros(s.layers, rows, qw, **words)
-        self.kv_new = torch.zeros(s.layers, 2 * s.kv_heads, 16, s.head_dim, **words)  # this step's k, v rows
+        # this step's k, v rows, for its own attention
+        self.kv_new = torch.zeros(s.layers, 2 * s.kv_heads, NEW_ROWS.value, s.head_dim, **words)
         self.attn = torch.zeros(s.layers, rows, qw, **words)  # each head's attention output
         self.act = torch.zeros(s.layers, rows, s.intermediate, **words)
         self.logits = torch.zeros(rows, s.vocab, **f32)
