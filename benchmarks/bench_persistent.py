@@ -13,7 +13,7 @@ holding the GPU; each first launch is also polled against a deadline):
       device copy bandwidth;
   (c) with --trace, one traced launch of each: per op, how long items waited for their counter, worked, and
       took to notice their counter after its last producer finished.
-Each variant is a tile set x warps per program x the LM head's L2 prefetch. Prints markdown tables last.
+Each variant is a tile set x warps per program x whether attention asks L2 for the cache's rows first. Prints markdown tables last.
 --device cpu --tiny --random smoke-tests the script (W=1, Triton's interpreter).
 """
 
@@ -170,7 +170,7 @@ def run(args) -> None:
         bandwidth = 2 * src.numel() / (copy_ms * 1e-3)  # bytes read + written per second
         bound = weights / bandwidth * 1e3
         print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s, weights {weights / 1e6:.1f} MB", flush=True)
-    name = lambda v: f"tiles {','.join(map(str, v[0]))}, {v[1]} warps{', LM prefetch' if v[2] else ''}"  # noqa: E731
+    name = lambda v: f"tiles {','.join(map(str, v[0]))}, {v[1]} warps{', cache prefetch' if v[2] else ''}"  # noqa: E731
     print("\n| cached tokens | rows | variant | persistent ms | eyas forward ms (its CUDA graph where it has one) "
           "| eyas / persistent | weight-read bound ms |\n| ---: | --- | --- | --- | --- | --- | --- |")
     b = f"{bound:.4f}" if bound is not None else "n/a (cpu)"
@@ -210,8 +210,8 @@ def main():
                          "o_proj, gate_up, down and lm_head (small tiles spread each stage over every SM)")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--warps", default="8", help="warps per program")
-    ap.add_argument("--prefetch", default="0", help="0/1 list: whether LM-head items pull their tile into L2 "
-                                                     "before their wait")
+    ap.add_argument("--prefetch", default="0", help="0/1 list: whether attention items ask L2 for "
+                                                     "their cache rows before their wait (GPU)")
     ap.add_argument("--trace", action="store_true", help="time each item's wait and work with %%globaltimer (GPU)")
     ap.add_argument("--deadline", type=float, default=60.0, help="seconds a first launch may take")
     ap.add_argument("--timeout", type=float, default=280.0, help="seconds before the child is killed")

@@ -162,13 +162,13 @@ def persistent_step_kernel(
         embed, attn_norm_w, wqkv, wo, mlp_norm_w, wgu, wd, final_norm_w, lm_head,
         cos, sin, k_cache, v_cache, c_layer, c_slot, c_head, c_pos,
         h_buf, q_buf, kv_new, attn_buf, act_buf, logits, tile_max, tile_arg, tokens, features,
-        capture, sink, trace,
+        capture, trace,
         eps, scale, L, H, I, V, n_lm_tiles,
         R: tl.constexpr, BR: tl.constexpr, NH: tl.constexpr, KV: tl.constexpr, D: tl.constexpr, NCAP: tl.constexpr,
         H1: tl.constexpr, H2: tl.constexpr, Q1: tl.constexpr, Q2: tl.constexpr, I1: tl.constexpr,
         I2: tl.constexpr, TQ: tl.constexpr, BQ: tl.constexpr, BO: tl.constexpr, BG: tl.constexpr,
         BD: tl.constexpr, HC: tl.constexpr, QC: tl.constexpr, IC: tl.constexpr, BL: tl.constexpr,
-        BK: tl.constexpr, BT: tl.constexpr, BTILES: tl.constexpr, PREC: tl.constexpr, PREFETCH: tl.constexpr,
+        BT: tl.constexpr, BTILES: tl.constexpr, PREC: tl.constexpr, PREFETCH: tl.constexpr,
         TRACE: tl.constexpr):
     pid = tl.program_id(0)
     W = tl.num_programs(0)
@@ -239,6 +239,11 @@ def persistent_step_kernel(
             at = ((layer * 2 * KV + g) * NEW_ROWS + j[:, None]) * D + dcol[None, :]
             kc = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
             vc = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
+            if PREFETCH:  # the cache's rows of this kv head, asked of L2 now, so the loop below finds them there
+                for t0 in range(0, pos, BT):
+                    t = tl.minimum(t0 + tl.arange(0, BT), pos - 1)
+                    _ask_l2(kc + t * c_pos)
+                    _ask_l2(vc + t * c_pos)
             # the tree mask does not depend on this step's words: loaded before the poll
             sees = tl.load(row_mask + rows[:, None] * m_row + j[None, :] * m_col,
                            mask=rmask[:, None] & (j < R)[None, :], other=0)
@@ -301,8 +306,6 @@ def persistent_step_kernel(
                     tl.store(features + (rows[:, None] * NCAP + j) * H + cols[None, :],
                              y.to(features.dtype.element_ty), mask=m)
         elif op == 5:  # lm_head tile [a, b) of final_norm(h[2L]), and the tile's maximum per row
-            if PREFETCH:
-                _touch(lm_head, H, a, b, H, sink, BL, BK)
             nw1, nw2 = _norm_weights(final_norm_w, H, H1, H2, HC)
             x1, x2 = _rows(h_buf + 2 * L * R * H, rows * H, rmask, H, H1, H2, HC, ep)
             _stamp(trace, it, 1, TRACE)
@@ -372,17 +375,8 @@ def _online_softmax(s, v, best, total, acc, PREC: tl.constexpr):
 
 
 @triton.jit
-def _touch(w, stride, r0, r1, K, sink, BN: tl.constexpr, BK: tl.constexpr):
-    """Load rows r0..r1 of W [*, K] and discard them (a store that never happens keeps the loads): they are
-    then in L2 when the item, after its wait, reads them for its product."""
-    rn = tl.arange(0, BN)
-    ks = tl.arange(0, BK)
-    total = tl.zeros((BN, BK), dtype=tl.float32)
-    for n0 in range(r0, r1, BN):
-        for k0 in range(0, K, BK):
-            n = n0 + rn
-            k = k0 + ks
-            total += tl.load(w + n[:, None] * stride + k[None, :], mask=(n[:, None] < r1) & (k[None, :] < K),
-                             other=0.0).to(tl.float32)
-    s = tl.sum(tl.sum(total, axis=1), axis=0)
-    tl.store(sink, s, mask=s != s)  # only a NaN weight would be written
+def _ask_l2(ptrs):
+    """Prefetch the lines at ptrs into L2 (PTX prefetch.global.L2): nothing is waited for and no register holds
+    the data. GPU only: Triton's interpreter runs no inline PTX."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)

@@ -100,7 +100,7 @@ def kernel_constants(s: DecoderShape, rows: int, tiles: Tiles, captured: int, bl
         H1=h1, H2=h2, Q1=q1, Q2=q2, I1=i1, I2=i2,
         TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down),
         HC=chunk(h2), QC=chunk(q2), IC=chunk(i2),
-        BL=block_l, BK=64, BT=block_t, BTILES=block(-(-s.vocab // tiles.lm_head)),
+        BL=block_l, BT=block_t, BTILES=block(-(-s.vocab // tiles.lm_head)),
         PREC="ieee" if dtype == torch.float32 else "tf32", PREFETCH=prefetch, TRACE=trace)
 
 
@@ -124,6 +124,8 @@ class PersistentStep:
             raise ValueError(f"block_t {block_t}: the attention's tl.dot takes at least 16 columns on a GPU")
         if trace and dev.type != "cuda":
             raise ValueError("a traced step reads %globaltimer: it needs a GPU")
+        if prefetch and dev.type != "cuda":
+            raise ValueError("prefetch asks L2 for the cache's rows with inline PTX: it needs a GPU")
         self.packed, self.rows, self.programs = packed, rows, programs
         self.schedule = build_schedule(s, tiles)
         self.table = item_table(self.schedule, dev)
@@ -156,7 +158,6 @@ class PersistentStep:
         for j, i in enumerate(capture):
             bits[i] |= 1 << j
         self.capture = torch.tensor(bits, dtype=torch.int32, device=dev)
-        self.sink = torch.zeros(1, **f32)
         self.trace = torch.zeros(len(self.schedule.items), 3, dtype=torch.int64, device=dev) if trace else None
         self.meta = dict(kernel_constants(s, rows, tiles, len(capture), block_l, block_t, packed.embed.dtype,
                                           prefetch, trace), num_warps=num_warps)
@@ -193,8 +194,8 @@ class PersistentStep:
             p.cos, p.sin, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             k_cache.stride(3),
             self.h, self.q, self.kv_new, self.attn, self.act, self.logits, self.tile_max,
-            self.tile_arg, self.tokens, self.features, self.capture, self.sink,
-            self.trace if self.trace is not None else self.sink,
+            self.tile_arg, self.tokens, self.features, self.capture,
+            self.trace if self.trace is not None else self.tokens,  # untraced: never written
             p.eps, p.scale, s.layers, s.hidden, s.intermediate, s.vocab, self.n_lm_tiles, **self.meta)
 
     def stream(self, i: int) -> torch.Tensor:
