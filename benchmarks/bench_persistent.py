@@ -1,8 +1,7 @@
 """The persistent decoder step (eyas.kernels.persistent_decode) vs eyas's CUDA-graph plain step, on SmolLM2-135M.
 
 Usage: python benchmarks/bench_persistent.py [--random] [--programs N] [--rows 1,2,4,8] [--context 100,500]
-       [--tiles "qkv,o,gu,down,lm;..."] [--warps 4,8] [--prefetch 0,1] [--block-t 64,128] [--trace]
-       [--device cpu --tiny]
+       [--tiles "qkv,o,gu,down,lm;..."] [--warps 4,8] [--block-t 64,128] [--trace] [--device cpu --tiny]
 
 In one child process (killed after --timeout seconds, so a deadlocked kernel ends with a message instead of
 holding the GPU; each first launch is also polled against a deadline):
@@ -14,8 +13,7 @@ holding the GPU; each first launch is also polled against a deadline):
       device copy bandwidth;
   (c) with --trace, one traced launch of each: per op, how long items waited for their counter, worked, and
       took to notice their counter after its last producer finished.
-Each variant is a tile set x warps per program x whether attention asks L2 for the cache's rows first x the
-cache columns attention reads per block. Prints markdown tables last.
+Each variant is a tile set x warps per program x the cache columns attention reads per block. Prints markdown tables last.
 --device cpu --tiny --random smoke-tests the script (W=1, Triton's interpreter).
 """
 
@@ -89,11 +87,10 @@ def run(args) -> None:
     packed = pack_llama(model)
     programs = args.programs or (torch.cuda.get_device_properties(0).multi_processor_count if cuda else 1)
     print(f"model {path} ({dtype}), prompt {PROMPT} tokens, programs {programs}", flush=True)
-    variants = [(t, w, pf, bt) for t in args.tiles for w in args.warps for pf in args.prefetch for bt in args.block_t]
+    variants = [(t, w, bt) for t in args.tiles for w in args.warps for bt in args.block_t]
 
     def build(R, v, trace=False):
-        return PersistentStep(packed, R, programs, Tiles(*v[0]), block_t=v[3], prefetch=v[2], num_warps=v[1],
-                              trace=trace)
+        return PersistentStep(packed, R, programs, Tiles(*v[0]), block_t=v[2], num_warps=v[1], trace=trace)
 
     steps = {(R, v): build(R, v) for R in sorted(set(args.rows) | {1, 4}) for v in variants}
     kv = runner.kv
@@ -173,8 +170,7 @@ def run(args) -> None:
         bandwidth = 2 * src.numel() / (copy_ms * 1e-3)  # bytes read + written per second
         bound = weights / bandwidth * 1e3
         print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s, weights {weights / 1e6:.1f} MB", flush=True)
-    name = lambda v: (f"tiles {','.join(map(str, v[0]))}, {v[1]} warps, {v[3]}-column blocks"  # noqa: E731
-                      f"{', cache prefetch' if v[2] else ''}")
+    name = lambda v: f"tiles {','.join(map(str, v[0]))}, {v[1]} warps, {v[2]}-column blocks"  # noqa: E731
     print("\n| cached tokens | rows | variant | persistent ms | eyas forward ms (its CUDA graph where it has one) "
           "| eyas / persistent | weight-read bound ms |\n| ---: | --- | --- | --- | --- | --- | --- |")
     b = f"{bound:.4f}" if bound is not None else "n/a (cpu)"
@@ -214,9 +210,7 @@ def main():
                          "o_proj, gate_up, down and lm_head (small tiles spread each stage over every SM)")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--warps", default="8", help="warps per program")
-    ap.add_argument("--prefetch", default="0", help="0/1 list: whether attention items ask L2 for "
-                                                     "their cache rows before their wait (GPU)")
-    ap.add_argument("--block-t", default="64", help="cache columns per attention block, comma-separated")
+    ap.add_argument("--block-t", default="128", help="cache columns per attention block, comma-separated")
     ap.add_argument("--trace", action="store_true", help="time each item's wait and work with %%globaltimer (GPU)")
     ap.add_argument("--deadline", type=float, default=60.0, help="seconds a first launch may take")
     ap.add_argument("--timeout", type=float, default=280.0, help="seconds before the child is killed")
@@ -238,7 +232,6 @@ def main():
     if any(len(t) != 5 for t in args.tiles):
         ap.error("each --tiles set is qkv,o_proj,gate_up,down,lm_head")
     args.warps = [int(w) for w in args.warps.split(",")]
-    args.prefetch = [bool(int(p)) for p in args.prefetch.split(",")]
     try:
         args.block_t = [int(b) for b in args.block_t.split(",")]
     except ValueError:
@@ -250,8 +243,6 @@ def main():
     if args.device == "cpu":
         if args.trace:
             ap.error("--trace reads the GPU's %globaltimer: it needs --device cuda")
-        if any(args.prefetch):
-            ap.error("--prefetch 1 asks L2 with inline PTX: it needs --device cuda")
         os.environ.setdefault("TRITON_INTERPRET", "1")
         args.reps = min(args.reps, 3)
     ctx = mp.get_context("spawn")

@@ -1,7 +1,7 @@
 """Registers and spills per thread of the persistent decoder step, compiled for sm_90a without a GPU.
 
 Usage: python benchmarks/persistent_registers.py [--rows 1,4,8] [--warps 4,8] [--tiles 16,16,16,16,384] [--trace]
-       [--prefetch]
+       [--block-t 128]
 
 Compiles eyas.kernels.persistent_decode's kernel for SmolLM2-135M's shape in bf16 with the three EAGLE-3
 features written (the constexprs PersistentStep passes) with Triton for compute capability 9.0, and runs
@@ -58,8 +58,8 @@ def signature(kernel, constexprs: dict) -> dict:
     return sig
 
 
-def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool, prefetch: bool = False) -> dict:
-    constexprs = kernel_constants(SMOLLM2, rows, tiles, 3, 32, 64, torch.bfloat16, prefetch, trace)
+def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool, block_t: int = 128) -> dict:
+    constexprs = kernel_constants(SMOLLM2, rows, tiles, 3, 32, block_t, torch.bfloat16, trace)
     kernel = persistent_decode.persistent_step_kernel
     t0 = time.time()
     compiled = triton.compile(ASTSource(kernel, signature(kernel, constexprs), constexprs=constexprs),
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warps", default="8")
     ap.add_argument("--tiles", default="16,16,16,16,384", help="qkv, o_proj, gate_up, down, lm_head")
     ap.add_argument("--trace", action="store_true")
-    ap.add_argument("--prefetch", action="store_true", help="attention asks L2 for the cache's rows first")
+    ap.add_argument("--block-t", type=int, default=128, help="cache columns per attention block (the engine's 128)")
     args = ap.parse_args(argv)
     try:
         rows = [int(r) for r in args.rows.split(",")]
@@ -86,14 +86,14 @@ def main(argv=None) -> int:
         print("persistent_registers: error: --rows, --warps and --tiles take comma-separated integers "
               "(--tiles five of them)", file=sys.stderr)
         return 2
-    print("| rows | warps | trace | registers | spill bytes | fits one program per SM | compile s | prefetch |")
-    print("| ---: | ---: | --- | ---: | ---: | --- | ---: | --- |")
+    print("| rows | warps | trace | registers | spill bytes | fits one program per SM | compile s | block_t |")
+    print("| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: |")
     for r in rows:
         for w in warps:
-            c = compile_step(r, w, tiles, args.trace, args.prefetch)
+            c = compile_step(r, w, tiles, args.trace, args.block_t)
             fits = w * 32 * (c["registers"] or 0) <= 65536
             print(f"| {r} | {w} | {args.trace} | {c['registers']} | {c['spill_store_bytes']} | {fits} "
-                  f"| {c['compile_s']:.1f} | {args.prefetch} |", flush=True)
+                  f"| {c['compile_s']:.1f} | {args.block_t} |", flush=True)
     return 0
 
 

@@ -71,14 +71,14 @@ def test_plain_persistent_steps_ahead_of_the_host(target_dir, monkeypatch, plan,
 
 
 def test_serves_short_passes_and_only_what_it_was_built_for(target_dir, monkeypatch, plan):
+    served = _engine(target_dir, "force", monkeypatch).runner.persistent.serves  # the default: up to 4 tokens
+    assert served(1, 4, 64) and not served(1, 5, 64)
+    assert served(1, 1, MAX_COLUMNS) and not served(1, 1, 2 * MAX_COLUMNS)  # longer rows keep today's path
+    plan(persistent_rows=0)
     engine = _engine(target_dir, "force", monkeypatch)
     assert engine.execution_plan_summary["persistent_rows"] == 0
     _generate(engine, tokens=3)
-    assert not engine.runner.persistent.steps  # the plan's default keeps today's path
-    plan(persistent_rows=4)
-    served = _engine(target_dir, "force", monkeypatch).runner.persistent.serves
-    assert served(1, 4, 64) and not served(1, 5, 64)
-    assert served(1, 1, MAX_COLUMNS) and not served(1, 1, 2 * MAX_COLUMNS)  # longer rows keep today's path
+    assert not engine.runner.persistent.steps  # 0 keeps today's path
     plan(persistent_rows=16)
     assert not engine.runner.persistent.serves(1, 1, 64)  # the plan at build decides: the weights were not restacked
     served = _engine(target_dir, "force", monkeypatch).runner.persistent.serves

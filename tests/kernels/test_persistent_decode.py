@@ -35,7 +35,7 @@ def tiny(tmp_path_factory, device):
     return hf, model, ids
 
 
-def run_both(model, ids, rows, prefetch=False, tiles=TILES, block_t=16):
+def run_both(model, ids, rows, tiles=TILES, block_t=16):
     """(persistent logits, tokens, its cache, eyas's logits, eyas's cache, the step) after a shared prefill."""
     dev = ids.device
     runner = ModelRunner(model, num_slots=1, max_len=64, device=dev)
@@ -44,21 +44,18 @@ def run_both(model, ids, rows, prefetch=False, tiles=TILES, block_t=16):
     out = runner.forward(ids[:, PROMPT:PROMPT + rows], torch.arange(PROMPT, PROMPT + rows, device=dev)[None], [0],
                          [PROMPT])
     want = model.logits(out.hidden)[0]
-    step = PersistentStep(pack_llama(model), rows, programs=1, tiles=tiles, block_l=16, block_t=block_t,
-                          prefetch=prefetch)
+    step = PersistentStep(pack_llama(model), rows, programs=1, tiles=tiles, block_l=16, block_t=block_t)
     logits, tokens = step(ids[0, PROMPT:PROMPT + rows].to(torch.int32), PROMPT, k, v)
     return logits, tokens, (k, v), want, (runner.kv.k, runner.kv.v), step
 
 
 # The cache in one block; and in several blocks of 4 columns.
-@pytest.mark.parametrize("rows,prefetch,block_t", [(1, False, 16), (4, False, 16), (4, True, 16), (2, False, 4)])
-def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows, prefetch, block_t):
+@pytest.mark.parametrize("rows,block_t", [(1, 16), (4, 16), (2, 4)])
+def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows, block_t):
     hf, model, ids = tiny
     if ids.device.type == "cuda" and block_t < 16:
         pytest.skip("tl.dot takes at least 16 columns on a GPU")
-    if ids.device.type != "cuda" and prefetch:
-        pytest.skip("the L2 prefetch is inline PTX, which the interpreter does not run")
-    logits, tokens, (k, v), want, (k_want, v_want), step = run_both(model, ids, rows, prefetch, TILES, block_t)
+    logits, tokens, (k, v), want, (k_want, v_want), step = run_both(model, ids, rows, TILES, block_t)
     scale = want.abs().max()
     gpu = ids.device.type == "cuda"
     tol = (TF32_TOL if gpu else FP32_TOL) * scale
@@ -101,9 +98,6 @@ def test_an_unfinished_step_fails_the_counter_check(tiny):
         PersistentStep(pack_llama(model), 9, programs=1)
     with pytest.raises(ValueError, match="captured layers"):  # the embeddings, or past the last layer
         PersistentStep(pack_llama(model), 1, programs=1, tiles=TILES, capture=(0, 1))
-    if ids.device.type != "cuda":  # the interpreter runs no inline PTX
-        with pytest.raises(ValueError, match="needs a GPU"):
-            PersistentStep(pack_llama(model), 1, programs=1, tiles=TILES, prefetch=True)
 
 
 def test_tree_rows_in_another_slot_equal_the_reference_executor(tiny):

@@ -24,8 +24,8 @@ from eyas.kernels.persistent_schedule import MAX_ROWS, Tiles
 from eyas.models.llama import ModelOutput
 
 MAX_COLUMNS = 512  # cache columns up to which a pass runs here (a graph's kv_len: graphs.graph_kv_len). One
-# attention item per head reads all of them in turn; up to about 450 (MT-bench's first turns and 256 tokens, one
-# H100) plain tied and the chain won, longer rows were not measured.
+# attention item per head reads all of them in turn: the 1-row step beat eyas's at 500 cached tokens and lost at
+# 1,000 (docs/kernels.md).
 REGISTER_TILE_BYTES = 48 * 1024  # the largest weight tile an item holds in registers (SmolLM2's down tile)
 
 

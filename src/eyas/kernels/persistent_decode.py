@@ -168,8 +168,7 @@ def persistent_step_kernel(
         H1: tl.constexpr, H2: tl.constexpr, Q1: tl.constexpr, Q2: tl.constexpr, I1: tl.constexpr,
         I2: tl.constexpr, TQ: tl.constexpr, BQ: tl.constexpr, BO: tl.constexpr, BG: tl.constexpr,
         BD: tl.constexpr, HC: tl.constexpr, QC: tl.constexpr, IC: tl.constexpr, BL: tl.constexpr,
-        BT: tl.constexpr, BTILES: tl.constexpr, PREC: tl.constexpr, PREFETCH: tl.constexpr,
-        TRACE: tl.constexpr):
+        BT: tl.constexpr, BTILES: tl.constexpr, PREC: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     W = tl.num_programs(0)
     REP: tl.constexpr = NH // KV
@@ -239,11 +238,6 @@ def persistent_step_kernel(
             at = ((layer * 2 * KV + g) * NEW_ROWS + j[:, None]) * D + dcol[None, :]
             kc = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
             vc = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
-            if PREFETCH:  # the cache's rows of this kv head, asked of L2 now, so the loop below finds them there
-                for t0 in range(0, pos, BT):
-                    t = tl.minimum(t0 + tl.arange(0, BT), pos - 1)
-                    _ask_l2(kc + t * c_pos)
-                    _ask_l2(vc + t * c_pos)
             # the tree mask does not depend on this step's words: loaded before the poll
             sees = tl.load(row_mask + rows[:, None] * m_row + j[None, :] * m_col,
                            mask=rmask[:, None] & (j < R)[None, :], other=0)
@@ -372,11 +366,3 @@ def _online_softmax(s, v, best, total, acc, PREC: tl.constexpr):
     total = total * fade + tl.sum(pr, axis=1)
     acc = acc * fade[:, None] + tl.dot(pr.to(v.dtype), v, out_dtype=tl.float32, input_precision=PREC)
     return new_best, total, acc
-
-
-@triton.jit
-def _ask_l2(ptrs):
-    """Prefetch the lines at ptrs into L2 (PTX prefetch.global.L2): nothing is waited for and no register holds
-    the data. GPU only: Triton's interpreter runs no inline PTX."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
