@@ -11,9 +11,10 @@ holding the GPU; each first launch is also polled against a deadline):
       rows after each of --context cached tokens vs eyas's own graphed decode step / verify forward of as many
       rows there (as bench_smollm2's phases time them), and the weight-read bound: weight bytes / measured
       device copy bandwidth;
-  (c) with --trace, one traced launch of each: per op, how long items waited for their counter, worked, and
-      took to notice their counter after its last producer finished.
-Each variant is a tile set x warps per program x the cache columns attention reads per block. Prints markdown tables last.
+  (c) with --trace, one traced launch of each at each --context: per op, how long items waited for their
+      inputs, worked, and took to notice them after their last producer finished.
+Each variant is a tile set x warps per program x the cache columns attention reads per block. Prints markdown
+tables last.
 --device cpu --tiny --random smoke-tests the script (W=1, Triton's interpreter).
 """
 
@@ -181,20 +182,21 @@ def run(args) -> None:
     for (R, v), r in rows_out.items():
         print(f"| {R} | {name(v)} | {r['diff']:.3e} | {r['argmax']} |")
     if args.trace:
-        print("\n| rows | variant | op | items | median wait us | median work us | median notice us "
-              "| last done us |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("\n| cached tokens | rows | variant | op | items | median wait us | median work us | median notice us "
+              "| last done us |\n| ---: | --- | --- | --- | --- | --- | --- | --- | --- |")
         for R in args.rows:
             ids = torch.randint(0, vocab, (1, R), generator=g).to(dev)
             for v in variants:
                 traced = build(R, v, trace=True)
-                for _ in range(3):  # the first launch compiles; the last one is read
-                    traced(ids[0].to(torch.int32), PROMPT, kv.k, kv.v)
-                    done = torch.cuda.Event()
-                    done.record()
-                    wait_or_die(done, args.deadline, f"the traced launch of {R} rows ({v})")
-                for op in trace_summary(traced):
-                    print(f"| {R} | {name(v)} | {op['op']} | {op['items']} | {op['wait_us']:.2f} | "
-                          f"{op['work_us']:.2f} | {op['notice_us']:.2f} | {op['last_done_us']:.1f} |")
+                for at in args.context:
+                    for _ in range(3):  # the first launch compiles; the last one is read
+                        traced(ids[0].to(torch.int32), at, kv.k, kv.v)
+                        done = torch.cuda.Event()
+                        done.record()
+                        wait_or_die(done, args.deadline, f"the traced launch of {R} rows ({v})")
+                    for op in trace_summary(traced):
+                        print(f"| {at} | {R} | {name(v)} | {op['op']} | {op['items']} | {op['wait_us']:.2f} | "
+                              f"{op['work_us']:.2f} | {op['notice_us']:.2f} | {op['last_done_us']:.1f} |")
 
 
 def main():
