@@ -126,7 +126,7 @@ def run(args) -> None:
               f"cache diff {cache:.3e}, argmax equal {same}, counters complete "
               f"{steps[R, v].counters_complete()}", flush=True)
         rows_out[R, v] = dict(diff=diff, argmax=same)
-        if args.repeat:  # the step is deterministic: relaunched on the same inputs, the same bits every time
+        if args.repeat:  # a deterministic step gives the same bits at every relaunch on the same inputs
             first, k_first, v_first = logits.clone(), kv.k.clone(), kv.v.clone()
             differ, worst = 0, 0.0
             for _ in range(args.repeat):
