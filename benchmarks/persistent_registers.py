@@ -4,7 +4,8 @@ Usage: python benchmarks/persistent_registers.py [--rows 1,4,8] [--warps 4,8] [-
        [--block-t 128]
 
 Compiles eyas.kernels.persistent_decode's kernel for SmolLM2-135M's shape in bf16 with the three EAGLE-3
-features written (the constexprs PersistentStep passes) with Triton for compute capability 9.0, and runs
+features written (the constexprs PersistentStep passes, and the divisibility the JIT infers from an engine
+launch's arguments) with Triton for compute capability 9.0, and runs
 Triton's own ptxas with --verbose on the PTX. One program per SM must fit: warps x 32 x registers at most
 65,536, and a spill costs local-memory traffic inside every item. These are the compiler's counts, not
 timings. Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run, accepts
@@ -58,11 +59,24 @@ def signature(kernel, constexprs: dict) -> dict:
     return sig
 
 
+# The integer arguments that are multiples of 16 when the engine launches the step for SmolLM2 (the widths and
+# the KV cache's strides); Triton's JIT marks those, and every pointer (torch allocations are 16-byte aligned),
+# as divisible by 16, which lets it vectorize loads: the offline compile is told the same.
+MULTIPLES_OF_16 = {"c_layer", "c_slot", "c_head", "c_pos", "H", "I", "V", "n_lm_tiles"}
+
+
+def divisibility(sig: dict) -> dict:
+    """ASTSource attrs: what the JIT's specialization would say of these arguments at an engine launch."""
+    return {(i,): [["tt.divisibility", 16]] for i, (name, kind) in enumerate(sig.items())
+            if kind.startswith("*") or name in MULTIPLES_OF_16}
+
+
 def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool, block_t: int = 128) -> dict:
     constexprs = kernel_constants(SMOLLM2, rows, tiles, 3, 32, block_t, torch.bfloat16, trace)
     kernel = persistent_decode.persistent_step_kernel
+    sig = signature(kernel, constexprs)
     t0 = time.time()
-    compiled = triton.compile(ASTSource(kernel, signature(kernel, constexprs), constexprs=constexprs),
+    compiled = triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=divisibility(sig)),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     return {"rows": rows, "warps": warps, "trace": trace, "compile_s": time.time() - t0, **counts(compiled.asm["ptx"])}
 
