@@ -1,7 +1,8 @@
 """The persistent decoder step (eyas.kernels.persistent_decode) vs eyas's CUDA-graph plain step, on SmolLM2-135M.
 
 Usage: python benchmarks/bench_persistent.py [--random] [--programs N] [--rows 1,2,4,8] [--context 100,500]
-       [--tiles "qkv,o,gu,down,lm;..."] [--warps 4,8] [--block-t 64,128] [--trace] [--device cpu --tiny]
+       [--tiles "qkv,o,gu,down,lm;..."] [--warps 4,8] [--block-t 64,128] [--pipeline 0,1] [--trace]
+       [--device cpu --tiny]
 
 In one child process (killed after --timeout seconds, so a deadlocked kernel ends with a message instead of
 holding the GPU; each first launch is also polled against a deadline):
@@ -13,8 +14,8 @@ holding the GPU; each first launch is also polled against a deadline):
       device copy bandwidth;
   (c) with --trace, one traced launch of each at each --context: per op, how long items waited for their
       inputs, worked, and took to notice them after their last producer finished.
-Each variant is a tile set x warps per program x the cache columns attention reads per block. Prints markdown
-tables last.
+Each variant is a tile set x warps per program x the cache columns attention reads per block x whether it
+loads the next block while folding one in. Prints markdown tables last.
 --device cpu --tiny --random smoke-tests the script (W=1, Triton's interpreter).
 """
 
@@ -88,10 +89,11 @@ def run(args) -> None:
     packed = pack_llama(model)
     programs = args.programs or (torch.cuda.get_device_properties(0).multi_processor_count if cuda else 1)
     print(f"model {path} ({dtype}), prompt {PROMPT} tokens, programs {programs}", flush=True)
-    variants = [(t, w, bt) for t in args.tiles for w in args.warps for bt in args.block_t]
+    variants = [(t, w, bt, p) for t in args.tiles for w in args.warps for bt in args.block_t for p in args.pipeline]
 
     def build(R, v, trace=False):
-        return PersistentStep(packed, R, programs, Tiles(*v[0]), block_t=v[2], num_warps=v[1], trace=trace)
+        return PersistentStep(packed, R, programs, Tiles(*v[0]), block_t=v[2], num_warps=v[1], trace=trace,
+                              pipeline=v[3])
 
     steps = {(R, v): build(R, v) for R in sorted(set(args.rows) | {1, 4}) for v in variants}
     kv = runner.kv
@@ -183,7 +185,8 @@ def run(args) -> None:
         bandwidth = 2 * src.numel() / (copy_ms * 1e-3)  # bytes read + written per second
         bound = weights / bandwidth * 1e3
         print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s, weights {weights / 1e6:.1f} MB", flush=True)
-    name = lambda v: f"tiles {','.join(map(str, v[0]))}, {v[1]} warps, {v[2]}-column blocks"  # noqa: E731
+    name = lambda v: (f"tiles {','.join(map(str, v[0]))}, {v[1]} warps, {v[2]}-column blocks"  # noqa: E731
+                      f"{', pipelined' if v[3] else ''}")
     print("\n| cached tokens | rows | variant | persistent ms | eyas forward ms (its CUDA graph where it has one) "
           "| eyas / persistent | weight-read bound ms |\n| ---: | --- | --- | --- | --- | --- | --- |")
     b = f"{bound:.4f}" if bound is not None else "n/a (cpu)"
@@ -225,6 +228,8 @@ def main():
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--warps", default="8", help="warps per program")
     ap.add_argument("--block-t", default="128", help="cache columns per attention block, comma-separated")
+    ap.add_argument("--pipeline", default="0", help="0/1 list: whether attention loads the next cache block while "
+                                                     "folding one in")
     ap.add_argument("--repeat", type=int, default=0, help="relaunch each checked step N times on the same inputs "
                                                           "and count launches whose outputs differ from the first")
     ap.add_argument("--trace", action="store_true", help="time each item's wait and work with %%globaltimer (GPU)")
@@ -254,6 +259,9 @@ def main():
         ap.error("--block-t takes comma-separated integers")
     if not all(b >= 16 and b & (b - 1) == 0 for b in args.block_t):
         ap.error("--block-t: powers of two of at least 16 (a tensor-core product's depth)")
+    if not set(args.pipeline.split(",")) <= {"0", "1"}:
+        ap.error("--pipeline takes a comma-separated list of 0 and 1")
+    args.pipeline = [p == "1" for p in args.pipeline.split(",")]
     if args.tiny:  # head_dim 16, vocabulary 256
         args.tiles = [(min(t[0], 8), *t[1:4], min(t[4], 64)) for t in args.tiles]
     if args.device == "cpu":
