@@ -32,6 +32,18 @@ def payload(p):
 
 
 @triton.jit
+def _stale(p, mask, ep):
+    """1 while any masked word of p lacks epoch ep, else 0."""
+    return tl.max(tl.where(mask, (p >> 32) != ep, False).to(tl.int32))
+
+
+@triton.jit
+def _value(p):
+    """The fp32 value of pack's words."""
+    return payload(p).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def await_both(ptrs1, mask1, ptrs2, mask2, ep):
     """The fp32 values at ptrs1 and ptrs2 (pack's words, which other programs write this step) once every
     masked word carries epoch ep: the reader polls the data itself, with no counter, fence or second load
@@ -40,11 +52,10 @@ def await_both(ptrs1, mask1, ptrs2, mask2, ep):
     polls in turn would be serial); an item polls all its inputs at once."""
     p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
     p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
-    while (tl.max(tl.where(mask1, (p1 >> 32) != ep, False).to(tl.int32))
-           + tl.max(tl.where(mask2, (p2 >> 32) != ep, False).to(tl.int32))) > 0:
+    while _stale(p1, mask1, ep) + _stale(p2, mask2, ep) > 0:
         p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
         p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
-    return payload(p1).to(tl.float32, bitcast=True), payload(p2).to(tl.float32, bitcast=True)
+    return _value(p1), _value(p2)
 
 
 @triton.jit
@@ -53,11 +64,8 @@ def await_three(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep):
     p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
     p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
     p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
-    while (tl.max(tl.where(mask1, (p1 >> 32) != ep, False).to(tl.int32))
-           + tl.max(tl.where(mask2, (p2 >> 32) != ep, False).to(tl.int32))
-           + tl.max(tl.where(mask3, (p3 >> 32) != ep, False).to(tl.int32))) > 0:
+    while _stale(p1, mask1, ep) + _stale(p2, mask2, ep) + _stale(p3, mask3, ep) > 0:
         p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
         p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
         p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
-    return (payload(p1).to(tl.float32, bitcast=True), payload(p2).to(tl.float32, bitcast=True),
-            payload(p3).to(tl.float32, bitcast=True))
+    return _value(p1), _value(p2), _value(p3)
