@@ -1,7 +1,7 @@
 """Registers and spills per thread of the persistent decoder step, compiled for sm_90a without a GPU.
 
 Usage: python benchmarks/persistent_registers.py [--rows 1,4,8] [--warps 4,8] [--tiles 16,16,16,16,384] [--trace]
-       [--block-t 128] [--pipeline]
+       [--block-t 128]
 
 Compiles eyas.kernels.persistent_decode's kernel for SmolLM2-135M's shape in bf16 with the three EAGLE-3
 features written (the constexprs PersistentStep passes, and the divisibility the JIT infers from an engine
@@ -71,8 +71,8 @@ def divisibility(sig: dict) -> dict:
             if kind.startswith("*") or name in MULTIPLES_OF_16}
 
 
-def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool, block_t: int = 128, pipeline: bool = False) -> dict:
-    constexprs = kernel_constants(SMOLLM2, rows, tiles, 3, 32, block_t, torch.bfloat16, trace, pipeline)
+def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool, block_t: int = 128) -> dict:
+    constexprs = kernel_constants(SMOLLM2, rows, tiles, 3, 32, block_t, torch.bfloat16, trace)
     kernel = persistent_decode.persistent_step_kernel
     sig = signature(kernel, constexprs)
     t0 = time.time()
@@ -88,7 +88,6 @@ def main(argv=None) -> int:
     ap.add_argument("--tiles", default="16,16,16,16,384", help="qkv, o_proj, gate_up, down, lm_head")
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--block-t", type=int, default=128, help="cache columns per attention block (the engine's 128)")
-    ap.add_argument("--pipeline", action="store_true", help="attention loads the next cache block while folding one")
     args = ap.parse_args(argv)
     try:
         rows = [int(r) for r in args.rows.split(",")]
@@ -101,15 +100,14 @@ def main(argv=None) -> int:
         print("persistent_registers: error: --rows, --warps and --tiles take comma-separated integers "
               "(--tiles five of them)", file=sys.stderr)
         return 2
-    print("| rows | warps | trace | registers | spill bytes | fits one program per SM | compile s | block_t "
-          "| pipeline |")
-    print("| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | --- |")
+    print("| rows | warps | trace | registers | spill bytes | fits one program per SM | compile s | block_t |")
+    print("| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: |")
     for r in rows:
         for w in warps:
-            c = compile_step(r, w, tiles, args.trace, args.block_t, args.pipeline)
+            c = compile_step(r, w, tiles, args.trace, args.block_t)
             fits = w * 32 * (c["registers"] or 0) <= 65536
             print(f"| {r} | {w} | {args.trace} | {c['registers']} | {c['spill_store_bytes']} | {fits} "
-                  f"| {c['compile_s']:.1f} | {args.block_t} | {args.pipeline} |", flush=True)
+                  f"| {c['compile_s']:.1f} | {args.block_t} |", flush=True)
     return 0
 
 

@@ -168,7 +168,7 @@ def persistent_step_kernel(
         H1: tl.constexpr, H2: tl.constexpr, Q1: tl.constexpr, Q2: tl.constexpr, I1: tl.constexpr,
         I2: tl.constexpr, TQ: tl.constexpr, BQ: tl.constexpr, BO: tl.constexpr, BG: tl.constexpr,
         BD: tl.constexpr, HC: tl.constexpr, QC: tl.constexpr, IC: tl.constexpr, BL: tl.constexpr,
-        BT: tl.constexpr, BTILES: tl.constexpr, PREC: tl.constexpr, PIPELINE: tl.constexpr, TRACE: tl.constexpr):
+        BT: tl.constexpr, BTILES: tl.constexpr, PREC: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     W = tl.num_programs(0)
     REP: tl.constexpr = NH // KV
@@ -241,8 +241,7 @@ def persistent_step_kernel(
             # the tree mask does not depend on this step's words: loaded before the poll
             sees = tl.load(row_mask + rows[:, None] * m_row + j[None, :] * m_col,
                            mask=rmask[:, None] & (j < R)[None, :], other=0)
-            if PIPELINE:  # nor does the cache's first block, written by earlier steps
-                k, v, tm = _cache_block(kc, vc, 0, pos, c_pos, BT, D)
+            k, v, tm = _cache_block(kc, vc, 0, pos, c_pos, BT, D)  # nor does the cache, written by earlier steps
             q, k_new, v_new = await_three(q_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], m,
                                           kv_new + at, jm, kv_new + at + KV * NEW_ROWS * D, jm, ep)
             _stamp(trace, it, 1, TRACE)
@@ -250,15 +249,10 @@ def persistent_step_kernel(
             best = tl.full((BR,), -1.0e30, tl.float32)
             total = tl.zeros((BR,), tl.float32)
             acc = tl.zeros((BR, D), tl.float32)
-            if PIPELINE:  # the next block's loads in flight while this one is folded in
-                for t0 in range(0, pos, BT):
-                    k_next, v_next, tm_next = _cache_block(kc, vc, t0 + BT, pos, c_pos, BT, D)
-                    best, total, acc = _fold_cache_block(q, k, v, tm, scale, best, total, acc, PREC)
-                    k, v, tm = k_next, v_next, tm_next
-            else:
-                for t0 in range(0, pos, BT):  # the cache, written by earlier steps
-                    k, v, tm = _cache_block(kc, vc, t0, pos, c_pos, BT, D)
-                    best, total, acc = _fold_cache_block(q, k, v, tm, scale, best, total, acc, PREC)
+            for t0 in range(0, pos, BT):  # the next block's loads in flight while this one is folded in
+                k_next, v_next, tm_next = _cache_block(kc, vc, t0 + BT, pos, c_pos, BT, D)
+                best, total, acc = _fold_cache_block(q, k, v, tm, scale, best, total, acc, PREC)
+                k, v, tm = k_next, v_next, tm_next
             s = tl.dot(q, tl.trans(k_new.to(k_cache.dtype.element_ty)), out_dtype=tl.float32, input_precision=PREC)
             s = tl.where(sees != 0, s * scale, -1.0e30)
             best, total, acc = _online_softmax(s, v_new.to(v_cache.dtype.element_ty), best, total, acc, PREC)

@@ -90,7 +90,7 @@ def pack_llama(model) -> PackedDecoder:
 
 
 def kernel_constants(s: DecoderShape, rows: int, tiles: Tiles, captured: int, block_l: int, block_t: int,
-                     dtype: torch.dtype, trace: bool, pipeline: bool = False) -> dict:
+                     dtype: torch.dtype, trace: bool) -> dict:
     """The kernel's compile-time constants for this shape, row count and tiling."""
     (h1, h2), (q1, q2), (i1, i2) = split_pow2(s.hidden), split_pow2(s.heads * s.head_dim), split_pow2(s.intermediate)
     block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
@@ -101,7 +101,7 @@ def kernel_constants(s: DecoderShape, rows: int, tiles: Tiles, captured: int, bl
         TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down),
         HC=chunk(h2), QC=chunk(q2), IC=chunk(i2),
         BL=block_l, BT=block_t, BTILES=block(-(-s.vocab // tiles.lm_head)),
-        PREC="ieee" if dtype == torch.float32 else "tf32", PIPELINE=pipeline, TRACE=trace)
+        PREC="ieee" if dtype == torch.float32 else "tf32", TRACE=trace)
 
 
 class PersistentStep:
@@ -110,7 +110,7 @@ class PersistentStep:
 
     def __init__(self, packed: PackedDecoder, rows: int, programs: int, tiles: Tiles = Tiles(),
                  block_l: int = 32, block_t: int = 128, num_warps: int = 8,
-                 trace: bool = False, capture: tuple[int, ...] = (), pipeline: bool = False):
+                 trace: bool = False, capture: tuple[int, ...] = ()):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"a persistent step takes 1..{MAX_ROWS} rows, not {rows}")
         s, dev = packed.shape, packed.embed.device
@@ -158,7 +158,7 @@ class PersistentStep:
         self.capture = torch.tensor(bits, dtype=torch.int32, device=dev)
         self.trace = torch.zeros(len(self.schedule.items), 3, dtype=torch.int64, device=dev) if trace else None
         self.meta = dict(kernel_constants(s, rows, tiles, len(capture), block_l, block_t, packed.embed.dtype,
-                                          trace, pipeline), num_warps=num_warps)
+                                          trace), num_warps=num_warps)
 
     def __call__(self, ids: torch.Tensor, pos: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int = 0,
                  positions: torch.Tensor | None = None, row_mask: torch.Tensor | None = None):
