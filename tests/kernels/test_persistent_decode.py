@@ -126,6 +126,36 @@ def test_tree_rows_in_another_slot_equal_the_reference_executor(tiny):
     assert step.counters_complete()
 
 
+@pytest.mark.parametrize("rows", [1, 4])
+def test_every_program_relaunch_gives_the_same_bits(tmp_path, device, rows):
+    """On a GPU, with a program per SM and SmolLM2-135M's shape (random bf16 weights): a step relaunched on the
+    same inputs, after the same inputs or after others, gives the same logits and cache bits. (Where a tensor
+    is smaller than a program's threads, the 1-row step read stale words until each thread checked its own.)"""
+    if device != "cuda":
+        pytest.skip("the interpreter runs one program at a time: no program reads another's words mid-step")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                   num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=512,
+                                   rope_theta=ROPE_THETA, tie_word_embeddings=True)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    model = load_model(tmp_path, "bf16", device)
+    runner = ModelRunner(model, num_slots=1, max_len=256, device=device)
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, cfg.vocab_size, (1, 200), generator=g).to(device)
+    runner.forward(prompt, torch.arange(200, device=device)[None], [0], [0])
+    k, v = runner.kv.k, runner.kv.v
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    step = PersistentStep(pack_llama(model), rows, programs=sms)
+    ids, other = (torch.randint(0, cfg.vocab_size, (rows,), generator=g).to(device, torch.int32) for _ in range(2))
+    first = step(ids, 200, k, v)[0].clone()
+    k_first, v_first = k.clone(), v.clone()
+    for i in range(20):
+        if i % 2:
+            step(other, 200, k, v)
+        assert torch.equal(step(ids, 200, k, v)[0], first), i
+        assert torch.equal(k, k_first) and torch.equal(v, v_first), i
+
+
 def test_the_kernel_compiles_for_sm90_without_spills():
     """Triton's interpreter runs programs its compiler rejects (a name bound to two types in two branches):
     the kernel compiles for sm_90 at 1 and 8 rows, 8 warps x its registers fit one program per SM, and the

@@ -5,12 +5,37 @@ epoch in the high half. An 8-byte store is seen whole, so a reader that sees thi
 sees this step's value in it: a consumer polls the data itself until every word it needs carries the
 epoch, with no counter, release fence or second load between a producer's store and its use, and no
 buffer needs clearing between steps (the next step's epoch is new).
+
+A poll's loop ends on a reduction of what the program loaded, but where a tensor is smaller than the
+program's threads, several threads hold copies of one word, and the reduction sees one copy: another thread
+may leave the loop holding a stale copy (a 1-row step read stale words this way on an H100). So on a GPU
+each thread then checks its own copies and reloads any stale one until it carries the epoch (_fresh).
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+INTERPRETED = tl.constexpr(triton.knobs.runtime.interpret)  # as triton.jit decides: one thread per program
+
+# $0 = $1 unless the mask ($3) is set and $1's high half is not the epoch ($4): then reloaded from the word's
+# address ($2), bypassing L1, until it is. PTX labels are local to the braces.
+_RELOAD_STALE = tl.constexpr("""{
+.reg .pred stale;
+.reg .b32 wlo, whi;
+mov.b64 $0, $1;
+mov.b64 {wlo, whi}, $0;
+setp.ne.s32 stale, whi, $4;
+setp.ne.and.s32 stale, $3, 0, stale;
+@!stale bra FRESH;
+RELOAD:
+ld.volatile.global.b64 $0, [$2];
+mov.b64 {wlo, whi}, $0;
+setp.ne.s32 stale, whi, $4;
+@stale bra RELOAD;
+FRESH:
+}""")
 
 
 @triton.jit
@@ -44,6 +69,17 @@ def _value(p):
 
 
 @triton.jit
+def _fresh(p, ptrs, mask, ep):
+    """p with every masked word this thread holds carrying epoch ep: a stale copy is reloaded until it does."""
+    if INTERPRETED:
+        return p
+    else:
+        return tl.inline_asm_elementwise(_RELOAD_STALE, "=l,l,l,r,r",
+                                         [p, ptrs.to(tl.int64), mask.to(tl.int32), mask.to(tl.int32) * 0 + ep],
+                                         dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
 def await_both(ptrs1, mask1, ptrs2, mask2, ep):
     """The fp32 values at ptrs1 and ptrs2 (pack's words, which other programs write this step) once every
     masked word carries epoch ep: the reader polls the data itself, with no counter, fence or second load
@@ -55,7 +91,7 @@ def await_both(ptrs1, mask1, ptrs2, mask2, ep):
     while _stale(p1, mask1, ep) + _stale(p2, mask2, ep) > 0:
         p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
         p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
-    return _value(p1), _value(p2)
+    return _value(_fresh(p1, ptrs1, mask1, ep)), _value(_fresh(p2, ptrs2, mask2, ep))
 
 
 @triton.jit
@@ -68,4 +104,5 @@ def await_three(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep):
         p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
         p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
         p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
-    return _value(p1), _value(p2), _value(p3)
+    return (_value(_fresh(p1, ptrs1, mask1, ep)), _value(_fresh(p2, ptrs2, mask2, ep)),
+            _value(_fresh(p3, ptrs3, mask3, ep)))
