@@ -62,6 +62,7 @@ def mla_draft(hidden=H, vocab=V, draft_vocab=VD, variant="low-rank-q", seed=0, *
     return randomize(Eagle3Draft(cfg, max_positions=1024), seed)
 
 
+@torch.no_grad()  # a loaded draft is frozen, a new one is not: autograd may pick other CPU kernels
 def draft_logits(draft, T=7, seed=0):
     g = torch.Generator().manual_seed(seed)
     emb = torch.randn(1, T, H, generator=g)
