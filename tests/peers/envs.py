@@ -121,13 +121,14 @@ def free_port() -> int:
 @contextlib.contextmanager
 def vllm_server(model: str, *args: str, log: Path, kv_space_gib: int = 1, timeout: float = 600.0):
     """`vllm serve MODEL ARGS` from the cached venv, small and fp32 (CPU KV cache of kv_space_gib GiB, eager), with
-    tests/peers on its path (for the CPU hidden-states connector); yields its base URL, stops it on exit."""
+    tests/peers on its path (for the CPU hidden-states connector); yields its base URL, stops it on exit. The
+    engine core runs inside the API server's process: one start of Python, torch and vLLM, not two."""
     import httpx
 
     python = peer_python("vllm")
     port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib), "PYTHONPATH": str(Path(__file__).parent),
-           "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+           "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     cmd = [python, "-m", "vllm.entrypoints.cli.main", "serve", model, "--dtype", "float32", "--max-model-len", "2048",
            "--enforce-eager", "--host", "127.0.0.1", "--port", str(port), *args]
     with open(log, "w") as out:
