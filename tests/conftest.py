@@ -109,6 +109,28 @@ def _one_intra_op_thread():
 _one_intra_op_thread()
 
 
+_peer_build = None  # the background build of the peers' venvs (tests/peers/envs.py), when one runs
+
+
+def pytest_collection_finish(session):
+    """Where peer tests are selected, their venvs build in a background process while the tests before them run
+    (one torch thread here leaves a core to pip): on a fresh machine that is a minute and a half of installs."""
+    global _peer_build
+    peers = os.path.join(os.path.dirname(__file__), "peers")
+    if any(str(item.path).startswith(peers + os.sep) for item in session.items):
+        from tests.peers.envs import build_in_background
+
+        _peer_build = build_in_background()
+
+
+def pytest_sessionfinish(session):
+    if _peer_build is not None and _peer_build.poll() is None:  # a run stopped early: no build left behind
+        from tests.helpers import stop_process_group
+
+        with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+            stop_process_group(_peer_build, timeout=10)
+
+
 @pytest.fixture(scope="session")
 def demo_dir():
     """The converted SmolLM2 demo checkpoint (float32), converted once per test session."""

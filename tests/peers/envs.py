@@ -110,6 +110,18 @@ def peer_python(name: str) -> str:
     return str(python)
 
 
+def build_in_background() -> subprocess.Popen | None:
+    """A process that builds every missing peer venv (in the order the tests need them) while other tests run;
+    None when all are built. A test that asks meanwhile waits on the build's lock; a build that failed is tried
+    again by the test, which then reports why."""
+    missing = [name for name, peer in PEERS.items() if not (CACHE / peer.folder / ".eyas-ready").exists()]
+    if not missing:
+        return None
+    code = f"from tests.peers.envs import peer_python\nfor name in {missing!r}:\n    peer_python(name)\n"
+    return subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 def free_port() -> int:
     import socket
 
