@@ -14,8 +14,8 @@ holding the GPU; each first launch is also polled against a deadline):
       device copy bandwidth;
   (c) with --trace, one traced launch of each at each --context: per op, how long items waited for their
       inputs, worked, and took to notice them after their last producer finished.
-Each variant is a tile set x warps per program x the cache columns attention reads per block x whether it
-loads the next block while folding one in. Prints markdown tables last.
+Each variant is a tile set x warps per program x the cache columns attention reads per block. Prints markdown
+tables last.
 --device cpu --tiny --random smoke-tests the script (W=1, Triton's interpreter).
 """
 

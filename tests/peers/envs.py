@@ -77,12 +77,17 @@ def _registry_reachable(python: str, requirement: str) -> bool:
     return subprocess.run([python, "-m", "pip", "index", "versions", package], capture_output=True).returncode == 0
 
 
+def _ready(peer: Peer) -> Path:
+    """The marker a venv gets once it imports: present, the venv is built."""
+    return CACHE / peer.folder / ".eyas-ready"
+
+
 def peer_python(name: str) -> str:
     """The python of the peer's venv, built on first use; skips only when the registry is unreachable."""
     peer = PEERS[name]
     venv = CACHE / peer.folder
     python = venv / "bin" / "python"
-    ready = venv / ".eyas-ready"
+    ready = _ready(peer)
     if ready.exists():
         return str(python)
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -114,7 +119,7 @@ def build_in_background() -> subprocess.Popen | None:
     """A process that builds every missing peer venv (in the order the tests need them) while other tests run;
     None when all are built. A test that asks meanwhile waits on the build's lock; a build that failed is tried
     again by the test, which then reports why."""
-    missing = [name for name, peer in PEERS.items() if not (CACHE / peer.folder / ".eyas-ready").exists()]
+    missing = [name for name, peer in PEERS.items() if not _ready(peer).exists()]
     if not missing:
         return None
     code = f"from tests.peers.envs import peer_python\nfor name in {missing!r}:\n    peer_python(name)\n"
