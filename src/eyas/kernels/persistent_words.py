@@ -19,15 +19,16 @@ import triton.language as tl
 
 INTERPRETED = tl.constexpr(triton.knobs.runtime.interpret)  # as triton.jit decides: one thread per program
 
-# $0 = $1 unless the mask ($3) is set and $1's high half is not the epoch ($4): then reloaded from the word's
-# address ($2), bypassing L1, until it is. PTX labels are local to the braces.
+# $0 = $1 unless the mask ($3, a predicate) is set and $1's high half is not the epoch ($4, one register for
+# all words): then reloaded from the word's address ($2), bypassing L1, until it is. PTX labels are local to
+# the braces. The mask as a predicate, not an int32 per word, keeps the 4-row step's spills down.
 _RELOAD_STALE = tl.constexpr("""{
 .reg .pred stale;
 .reg .b32 wlo, whi;
 mov.b64 $0, $1;
 mov.b64 {wlo, whi}, $0;
 setp.ne.s32 stale, whi, $4;
-setp.ne.and.s32 stale, $3, 0, stale;
+and.pred stale, stale, $3;
 @!stale bra FRESH;
 RELOAD:
 ld.volatile.global.b64 $0, [$2];
@@ -74,8 +75,8 @@ def _fresh(p, ptrs, mask, ep):
     if INTERPRETED:
         return p
     else:
-        return tl.inline_asm_elementwise(_RELOAD_STALE, "=l,l,l,r,r",
-                                         [p, ptrs.to(tl.int64), mask.to(tl.int32), mask.to(tl.int32) * 0 + ep],
+        return tl.inline_asm_elementwise(_RELOAD_STALE, "=l,l,l,b,r",
+                                         [p, ptrs.to(tl.int64), mask, ep],
                                          dtype=tl.int64, is_pure=False, pack=1)
 
 
