@@ -32,20 +32,14 @@ PROMPT = 100
 
 
 def random_model(tiny: bool) -> str:
-    import torch
-    import transformers
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+    from tests.helpers import smollm2_shaped_llama, tiny_llama
 
-    torch.manual_seed(0)
-    if tiny:
-        cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                       rope_theta=100000.0, tie_word_embeddings=True)
-    else:  # SmolLM2-135M's shape
-        cfg = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
-                                       rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
     path = tempfile.mkdtemp(prefix="eyas-bench-persistent-")
-    transformers.LlamaForCausalLM(cfg).save_pretrained(path)
+    if tiny:
+        tiny_llama(path, vocab=256, layers=2, hidden=64, rope_theta=100000.0, tie_word_embeddings=True)
+    else:
+        smollm2_shaped_llama(path)
     return path
 
 

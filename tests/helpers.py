@@ -20,6 +20,18 @@ def tiny_llama(path, vocab=64, layers=5, hidden=64, seed=0, **kw):
     return model
 
 
+def smollm2_shaped_llama(path, seed=0):
+    """Random weights in SmolLM2-135M's shape (30 layers, 9 query heads over 3 KV heads, tied embeddings): for
+    what depends on the demo target's sizes and not its weights, such as a kernel's schedule or timing."""
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                   num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                                   rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(cfg)
+    model.save_pretrained(path)
+    return model
+
+
 def random_draft(target_hidden: int, vocab: int, draft_vocab: int | None = None, seed=0, head_dim=16) -> Eagle3Draft:
     torch.manual_seed(seed)
     draft_vocab = draft_vocab or vocab

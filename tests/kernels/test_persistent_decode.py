@@ -13,6 +13,7 @@ from eyas.kernels.persistent_step import PersistentStep, expected_counts, item_t
 from eyas.kernels.persistent_reference import PersistentReference
 from eyas.kernels.persistent_schedule import Tiles, build_schedule
 from eyas.models.loader import load_model
+from tests.helpers import smollm2_shaped_llama
 
 TILES = Tiles(qkv=4, o_proj=16, gate_up=32, down=16, lm_head=64)  # several tiles per op at this size
 PROMPT = 10
@@ -133,20 +134,16 @@ def test_every_program_relaunch_gives_the_same_bits(tmp_path, device, rows):
     is smaller than a program's threads, the 1-row step read stale words until each thread checked its own.)"""
     if device != "cuda":
         pytest.skip("the interpreter runs one program at a time: no program reads another's words mid-step")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                                   num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=512,
-                                   rope_theta=ROPE_THETA, tie_word_embeddings=True)
-    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    vocab = smollm2_shaped_llama(tmp_path).config.vocab_size
     model = load_model(tmp_path, "bf16", device)
     runner = ModelRunner(model, num_slots=1, max_len=256, device=device)
     g = torch.Generator().manual_seed(2)
-    prompt = torch.randint(0, cfg.vocab_size, (1, 200), generator=g).to(device)
+    prompt = torch.randint(0, vocab, (1, 200), generator=g).to(device)
     runner.forward(prompt, torch.arange(200, device=device)[None], [0], [0])
     k, v = runner.kv.k, runner.kv.v
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     step = PersistentStep(pack_llama(model), rows, programs=sms)
-    ids, other = (torch.randint(0, cfg.vocab_size, (rows,), generator=g).to(device, torch.int32) for _ in range(2))
+    ids, other = (torch.randint(0, vocab, (rows,), generator=g).to(device, torch.int32) for _ in range(2))
     first = step(ids, 200, k, v)[0].clone()
     k_first, v_first = k.clone(), v.clone()
     for i in range(20):
