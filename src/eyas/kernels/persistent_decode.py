@@ -87,18 +87,19 @@ def _row_blocks(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.con
 
 
 @triton.jit
-def _rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ep):
+def _rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ep, NAP: tl.constexpr):
     """Rows src[offs[i] : offs[i] + K] of packed words written this step, awaited, as fp32 blocks
     [K1 // KC, BR, KC], [K2 // KC, BR, KC]; rows outside `rm` are 0."""
     p1, m1, p2, m2 = _row_blocks(src, offs, rm, K, K1, K2, KC)
-    return await_both(p1, m1, p2, m2, ep)
+    return await_both(p1, m1, p2, m2, ep, NAP)
 
 
 @triton.jit
-def _rows_and(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ptrs, mask, ep):
+def _rows_and(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ptrs, mask, ep,
+              NAP: tl.constexpr):
     """_rows, and the words at ptrs (where mask), in the same poll."""
     p1, m1, p2, m2 = _row_blocks(src, offs, rm, K, K1, K2, KC)
-    return await_three(p1, m1, p2, m2, ptrs, mask, ep)
+    return await_three(p1, m1, p2, m2, ptrs, mask, ep, NAP)
 
 
 @triton.jit
@@ -147,12 +148,12 @@ def _block_product(x, w, PREC: tl.constexpr):
 
 @triton.jit
 def _stream_rows(h_in, embed, ids, rows, rm, layer, nw1, nw2, eps, H, H1: tl.constexpr, H2: tl.constexpr,
-                 HC: tl.constexpr, ep):
+                 HC: tl.constexpr, ep, NAP: tl.constexpr):
     """The step's rows of the stream entering `layer`, normalized: at layer 0 the tokens' embedding rows."""
     if layer == 0:
         x1, x2 = _embedding_rows(embed, ids, rows, rm, H, H1, H2, HC)
     else:
-        x1, x2 = _rows(h_in, rows * H, rm, H, H1, H2, HC, ep)
+        x1, x2 = _rows(h_in, rows * H, rm, H, H1, H2, HC, ep, NAP)
     return _normed(x1, x2, nw1, nw2, eps, H)
 
 
@@ -168,7 +169,7 @@ def persistent_step_kernel(
         H1: tl.constexpr, H2: tl.constexpr, Q1: tl.constexpr, Q2: tl.constexpr, I1: tl.constexpr,
         I2: tl.constexpr, TQ: tl.constexpr, BQ: tl.constexpr, BO: tl.constexpr, BG: tl.constexpr,
         BD: tl.constexpr, HC: tl.constexpr, QC: tl.constexpr, IC: tl.constexpr, BL: tl.constexpr,
-        BT: tl.constexpr, BTILES: tl.constexpr, PREC: tl.constexpr, TRACE: tl.constexpr):
+        BT: tl.constexpr, BTILES: tl.constexpr, PREC: tl.constexpr, NAP: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     W = tl.num_programs(0)
     REP: tl.constexpr = NH // KV
@@ -206,7 +207,7 @@ def persistent_step_kernel(
             sl = tl.load(sin + p + c[None, :], mask=rm, other=0.0)
             ch = tl.load(cos + p + HALF + c[None, :], mask=rm, other=0.0)
             sh = tl.load(sin + p + HALF + c[None, :], mask=rm, other=0.0)
-            x1, x2 = _stream_rows(h_in, embed, ids, rows, rmask, layer, nw1, nw2, eps, H, H1, H2, HC, ep)
+            x1, x2 = _stream_rows(h_in, embed, ids, rows, rmask, layer, nw1, nw2, eps, H, H1, H2, HC, ep, NAP)
             _stamp(trace, it, 1, TRACE)
             lo = _product(x1, x2, lo1, lo2, PREC)
             hi = _product(x1, x2, hi1, hi2, PREC)
@@ -243,7 +244,7 @@ def persistent_step_kernel(
                            mask=rmask[:, None] & (j < R)[None, :], other=0)
             k, v, tm = _cache_block(kc, vc, 0, pos, c_pos, BT, D)  # nor does the cache, written by earlier steps
             q, k_new, v_new = await_three(q_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], m,
-                                          kv_new + at, jm, kv_new + at + KV * NEW_ROWS * D, jm, ep)
+                                          kv_new + at, jm, kv_new + at + KV * NEW_ROWS * D, jm, ep, NAP)
             _stamp(trace, it, 1, TRACE)
             q = q.to(k_cache.dtype.element_ty)
             best = tl.full((BR,), -1.0e30, tl.float32)
@@ -267,10 +268,10 @@ def persistent_step_kernel(
             if layer == 0:  # the residual is the tokens' embedding rows
                 tok = tl.load(ids + rows, mask=rmask, other=0).to(tl.int64)
                 res = tl.load(embed + tok[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
-                x1, x2 = _rows(attn_buf, rows * QW, rmask, QW, Q1, Q2, QC, ep)
+                x1, x2 = _rows(attn_buf, rows * QW, rmask, QW, Q1, Q2, QC, ep, NAP)
             else:
                 x1, x2, res = _rows_and(attn_buf + layer * R * QW, rows * QW, rmask, QW, Q1, Q2, QC,
-                                        h_in + rows[:, None] * H + cols[None, :], m, ep)
+                                        h_in + rows[:, None] * H + cols[None, :], m, ep, NAP)
             _stamp(trace, it, 1, TRACE)
             y = _product(x1, x2, w1, w2, PREC) + res
             tl.store(h_in + R * H + rows[:, None] * H + cols[None, :], packed(y, ep), mask=m)
@@ -279,7 +280,7 @@ def persistent_step_kernel(
             g1, g2 = _tile(wl, H, a, b, H, BG, H1, H2, HC)
             u1, u2 = _tile(wl, H, I + a, I + b, H, BG, H1, H2, HC)
             nw1, nw2 = _norm_weights(mlp_norm_w + layer * H, H, H1, H2, HC)
-            x1, x2 = _rows(h_in + R * H, rows * H, rmask, H, H1, H2, HC, ep)
+            x1, x2 = _rows(h_in + R * H, rows * H, rmask, H, H1, H2, HC, ep, NAP)
             _stamp(trace, it, 1, TRACE)
             x1, x2 = _normed(x1, x2, nw1, nw2, eps, H)
             cols = a + tl.arange(0, BG)
@@ -293,7 +294,7 @@ def persistent_step_kernel(
             m = rmask[:, None] & (cols < b)[None, :]
             taken = tl.load(capture + layer + 1)  # bit j: feature j is the stream entering layer + 1
             x1, x2, res = _rows_and(act_buf + layer * R * I, rows * I, rmask, I, I1, I2, IC,
-                                    h_in + R * H + rows[:, None] * H + cols[None, :], m, ep)
+                                    h_in + R * H + rows[:, None] * H + cols[None, :], m, ep, NAP)
             _stamp(trace, it, 1, TRACE)
             y = _product(x1, x2, w1, w2, PREC) + res
             tl.store(h_in + 2 * R * H + rows[:, None] * H + cols[None, :], packed(y, ep), mask=m)
@@ -303,7 +304,7 @@ def persistent_step_kernel(
                              y.to(features.dtype.element_ty), mask=m)
         elif op == 5:  # lm_head tile [a, b) of final_norm(h[2L]), and the tile's maximum per row
             nw1, nw2 = _norm_weights(final_norm_w, H, H1, H2, HC)
-            x1, x2 = _rows(h_buf + 2 * L * R * H, rows * H, rmask, H, H1, H2, HC, ep)
+            x1, x2 = _rows(h_buf + 2 * L * R * H, rows * H, rmask, H, H1, H2, HC, ep, NAP)
             _stamp(trace, it, 1, TRACE)
             x1, x2 = _normed(x1, x2, nw1, nw2, eps, H)
             best = tl.full((BR,), float("-inf"), tl.float32)
@@ -326,7 +327,7 @@ def persistent_step_kernel(
             tc = tl.arange(0, BTILES)
             m = rmask[:, None] & (tc[None, :] < n_lm_tiles)
             at = rows[:, None] * n_lm_tiles + tc[None, :]
-            tops, ats = await_both(tile_max + at, m, tile_arg + at, m, ep)
+            tops, ats = await_both(tile_max + at, m, tile_arg + at, m, ep, NAP)
             tops = tl.where(m, tops, float("-inf"))
             ats = ats.to(tl.int32, bitcast=True)
             _stamp(trace, it, 1, TRACE)

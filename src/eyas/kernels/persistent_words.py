@@ -39,6 +39,19 @@ FRESH:
 }""")
 
 
+# 100 ns of PTX nanosleep between a poll's rounds, then $0 = $1 (a result keeps the sleep in place).
+_NAP = tl.constexpr("nanosleep.u32 100;\nmov.b32 $0, $1;")
+
+
+@triton.jit
+def _nap(ep):
+    """ep, after 100 ns of sleep on a GPU: a poll that naps between rounds loads L2 less while it waits."""
+    if INTERPRETED:
+        return ep
+    else:
+        return tl.inline_asm_elementwise(_NAP, "=r,r", [ep], dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit
 def pack(bits, ep):
     """int64 words of a 32-bit payload (int32; an fp32 value bitcast) and the step's epoch in the high half: an
@@ -81,27 +94,32 @@ def _fresh(p, ptrs, mask, ep):
 
 
 @triton.jit
-def await_both(ptrs1, mask1, ptrs2, mask2, ep):
+def await_both(ptrs1, mask1, ptrs2, mask2, ep, NAP: tl.constexpr):
     """The fp32 values at ptrs1 and ptrs2 (pack's words, which other programs write this step) once every
     masked word carries epoch ep: the reader polls the data itself, with no counter, fence or second load
     between a producer's store and its use; volatile loads bypass the SM's non-coherent L1. Both tensors are
     polled in one loop, so the pair costs one round trip to L2 (a poll's exit depends on its data, so two
-    polls in turn would be serial); an item polls all its inputs at once."""
+    polls in turn would be serial); an item polls all its inputs at once. With NAP it sleeps 100 ns between
+    rounds."""
     p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
     p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
     while _stale(p1, mask1, ep) + _stale(p2, mask2, ep) > 0:
+        if NAP:
+            ep = _nap(ep)
         p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
         p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
     return _value(_fresh(p1, ptrs1, mask1, ep)), _value(_fresh(p2, ptrs2, mask2, ep))
 
 
 @triton.jit
-def await_three(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep):
+def await_three(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep, NAP: tl.constexpr):
     """await_both of three tensors."""
     p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
     p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
     p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
     while _stale(p1, mask1, ep) + _stale(p2, mask2, ep) + _stale(p3, mask3, ep) > 0:
+        if NAP:
+            ep = _nap(ep)
         p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
         p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
         p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
