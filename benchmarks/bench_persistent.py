@@ -5,7 +5,8 @@ Usage: python benchmarks/bench_persistent.py [--random] [--programs N] [--rows 1
        [--device cpu --tiny]
 
 In one child process (killed after --timeout seconds, so a deadlocked kernel ends with a message instead of
-holding the GPU; each first launch is also polled against a deadline):
+holding the GPU; each first launch is also polled against a deadline, past which the launch's counters that
+had not reached their targets are read while it runs and named):
   (a) correctness: after a ~100-token prompt prefilled by eyas's engine path, the persistent step's logits vs
       eyas's plain forward at 1 and 4 rows (max abs diff, argmax equal), cache rows included;
   (b) timing (CUDA events, median of --reps): the persistent step, captured in a CUDA graph, at each of --rows
@@ -43,15 +44,39 @@ def random_model(tiny: bool) -> str:
     return path
 
 
-def wait_or_die(event, deadline_s: float, what: str) -> None:
-    """Poll a recorded CUDA event; exit the process with a clear message if it is not done by the deadline."""
+def wait_or_die(event, deadline_s: float, what: str, step=None) -> None:
+    """Poll a recorded CUDA event; exit the process with a clear message if it is not done by the deadline,
+    naming the step's counters that had not reached their targets (read while the launch still runs)."""
     t0 = time.time()
     while not event.query():
         if time.time() - t0 > deadline_s:
             print(f"HANG: {what} did not finish within {deadline_s:.0f} s (a counter never reached its target); "
                   "exiting", flush=True)
+            counts = None if step is None else counters_mid_launch(step.counters)
+            if counts is not None:
+                print("HANG: short counters: " + ", ".join(step.short_counters(counts)), flush=True)
             os._exit(3)
         time.sleep(0.01)
+
+
+def counters_mid_launch(counters, timeout_s: float = 5.0):
+    """A host copy of a running launch's counters, copied on a stream of its own (PyTorch's streams do not
+    wait for the default stream), or None if the copy does not finish within timeout_s."""
+    import torch
+
+    host = torch.empty(counters.shape, dtype=counters.dtype, pin_memory=True)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        host.copy_(counters, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(side)
+    t0 = time.time()
+    while not done.query():
+        if time.time() - t0 > timeout_s:
+            print("HANG: the counters could not be read while the launch runs", flush=True)
+            return None
+        time.sleep(0.01)
+    return host
 
 
 def run(args) -> None:
@@ -113,7 +138,7 @@ def run(args) -> None:
         if cuda:
             done = torch.cuda.Event()
             done.record()
-            wait_or_die(done, args.deadline, f"the first persistent launch of {R} rows ({v})")
+            wait_or_die(done, args.deadline, f"the first persistent launch of {R} rows ({v})", steps[R, v])
         diff = (logits - want).abs().max().item()
         cache = max((kv.k - k_want).abs().max().item(), (kv.v - v_want).abs().max().item())
         same = bool(torch.equal(tokens, want.argmax(-1)))
@@ -151,13 +176,13 @@ def run(args) -> None:
             launch()  # compiles for these inputs' types outside the graph's capture
             done = torch.cuda.Event()
             done.record()
-            wait_or_die(done, args.deadline, f"the persistent launch of {R} rows ({v})")
+            wait_or_die(done, args.deadline, f"the persistent launch of {R} rows ({v})", steps[R, v])
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 launch()
             graph.replay()
             done.record()
-            wait_or_die(done, args.deadline, f"the graphed persistent step of {R} rows ({v})")
+            wait_or_die(done, args.deadline, f"the graphed persistent step of {R} rows ({v})", steps[R, v])
             launch = graph.replay
         ms = median_ms(launch, reps=args.reps, cuda=cuda)
         if not steps[R, v].counters_complete():
@@ -207,7 +232,7 @@ def run(args) -> None:
                         traced(ids[0].to(torch.int32), at, kv.k, kv.v)
                         done = torch.cuda.Event()
                         done.record()
-                        wait_or_die(done, args.deadline, f"the traced launch of {R} rows ({v})")
+                        wait_or_die(done, args.deadline, f"the traced launch of {R} rows ({v})", traced)
                     for op in trace_summary(traced):
                         print(f"| {at} | {R} | {name(v)} | {op['op']} | {op['items']} | {op['wait_us']:.2f} | "
                               f"{op['work_us']:.2f} | {op['notice_us']:.2f} | {op['last_done_us']:.1f} |")

@@ -5,10 +5,10 @@ Usage: python benchmarks/persistent_registers.py [--rows 1,4,8] [--warps 4,8] [-
 
 Compiles eyas.kernels.persistent_decode's kernel for SmolLM2-135M's shape in bf16 with the three EAGLE-3
 features written (the constexprs PersistentStep passes, and the divisibility the JIT infers from an engine
-launch's arguments) with Triton for compute capability 9.0, and runs
-Triton's own ptxas with --verbose on the PTX. One program per SM must fit: warps x 32 x registers at most
-65,536, and a spill costs local-memory traffic inside every item. These are the compiler's counts, not
-timings. Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run, accepts
+launch's arguments) with Triton for compute capability 9.0, and runs Triton's own ptxas with --verbose on the
+PTX. One program per SM must fit: warps x 32 x registers at most 65,536, and a spill costs local-memory traffic
+inside every item. The last column says whether the PTX sleeps between poll rounds (a 1-row step's do). These
+are the compiler's counts, not timings. Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run, accepts
 some programs the compiler rejects).
 """
 
@@ -78,7 +78,9 @@ def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool, block_t: int 
     t0 = time.time()
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=divisibility(sig)),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    return {"rows": rows, "warps": warps, "trace": trace, "compile_s": time.time() - t0, **counts(compiled.asm["ptx"])}
+    ptx = compiled.asm["ptx"]
+    return {"rows": rows, "warps": warps, "trace": trace, "compile_s": time.time() - t0, "naps": "nanosleep" in ptx,
+            **counts(ptx)}
 
 
 def main(argv=None) -> int:
@@ -100,14 +102,15 @@ def main(argv=None) -> int:
         print("persistent_registers: error: --rows, --warps and --tiles take comma-separated integers "
               "(--tiles five of them)", file=sys.stderr)
         return 2
-    print("| rows | warps | trace | registers | spill bytes | fits one program per SM | compile s | block_t |")
-    print("| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: |")
+    print("| rows | warps | trace | registers | spill bytes | fits one program per SM | compile s | block_t "
+          "| polls nap |")
+    print("| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | --- |")
     for r in rows:
         for w in warps:
             c = compile_step(r, w, tiles, args.trace, args.block_t)
             fits = w * 32 * (c["registers"] or 0) <= 65536
             print(f"| {r} | {w} | {args.trace} | {c['registers']} | {c['spill_store_bytes']} | {fits} "
-                  f"| {c['compile_s']:.1f} | {args.block_t} |", flush=True)
+                  f"| {c['compile_s']:.1f} | {args.block_t} | {c['naps']} |", flush=True)
     return 0
 
 

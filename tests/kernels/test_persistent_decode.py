@@ -155,8 +155,8 @@ def test_every_program_relaunch_gives_the_same_bits(tmp_path, device, rows):
 
 def test_the_kernel_compiles_for_sm90_without_spills():
     """Triton's interpreter runs programs its compiler rejects (a name bound to two types in two branches):
-    the kernel compiles for sm_90 at 1 and 8 rows, 8 warps x its registers fit one program per SM, and the
-    1-row step spills nothing."""
+    the kernel compiles for sm_90 at 1 and 8 rows, 8 warps x its registers fit one program per SM, the
+    1-row step spills nothing, and only its polls nap."""
     import os
     import subprocess
     import sys
@@ -170,3 +170,16 @@ def test_the_kernel_compiles_for_sm90_without_spills():
     assert [int(r[0]) for r in rows] == [1, 8]
     assert all(r[5].strip() == "True" for r in rows), rows  # one program per SM fits
     assert int(rows[0][4]) == 0, rows[0]  # the plain step spills nothing
+    assert [r[8].strip() for r in rows] == ["True", "False"], rows
+
+
+def test_short_counters_name_where_an_unfinished_launch_stopped(tiny):
+    hf, model, ids = tiny
+    step = PersistentStep(pack_llama(model), 1, programs=1, tiles=TILES, block_l=16, block_t=16)
+    counts = step.expected.cpu().clone()
+    assert step.short_counters(counts) == []
+    names = step.schedule.counters
+    counts[names.index("attend[1]")] -= 1
+    counts[names.index("argmax")] = 0
+    want = step.expected[names.index("attend[1]")].item()
+    assert step.short_counters(counts) == [f"attend[1] {want - 1} of {want}", "argmax 0 of 1"]

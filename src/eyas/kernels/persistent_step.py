@@ -206,6 +206,12 @@ class PersistentStep:
         """Whether every counter ended at the number of items that signal it (a finished step)."""
         return bool(torch.equal(self.counters, self.expected))
 
+    def short_counters(self, counts: torch.Tensor) -> list[str]:
+        """The counters of `counts` (a copy of self.counters) below the number of items that signal them, as
+        'name got of expected': where an unfinished launch stopped, stage by stage and layer by layer."""
+        got, want = counts.tolist(), self.expected.tolist()
+        return [f"{name} {g} of {w}" for name, g, w in zip(self.schedule.counters, got, want) if g < w]
+
 
 def trace_summary(step: PersistentStep) -> list[dict]:
     """Where a traced step's time went, per op: how long its items waited for their inputs (from the item's
