@@ -9,11 +9,13 @@ import torch
 import transformers
 
 from eyas.engine.runner import ModelRunner
+from eyas.kernels.persistent_decode import OPS
 from eyas.kernels.persistent_step import PersistentStep, expected_counts, item_table, pack_llama
 from eyas.kernels.persistent_reference import PersistentReference
 from eyas.kernels.persistent_schedule import Tiles, build_schedule
 from eyas.models.loader import load_model
 from tests.helpers import smollm2_shaped_llama
+from tests.kernels.threaded_programs import ProgramsHung, concurrent_programs
 
 TILES = Tiles(qkv=4, o_proj=16, gate_up=32, down=16, lm_head=64)  # several tiles per op at this size
 PROMPT = 10
@@ -36,7 +38,7 @@ def tiny(tmp_path_factory, device):
     return hf, model, ids
 
 
-def run_both(model, ids, rows, tiles=TILES, block_t=16):
+def run_both(model, ids, rows, tiles=TILES, block_t=16, programs=1):
     """(persistent logits, tokens, its cache, eyas's logits, eyas's cache, the step) after a shared prefill."""
     dev = ids.device
     runner = ModelRunner(model, num_slots=1, max_len=64, device=dev)
@@ -45,7 +47,7 @@ def run_both(model, ids, rows, tiles=TILES, block_t=16):
     out = runner.forward(ids[:, PROMPT:PROMPT + rows], torch.arange(PROMPT, PROMPT + rows, device=dev)[None], [0],
                          [PROMPT])
     want = model.logits(out.hidden)[0]
-    step = PersistentStep(pack_llama(model), rows, programs=1, tiles=tiles, block_l=16, block_t=block_t)
+    step = PersistentStep(pack_llama(model), rows, programs=programs, tiles=tiles, block_l=16, block_t=block_t)
     logits, tokens = step(ids[0, PROMPT:PROMPT + rows].to(torch.int32), PROMPT, k, v)
     return logits, tokens, (k, v), want, (runner.kv.k, runner.kv.v), step
 
@@ -73,6 +75,36 @@ def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows, block_t):
     assert not torch.equal(k[:, 0, :, PROMPT:PROMPT + rows], torch.zeros_like(k[:, 0, :, PROMPT:PROMPT + rows]))
     assert step.counters_complete()
     assert step.counters.tolist() == expected_counts(step.schedule)
+
+
+@pytest.mark.parametrize("rows,programs", [(1, 4), (4, 7)])
+def test_programs_at_once_give_one_programs_bits(tiny, rows, programs):
+    """Several programs running at once (threads in Triton's interpreter), each polling the words the others
+    write: logits, tokens and cache rows bit for bit those of one program running every item in turn, and
+    every counter complete. (On a GPU the relaunch test below runs a program per SM.)"""
+    _, model, ids = tiny
+    if ids.device.type == "cuda":
+        pytest.skip("threads stand in for a GPU's programs only in the interpreter")
+    logits, tokens, (k, v), *_ = run_both(model, ids, rows)
+    with concurrent_programs():
+        got, got_tokens, (k_got, v_got), _, _, step = run_both(model, ids, rows, programs=programs)
+    assert torch.equal(got, logits) and torch.equal(got_tokens, tokens)
+    assert torch.equal(k_got, k) and torch.equal(v_got, v)
+    assert step.counters_complete()
+
+
+def test_a_poll_that_never_ends_is_reported(tiny):
+    """The threaded launch itself: programs left waiting for words no one writes are stopped and reported."""
+    _, model, ids = tiny
+    if ids.device.type == "cuda":
+        pytest.skip("threads stand in for a GPU's programs only in the interpreter")
+    step = PersistentStep(pack_llama(model), 1, programs=2, tiles=TILES, block_l=16, block_t=16)
+    # an o_proj item turned into a second argmax: it waits for LM-head tiles, which wait for its own tile
+    first_o_proj = next(i.index for i in step.schedule.items if i.op == "o_proj")
+    step.table[first_o_proj, 0] = OPS.index("argmax")
+    k = torch.zeros(2, 1, 2, 64, 16)  # [layers, slots, kv heads, positions, head_dim]
+    with concurrent_programs(deadline_s=10), pytest.raises(ProgramsHung, match="programs still ran"):
+        step(ids[0, :1].cpu().to(torch.int32), PROMPT, k, torch.zeros_like(k))
 
 
 def test_item_table_and_counter_targets_are_the_schedules(tiny):

@@ -1,0 +1,102 @@
+"""Triton's interpreter with a grid's programs running at once, one thread each, instead of one after another.
+
+The interpreter runs a grid's programs in turn, so a program that polls another's output would spin forever:
+the persistent step's CPU tests launch it with one program. Here every program runs in its own thread and
+the interpreter's program id is per thread, so programs poll each other's words while the GIL interleaves
+them: the kernel's cross-program waits, dealing and epoch words run on the CPU as on a GPU (its memory model
+aside). A launch whose programs have not all returned within the deadline raises ProgramsHung, after stopping
+them at their next load. This leans on the interpreter's internals (Triton 3.x's GridExecutor and
+InterpreterBuilder), as the tests that use it do on purpose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+
+import numpy as np
+import triton.language as tl
+from triton.runtime import interpreter
+
+_program = threading.local()  # this thread's program id and its launch's stop flag
+
+
+class ProgramsHung(RuntimeError):
+    pass
+
+
+def _set_grid_idx(builder, x, y, z):
+    _program.idx = (x, y, z)
+
+
+def _get_program_id(builder, axis):
+    return interpreter.TensorHandle(np.array([_program.idx[axis]], dtype=np.int32), tl.int32)
+
+
+def _stoppable(load):
+    def masked_load(builder, *args, **kwargs):
+        stop = getattr(_program, "stop", None)
+        if stop is not None and stop.is_set():
+            raise ProgramsHung("stopped: the launch passed its deadline")
+        return load(builder, *args, **kwargs)
+    return masked_load
+
+
+def _concurrent_call(deadline_s: float):
+    """GridExecutor.__call__ with one thread per program along the grid's first axis."""
+    def call(self, *args_dev, **kwargs):
+        spec = inspect.getfullargspec(self.fn)
+        kwargs = {k: v for k, v in kwargs.items() if k in spec.args or k in spec.kwonlyargs}
+        args_hst, kwargs_hst = self._init_args_hst(args_dev, kwargs)
+        scope = interpreter._patch_lang(self.fn)
+        try:
+            args = inspect.getcallargs(self.fn, *args_hst, **kwargs_hst)
+            args = {n: a if n in self.constexprs else interpreter._implicit_cvt(a) for n, a in args.items()}
+            grid = self.grid(args) if callable(self.grid) else self.grid
+            grid = tuple(grid) + (1,) * (3 - len(grid))
+            if grid[1:] != (1, 1):
+                raise ValueError(f"threaded programs take a one-dimensional grid, not {grid}")
+            interpreter.interpreter_builder.set_grid_dim(*grid)
+            stop, errors = threading.Event(), []
+
+            def program(x):
+                _program.idx, _program.stop = (x, 0, 0), stop
+                try:
+                    self.fn(**args)
+                except BaseException as e:  # noqa: BLE001  re-raised in the launching thread
+                    errors.append(e)
+                    stop.set()
+
+            threads = [threading.Thread(target=program, args=(x,), daemon=True) for x in range(grid[0])]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(deadline_s)
+            alive = sum(t.is_alive() for t in threads)
+            if alive:
+                stop.set()
+                for t in threads:
+                    t.join(30)
+                raise ProgramsHung(f"{alive} of {grid[0]} programs still ran after {deadline_s:.0f} s")
+            if errors:
+                raise errors[0]
+        finally:
+            scope.restore()
+        self._restore_args_dev(args_dev, args_hst, kwargs, kwargs_hst)
+    return call
+
+
+@contextlib.contextmanager
+def concurrent_programs(deadline_s: float = 120.0):
+    """Within the block, interpreted launches run their programs at once (one thread each)."""
+    builder, executor = interpreter.InterpreterBuilder, interpreter.GridExecutor
+    saved = (builder.set_grid_idx, builder.create_get_program_id, builder.create_masked_load, executor.__call__)
+    builder.set_grid_idx = _set_grid_idx
+    builder.create_get_program_id = _get_program_id
+    builder.create_masked_load = _stoppable(saved[2])
+    executor.__call__ = _concurrent_call(deadline_s)
+    try:
+        yield
+    finally:
+        builder.set_grid_idx, builder.create_get_program_id, builder.create_masked_load, executor.__call__ = saved
