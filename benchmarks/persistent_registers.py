@@ -3,13 +3,13 @@
 Usage: python benchmarks/persistent_registers.py [--rows 1,4,8] [--warps 4,8] [--tiles 16,16,16,16,384] [--trace]
        [--block-t 128]
 
-Compiles eyas.kernels.persistent_decode's kernel for SmolLM2-135M's shape in bf16 with the three EAGLE-3
-features written (the constexprs PersistentStep passes, and the divisibility the JIT infers from an engine
-launch's arguments) with Triton for compute capability 9.0, and runs Triton's own ptxas with --verbose on the
-PTX. One program per SM must fit: warps x 32 x registers at most 65,536, and a spill costs local-memory traffic
-inside every item. The last column says whether the PTX sleeps between poll rounds (a 1-row step's do). These
-are the compiler's counts, not timings. Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run, accepts
-some programs the compiler rejects).
+Compiles eyas.kernels.persistent_decode's kernel for SmolLM2-135M's shape in bf16 with the three EAGLE-3 features
+written (the constexprs PersistentStep passes, and the divisibility the JIT infers from an engine launch's
+arguments) with Triton for compute capability 9.0, and runs Triton's own ptxas with --verbose on the PTX. One
+program per SM must fit: warps x 32 x registers at most 65,536, and a spill costs local-memory traffic inside every
+item. The last column says whether the PTX sleeps between poll rounds (a 1-row step's do). These are the compiler's
+counts, not timings. Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run,
+accepts some programs the compiler rejects).
 """
 
 from __future__ import annotations
