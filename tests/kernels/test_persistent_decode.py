@@ -206,7 +206,8 @@ def test_the_kernel_compiles_for_sm90_without_spills():
 
 
 def test_short_counters_name_where_an_unfinished_launch_stopped(tiny):
-    hf, model, ids = tiny
+    """What a hung launch's counters say: each one short of its target, by name (op and layer)."""
+    _, model, ids = tiny
     step = PersistentStep(pack_llama(model), 1, programs=1, tiles=TILES, block_l=16, block_t=16)
     counts = step.expected.cpu().clone()
     assert step.short_counters(counts) == []
