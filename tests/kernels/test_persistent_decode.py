@@ -104,7 +104,7 @@ def test_a_poll_that_never_ends_is_reported(tiny):
     step.table[first_o_proj, 0] = OPS.index("argmax")
     k = torch.zeros(2, 1, 2, 64, 16)  # [layers, slots, kv heads, positions, head_dim]
     with concurrent_programs(deadline_s=10), pytest.raises(ProgramsHung, match="programs still ran"):
-        step(ids[0, :1].cpu().to(torch.int32), PROMPT, k, torch.zeros_like(k))
+        step(ids[0, :1].to(torch.int32), PROMPT, k, torch.zeros_like(k))
 
 
 def test_item_table_and_counter_targets_are_the_schedules(tiny):

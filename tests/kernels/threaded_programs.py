@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
+import time
 
 import numpy as np
 import triton.language as tl
@@ -24,10 +25,6 @@ _program = threading.local()  # this thread's program id and its launch's stop f
 
 class ProgramsHung(RuntimeError):
     pass
-
-
-def _set_grid_idx(builder, x, y, z):
-    _program.idx = (x, y, z)
 
 
 def _get_program_id(builder, axis):
@@ -71,8 +68,9 @@ def _concurrent_call(deadline_s: float):
             threads = [threading.Thread(target=program, args=(x,), daemon=True) for x in range(grid[0])]
             for t in threads:
                 t.start()
+            end = time.monotonic() + deadline_s  # one deadline for the launch, not one per program
             for t in threads:
-                t.join(deadline_s)
+                t.join(max(0.0, end - time.monotonic()))
             alive = sum(t.is_alive() for t in threads)
             if alive:
                 stop.set()
@@ -91,12 +89,11 @@ def _concurrent_call(deadline_s: float):
 def concurrent_programs(deadline_s: float = 120.0):
     """Within the block, interpreted launches run their programs at once (one thread each)."""
     builder, executor = interpreter.InterpreterBuilder, interpreter.GridExecutor
-    saved = (builder.set_grid_idx, builder.create_get_program_id, builder.create_masked_load, executor.__call__)
-    builder.set_grid_idx = _set_grid_idx
+    saved = (builder.create_get_program_id, builder.create_masked_load, executor.__call__)
     builder.create_get_program_id = _get_program_id
-    builder.create_masked_load = _stoppable(saved[2])
+    builder.create_masked_load = _stoppable(saved[1])
     executor.__call__ = _concurrent_call(deadline_s)
     try:
         yield
     finally:
-        builder.set_grid_idx, builder.create_get_program_id, builder.create_masked_load, executor.__call__ = saved
+        builder.create_get_program_id, builder.create_masked_load, executor.__call__ = saved
