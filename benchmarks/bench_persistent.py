@@ -5,8 +5,8 @@ Usage: python benchmarks/bench_persistent.py [--random] [--programs N] [--rows 1
        [--device cpu --tiny]
 
 In one child process (killed after --timeout seconds, so a deadlocked kernel ends with a message instead of
-holding the GPU; each first launch is also polled against a deadline, past which the launch's counters that
-had not reached their targets are read while it runs and named):
+holding the GPU; a watching thread also ends it when any launch or timing loop runs past --deadline, naming
+the launch's counters that had not reached their targets, read while it runs):
   (a) correctness: after a ~100-token prompt prefilled by eyas's engine path, the persistent step's logits vs
       eyas's plain forward at 1 and 4 rows (max abs diff, argmax equal), cache rows included;
   (b) timing (CUDA events, median of --reps): the persistent step, captured in a CUDA graph, at each of --rows
@@ -23,10 +23,12 @@ tables last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import sys
 import tempfile
+import threading
 import time
 
 PROMPT = 100
@@ -44,39 +46,75 @@ def random_model(tiny: bool) -> str:
     return path
 
 
-def wait_or_die(event, deadline_s: float, what: str, step=None) -> None:
-    """Poll a recorded CUDA event; exit the process with a clear message if it is not done by the deadline,
-    naming the step's counters that had not reached their targets (read while the launch still runs)."""
-    t0 = time.time()
-    while not event.query():
-        if time.time() - t0 > deadline_s:
-            print(f"HANG: {what} did not finish within {deadline_s:.0f} s (a counter never reached its target); "
-                  "exiting", flush=True)
-            counts = None if step is None else counters_mid_launch(step.counters)
-            if counts is not None:
-                print("HANG: short counters: " + ", ".join(step.short_counters(counts)), flush=True)
-            os._exit(3)
-        time.sleep(0.01)
+class LaunchWatch:
+    """Ends the process with a clear message when GPU work runs past a deadline, from a thread of its own, so
+    that a deadlocked launch is caught inside any call that waits for it (a timing loop's synchronize, an
+    .item()), not only where the launch is polled. Sections are armed with `watching(what, step)`; past the
+    deadline the step's counters are copied to the host on a side stream while the launch still runs, and those
+    short of their targets are named (op and layer). The pinned buffer, stream and event are made beforehand by
+    `register`: allocating pinned memory waits for the device, which a hung launch never frees."""
 
+    def __init__(self, deadline_s: float, read=None, exit=os._exit, poll_s: float = 0.05):
+        self.deadline_s, self.poll_s, self._exit = deadline_s, poll_s, exit
+        self._read = read or self._read_mid_launch
+        self._armed = None  # (what, step, armed at)
+        self._hosts = {}
+        if read is None:
+            import torch
 
-def counters_mid_launch(counters, timeout_s: float = 5.0):
-    """A host copy of a running launch's counters, copied on a stream of its own (PyTorch's streams do not
-    wait for the default stream), or None if the copy does not finish within timeout_s."""
-    import torch
+            self._side, self._copied = torch.cuda.Stream(), torch.cuda.Event()
+        threading.Thread(target=self._run, daemon=True).start()
 
-    host = torch.empty(counters.shape, dtype=counters.dtype, pin_memory=True)
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        host.copy_(counters, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record(side)
-    t0 = time.time()
-    while not done.query():
-        if time.time() - t0 > timeout_s:
-            print("HANG: the counters could not be read while the launch runs", flush=True)
+    def register(self, step):
+        """Prepare to read `step`'s counters while one of its launches runs; returns the step."""
+        if self._read == self._read_mid_launch:
+            import torch
+
+            self._hosts[id(step)] = torch.empty(step.counters.shape, dtype=step.counters.dtype, pin_memory=True)
+        return step
+
+    @contextlib.contextmanager
+    def watching(self, what: str, step=None):
+        self._armed = (what, step, time.monotonic())
+        try:
+            yield
+        finally:
+            self._armed = None
+
+    def _run(self):
+        while True:
+            time.sleep(self.poll_s)
+            armed = self._armed
+            if armed is not None and time.monotonic() - armed[2] > self.deadline_s:
+                return self._fire(*armed[:2])
+
+    def _fire(self, what: str, step) -> None:
+        print(f"HANG: {what} did not finish within {self.deadline_s:.0f} s (a counter never reached its target); "
+              "exiting", flush=True)
+        counts = None if step is None else self._read(step)
+        if counts is not None:
+            print("HANG: short counters: " + ", ".join(step.short_counters(counts)), flush=True)
+        self._exit(3)
+
+    def _read_mid_launch(self, step, timeout_s: float = 5.0):
+        """A host copy of a running launch's counters on the side stream (PyTorch's streams do not wait for
+        the default stream), or None if the copy does not finish within timeout_s."""
+        import torch
+
+        host = self._hosts.get(id(step))
+        if host is None:
+            print("HANG: the step was not registered; its counters cannot be read while it runs", flush=True)
             return None
-        time.sleep(0.01)
-    return host
+        with torch.cuda.stream(self._side):
+            host.copy_(step.counters, non_blocking=True)
+            self._copied.record(self._side)
+        t0 = time.monotonic()
+        while not self._copied.query():
+            if time.monotonic() - t0 > timeout_s:
+                print("HANG: the counters could not be read while the launch runs", flush=True)
+                return None
+            time.sleep(0.01)
+        return host
 
 
 def run(args) -> None:
@@ -110,8 +148,18 @@ def run(args) -> None:
     print(f"model {path} ({dtype}), prompt {PROMPT} tokens, programs {programs}", flush=True)
     variants = [(t, w, bt) for t in args.tiles for w in args.warps for bt in args.block_t]
 
+    watch = LaunchWatch(args.deadline) if cuda else None
+
+    def watching(what, step=None):
+        return watch.watching(what, step) if cuda else contextlib.nullcontext()
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
     def build(R, v, trace=False):
-        return PersistentStep(packed, R, programs, Tiles(*v[0]), block_t=v[2], num_warps=v[1], trace=trace)
+        step = PersistentStep(packed, R, programs, Tiles(*v[0]), block_t=v[2], num_warps=v[1], trace=trace)
+        return watch.register(step) if cuda else step
 
     steps = {(R, v): build(R, v) for R in sorted(set(args.rows) | {1, 4}) for v in variants}
     kv = runner.kv
@@ -133,12 +181,10 @@ def run(args) -> None:
         kv.k.copy_(k0)
         kv.v.copy_(v0)
         t0 = time.time()
-        logits, tokens = persistent(ids, R, v)
+        with watching(f"the first persistent launch of {R} rows ({v})", steps[R, v]):
+            logits, tokens = persistent(ids, R, v)
+            sync()
         print(f"R={R} {v}: compiled and launched in {time.time() - t0:.1f} s", flush=True)
-        if cuda:
-            done = torch.cuda.Event()
-            done.record()
-            wait_or_die(done, args.deadline, f"the first persistent launch of {R} rows ({v})", steps[R, v])
         diff = (logits - want).abs().max().item()
         cache = max((kv.k - k_want).abs().max().item(), (kv.v - v_want).abs().max().item())
         same = bool(torch.equal(tokens, want.argmax(-1)))
@@ -148,16 +194,22 @@ def run(args) -> None:
         rows_out[R, v] = dict(diff=diff, argmax=same)
         if args.repeat:  # a deterministic step gives the same bits at every launch on the same inputs
             first = logits.clone()
-            second = persistent(ids, R, v)[0].clone()
+            with watching(f"a relaunch of {R} rows ({v})", steps[R, v]):
+                second = persistent(ids, R, v)[0].clone()
+                sync()
             k2, v2 = kv.k.clone(), kv.v.clone()
             # a new step's buffers (the same compiled kernel): does a first launch differ, or the process's first?
-            fresh = build(R, v)(ids[0].to(torch.int32), PROMPT, kv.k, kv.v)[0].clone()
+            fresh_step = build(R, v)
+            with watching(f"a new step's first launch of {R} rows ({v})", fresh_step):
+                fresh = fresh_step(ids[0].to(torch.int32), PROMPT, kv.k, kv.v)[0].clone()
+                sync()
             other = torch.randint(0, vocab, (1, R), generator=g).to(dev)
             differ, worst = [0, 0], [0.0, 0.0]  # relaunches after the same inputs, after other inputs
             for i in range(args.repeat):
-                if i % 2:
-                    persistent(other, R, v)
-                d = (persistent(ids, R, v)[0] - second).abs().max().item()
+                with watching(f"relaunch {i + 1} of {R} rows ({v})", steps[R, v]):
+                    if i % 2:
+                        persistent(other, R, v)
+                    d = (persistent(ids, R, v)[0] - second).abs().max().item()
                 worst[i % 2] = max(worst[i % 2], d)
                 differ[i % 2] += d != 0 or not torch.equal(kv.k, k2) or not torch.equal(kv.v, v2)
             print(f"R={R} {v}: max |logits diff| to the second launch: the first {(first - second).abs().max():.3e}, "
@@ -173,18 +225,18 @@ def run(args) -> None:
                   torch.ones(R, R, dtype=torch.bool, device=dev).tril())
         launch = lambda: steps[R, v].launch(*inputs, kv.k, kv.v)  # noqa: E731
         if cuda:
-            launch()  # compiles for these inputs' types outside the graph's capture
-            done = torch.cuda.Event()
-            done.record()
-            wait_or_die(done, args.deadline, f"the persistent launch of {R} rows ({v})", steps[R, v])
+            with watching(f"the persistent launch of {R} rows ({v}) at {at} cached tokens", steps[R, v]):
+                launch()  # compiles for these inputs' types outside the graph's capture
+                sync()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 launch()
-            graph.replay()
-            done.record()
-            wait_or_die(done, args.deadline, f"the graphed persistent step of {R} rows ({v})", steps[R, v])
+            with watching(f"the graphed persistent step of {R} rows ({v}) at {at} cached tokens", steps[R, v]):
+                graph.replay()
+                sync()
             launch = graph.replay
-        ms = median_ms(launch, reps=args.reps, cuda=cuda)
+        with watching(f"the timed persistent steps of {R} rows ({v}) at {at} cached tokens", steps[R, v]):
+            ms = median_ms(launch, reps=args.reps, cuda=cuda)
         if not steps[R, v].counters_complete():
             print(f"R={R} {v}: counters did not reach the schedule's totals", flush=True)
         return ms
@@ -229,10 +281,9 @@ def run(args) -> None:
                 traced = build(R, v, trace=True)
                 for at in args.context:
                     for _ in range(3):  # the first launch compiles; the last one is read
-                        traced(ids[0].to(torch.int32), at, kv.k, kv.v)
-                        done = torch.cuda.Event()
-                        done.record()
-                        wait_or_die(done, args.deadline, f"the traced launch of {R} rows ({v})", traced)
+                        with watching(f"the traced launch of {R} rows ({v}) at {at} cached tokens", traced):
+                            traced(ids[0].to(torch.int32), at, kv.k, kv.v)
+                            sync()
                     for op in trace_summary(traced):
                         print(f"| {at} | {R} | {name(v)} | {op['op']} | {op['items']} | {op['wait_us']:.2f} | "
                               f"{op['work_us']:.2f} | {op['notice_us']:.2f} | {op['last_done_us']:.1f} |")
@@ -255,7 +306,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=0, help="relaunch each checked step N times on the same "
                     "inputs, every other one after a launch on other inputs, and count launches that differ")
     ap.add_argument("--trace", action="store_true", help="time each item's wait and work with %%globaltimer (GPU)")
-    ap.add_argument("--deadline", type=float, default=60.0, help="seconds a first launch may take")
+    ap.add_argument("--deadline", type=float, default=60.0,
+                    help="seconds a launch (with its compile) or a timing loop may take")
     ap.add_argument("--timeout", type=float, default=280.0, help="seconds before the child is killed")
     args = ap.parse_args()
     try:
