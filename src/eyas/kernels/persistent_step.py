@@ -209,7 +209,8 @@ class PersistentStep:
     def short_counters(self, counts: torch.Tensor) -> list[str]:
         """The counters of `counts` (a copy of self.counters) below the number of items that signal them, as
         'name got of expected': where an unfinished launch stopped, stage by stage and layer by layer."""
-        got, want = counts.tolist(), self.expected.tolist()
+        got, want = counts.tolist(), expected_counts(self.schedule)  # not self.expected: reading the device
+        # waits for the launch, which a hung one never ends
         return [f"{name} {g} of {w}" for name, g, w in zip(self.schedule.counters, got, want) if g < w]
 
 
