@@ -59,6 +59,7 @@ class LaunchWatch:
         self._read = read or self._read_mid_launch
         self._armed = None  # (what, step, armed at)
         self._hosts = {}
+        self._closed = threading.Event()
         if read is None:
             import torch
 
@@ -81,9 +82,12 @@ class LaunchWatch:
         finally:
             self._armed = None
 
+    def close(self) -> None:
+        """Stop watching (the thread ends at its next poll)."""
+        self._closed.set()
+
     def _run(self):
-        while True:
-            time.sleep(self.poll_s)
+        while not self._closed.wait(self.poll_s):
             armed = self._armed
             if armed is not None and time.monotonic() - armed[2] > self.deadline_s:
                 return self._fire(*armed[:2])

@@ -27,6 +27,7 @@ def test_a_section_past_the_deadline_names_the_short_counters(capsys):
         deadline = time.monotonic() + 5
         while not exits and time.monotonic() < deadline:
             time.sleep(0.01)
+    w.close()
     assert exits == [3]
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("HANG: the launch of 1 row did not finish within 0 s")
@@ -40,4 +41,5 @@ def test_sections_in_time_fire_nothing(capsys):
         with w.watching("a quick launch", FakeStep()):
             time.sleep(0.02)
     time.sleep(0.4)  # nothing is armed now: past the deadline, still nothing fires
+    w.close()
     assert exits == [] and capsys.readouterr().out == ""

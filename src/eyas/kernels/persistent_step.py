@@ -208,9 +208,9 @@ class PersistentStep:
 
     def short_counters(self, counts: torch.Tensor) -> list[str]:
         """The counters of `counts` (a copy of self.counters) below the number of items that signal them, as
-        'name got of expected': where an unfinished launch stopped, stage by stage and layer by layer."""
-        got, want = counts.tolist(), expected_counts(self.schedule)  # not self.expected: reading the device
-        # waits for the launch, which a hung one never ends
+        'name got of expected': where an unfinished launch stopped, stage by stage and layer by layer. It reads
+        nothing on the device (reading self.expected would wait for the launch, which a hung one never ends)."""
+        got, want = counts.tolist(), expected_counts(self.schedule)
         return [f"{name} {g} of {w}" for name, g, w in zip(self.schedule.counters, got, want) if g < w]
 
 
