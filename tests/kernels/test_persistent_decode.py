@@ -3,6 +3,7 @@ EYAS_TEST_CUDA=1) equals eyas's model and HF: logits, KV-cache rows and tokens f
 verify, with every counter at the schedule's target."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -103,8 +104,11 @@ def test_a_poll_that_never_ends_is_reported(tiny):
     first_o_proj = next(i.index for i in step.schedule.items if i.op == "o_proj")
     step.table[first_o_proj, 0] = OPS.index("argmax")
     k = torch.zeros(2, 1, 2, 64, 16)  # [layers, slots, kv heads, positions, head_dim]
-    with concurrent_programs(deadline_s=10), pytest.raises(ProgramsHung, match="programs still ran"):
+    with concurrent_programs(deadline_s=10), pytest.raises(ProgramsHung, match="programs still ran") as hung:
         step(ids[0, :1].to(torch.int32), PROMPT, k, torch.zeros_like(k))
+    # where each program waits, in the kernel's source, and the item it runs
+    at = r"[^;]*persistent_words\.py:\d+ await_both <- [^;]*persistent_step_kernel \(item \d+\)"
+    assert re.search(f"program 0 at {at}; program 1 at {at}$", str(hung.value))
 
 
 def test_item_table_and_counter_targets_are_the_schedules(tiny):

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
+import sys
 import threading
 import time
+import traceback
 
 import numpy as np
 import triton.language as tl
@@ -71,18 +74,33 @@ def _concurrent_call(deadline_s: float):
             end = time.monotonic() + deadline_s  # one deadline for the launch, not one per program
             for t in threads:
                 t.join(max(0.0, end - time.monotonic()))
-            alive = sum(t.is_alive() for t in threads)
+            alive = [(x, t) for x, t in enumerate(threads) if t.is_alive()]
             if alive:
+                where = "; ".join(f"program {x} at {_kernel_line(t)}" for x, t in alive)
                 stop.set()
                 for t in threads:
                     t.join(30)
-                raise ProgramsHung(f"{alive} of {grid[0]} programs still ran after {deadline_s:.0f} s")
+                raise ProgramsHung(f"{len(alive)} of {grid[0]} programs still ran after {deadline_s:.0f} s: {where}")
             if errors:
                 raise errors[0]
         finally:
             scope.restore()
         self._restore_args_dev(args_dev, args_hst, kwargs, kwargs_hst)
     return call
+
+
+def _kernel_line(thread: threading.Thread) -> str:
+    """Where a program's thread is in the kernel's source: the innermost frames outside this harness and
+    Triton, innermost first, with the item it runs (the kernel's loop variable `it`) where it has one."""
+    frame = sys._current_frames().get(thread.ident)
+    if frame is None:
+        return "(finished)"
+    stdlib = os.path.dirname(os.__file__)
+    ours = [(f, n) for f, n in traceback.walk_stack(frame) if not f.f_code.co_filename.startswith((stdlib, "<"))
+            and "triton" not in f.f_code.co_filename and f.f_code.co_filename != __file__]
+    item = next((f.f_locals["it"] for f, _ in ours if "it" in f.f_locals), None)
+    lines = " <- ".join(f"{os.path.basename(f.f_code.co_filename)}:{n} {f.f_code.co_name}" for f, n in ours)
+    return lines + (f" (item {item})" if item is not None else "")
 
 
 @contextlib.contextmanager
