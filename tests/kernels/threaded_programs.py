@@ -90,8 +90,8 @@ def _concurrent_call(deadline_s: float):
 
 
 def _kernel_line(thread: threading.Thread) -> str:
-    """Where a program's thread is in the kernel's source: the innermost frames outside this harness and
-    Triton, innermost first, with the item it runs (the kernel's loop variable `it`) where it has one."""
+    """Where a program's thread is in the kernel's source: its frames outside this harness, Triton and the
+    standard library, innermost first, with the item it runs (the kernel's loop variable `it`)."""
     frame = sys._current_frames().get(thread.ident)
     if frame is None:
         return "(finished)"
