@@ -52,7 +52,7 @@ class LaunchWatch:
     .item()), not only where the launch is polled. Sections are armed with `watching(what, step)`; past the
     deadline the step's counters are copied to the host on a side stream while the launch still runs, and those
     short of their targets are named (op and layer). The pinned buffer, stream and event are made beforehand by
-    `register`: allocating pinned memory waits for the device, which a hung launch never frees."""
+    `register`, so that nothing is allocated on the device's behalf while a launch hangs."""
 
     def __init__(self, deadline_s: float, read=None, exit=os._exit, poll_s: float = 0.05):
         self.deadline_s, self.poll_s, self._exit = deadline_s, poll_s, exit
