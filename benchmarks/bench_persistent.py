@@ -14,7 +14,9 @@ the launch's counters that had not reached their targets, read while it runs):
       rows there (as bench_smollm2's phases time them), and the weight-read bound: weight bytes / measured
       device copy bandwidth;
   (c) with --trace, one traced launch of each at each --context: per op, how long items waited for their
-      inputs, worked, and took to notice them after their last producer finished.
+      inputs, worked, and took to notice them after their last producer finished; and the step's critical
+      path (the chain of items that set its length), summed per op: how many of its items waited for data
+      and how many for their own program, and where its time went.
 Each variant is a tile set x warps per program x the cache columns attention reads per block. Prints markdown
 tables last.
 --device cpu --tiny --random smoke-tests the script (W=1, Triton's interpreter).
@@ -125,7 +127,8 @@ def run(args) -> None:
     import torch
 
     from eyas.engine.engine import Engine
-    from eyas.kernels.persistent_step import PersistentStep, pack_llama, trace_summary
+    from eyas.kernels.persistent_step import PersistentStep, pack_llama
+    from eyas.kernels.persistent_trace import critical_path, trace_summary
     from eyas.kernels.persistent_schedule import Tiles
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -279,6 +282,7 @@ def run(args) -> None:
     if args.trace:
         print("\n| cached tokens | rows | variant | op | items | median wait us | median work us | median notice us "
               "| last done us |\n| ---: | --- | --- | --- | --- | --- | --- | --- | --- |")
+        paths = []
         for R in args.rows:
             ids = torch.randint(0, vocab, (1, R), generator=g).to(dev)
             for v in variants:
@@ -288,9 +292,19 @@ def run(args) -> None:
                         with watching(f"the traced launch of {R} rows ({v}) at {at} cached tokens", traced):
                             traced(ids[0].to(torch.int32), at, kv.k, kv.v)
                             sync()
-                    for op in trace_summary(traced):
+                    for op in trace_summary(traced.schedule, traced.trace):
                         print(f"| {at} | {R} | {name(v)} | {op['op']} | {op['items']} | {op['wait_us']:.2f} | "
                               f"{op['work_us']:.2f} | {op['notice_us']:.2f} | {op['last_done_us']:.1f} |")
+                    paths.append((at, R, v, critical_path(traced.schedule, traced.trace, traced.programs)))
+        print("\n| cached tokens | rows | variant | op on the critical path | items | waited for data | "
+              "waited for its program | notice us | poll us | gap us | work us |\n"
+              "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for at, R, v, path in paths:
+            for op in path:
+                length = f" (path {op['length_us']:.1f} us)" if "length_us" in op else ""
+                print(f"| {at} | {R} | {name(v)} | {op['op']}{length} | {op['items']} | {op['data']} | "
+                      f"{op['program']} | {op['notice_us']:.1f} | {op['poll_us']:.1f} | {op['gap_us']:.1f} | "
+                      f"{op['work_us']:.1f} |")
 
 
 def main():

@@ -25,7 +25,7 @@ first, as a dense layer's input is; an fp32 target multiplies in full fp32. Acti
 stay in the target's dtype.
 
 In a traced step each item records three %globaltimer stamps (start, inputs arrived, done), from which
-persistent_step.trace_summary tells where the step's time went. In Triton's interpreter (CPU tests) the
+eyas.kernels.persistent_trace tells where the step's time went. In Triton's interpreter (CPU tests) the
 programs of a grid run one after another, so a poll on another program's output would never end: CPU
 callers launch with W=1. eyas.kernels.persistent_step owns the launch, its tables and buffers.
 """

@@ -1,6 +1,6 @@
 """The launch of a persistent decoder step (eyas.kernels.persistent_decode): the target's weights stacked per
 kind, the item table and counters of its schedule, the step's buffers, allocated once so that a CUDA graph
-can capture the launch, and a summary of a traced launch."""
+can capture the launch."""
 
 from __future__ import annotations
 
@@ -212,31 +212,3 @@ class PersistentStep:
         nothing on the device (reading self.expected would wait for the launch, which a hung one never ends)."""
         got, want = counts.tolist(), expected_counts(self.schedule)
         return [f"{name} {g} of {w}" for name, g, w in zip(self.schedule.counters, got, want) if g < w]
-
-
-def trace_summary(step: PersistentStep) -> list[dict]:
-    """Where a traced step's time went, per op: how long its items waited for their inputs (from the item's
-    start to the last input word of this step read), how long they then worked, and how late their inputs
-    arrived after the last producer finished (the cost of a stage boundary). Times in microseconds; medians
-    over the op's items (the latency: over items that waited)."""
-    t = step.trace.cpu().double()
-    items, zero = step.schedule.items, t[:, 0].min()
-    t = (t - zero) / 1e3
-    last_signal = {}
-    for item in items:
-        last_signal[item.signal] = max(last_signal.get(item.signal, 0.0), float(t[item.index, 2]))
-    out = []
-    for op in OPS:
-        mine = [i for i in items if i.op == op]
-        if not mine:
-            continue
-        idx = torch.tensor([i.index for i in mine])
-        late = [float(t[i.index, 1]) - last_signal[i.wait] for i in mine
-                if i.wait is not None and float(t[i.index, 1]) - float(t[i.index, 0]) > 0.05]
-        out.append(dict(op=op, items=len(mine), wait_us=float((t[idx, 1] - t[idx, 0]).median()),
-                        work_us=float((t[idx, 2] - t[idx, 1]).median()),
-                        notice_us=float(torch.tensor(late).median()) if late else 0.0,
-                        last_done_us=float(t[idx, 2].max())))
-    out.append(dict(op="step", items=len(items), wait_us=0.0, work_us=0.0, notice_us=0.0,
-                    last_done_us=float(t[:, 2].max())))
-    return out
