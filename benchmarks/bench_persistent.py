@@ -127,9 +127,9 @@ def run(args) -> None:
     import torch
 
     from eyas.engine.engine import Engine
+    from eyas.kernels.persistent_schedule import Tiles
     from eyas.kernels.persistent_step import PersistentStep, pack_llama
     from eyas.kernels.persistent_trace import critical_path, trace_summary
-    from eyas.kernels.persistent_schedule import Tiles
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from timing import median_ms  # benchmarks/timing.py
