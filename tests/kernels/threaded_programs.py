@@ -103,15 +103,29 @@ def _kernel_line(thread: threading.Thread) -> str:
     return lines + (f" (item {item})" if item is not None else "")
 
 
+def _patched_once(patch_lang):
+    """interpreter._patch_lang that does nothing in a program's thread. The launch patches the language
+    modules (shared by every module's jit functions) before its programs start and restores them once all
+    have returned; the interpreter patches them again at every device-function call, which in a program's
+    thread would redo that work thousands of times per launch while other programs read the modules."""
+    def patch(fn):
+        if getattr(_program, "idx", None) is not None:
+            return interpreter._LangPatchScope()
+        return patch_lang(fn)
+    return patch
+
+
 @contextlib.contextmanager
 def concurrent_programs(deadline_s: float = 120.0):
     """Within the block, interpreted launches run their programs at once (one thread each)."""
     builder, executor = interpreter.InterpreterBuilder, interpreter.GridExecutor
-    saved = (builder.create_get_program_id, builder.create_masked_load, executor.__call__)
+    saved = (builder.create_get_program_id, builder.create_masked_load, executor.__call__, interpreter._patch_lang)
     builder.create_get_program_id = _get_program_id
     builder.create_masked_load = _stoppable(saved[1])
     executor.__call__ = _concurrent_call(deadline_s)
+    interpreter._patch_lang = _patched_once(saved[3])
     try:
         yield
     finally:
-        builder.create_get_program_id, builder.create_masked_load, executor.__call__ = saved
+        (builder.create_get_program_id, builder.create_masked_load, executor.__call__,
+         interpreter._patch_lang) = saved
