@@ -7,6 +7,7 @@ from eyas.kernels.persistent_schedule import DecoderShape, Tiles, build_schedule
 from eyas.kernels.persistent_trace import critical_path, trace_summary
 
 SHAPE = DecoderShape(hidden=64, heads=4, kv_heads=2, head_dim=16, intermediate=96, layers=3, vocab=96)
+TILES = Tiles(qkv=4, o_proj=16, gate_up=32, down=16, lm_head=40)
 GAP, POLL, NOTICE = 0.1, 0.2, 0.5  # us
 WORK = {"qkv": 1.0, "attend": 2.0, "o_proj": 0.5, "gate_up": 1.5, "down": 1.25, "lm_head": 0.75, "argmax": 0.25}
 
@@ -38,7 +39,7 @@ def check_sums(path, stamps):
 
 
 def test_one_program_is_its_own_critical_path():
-    schedule = build_schedule(SHAPE, Tiles(qkv=4, o_proj=16, gate_up=32, down=16, lm_head=40))
+    schedule = build_schedule(SHAPE, TILES)
     stamps = simulate(schedule, 1)
     path = critical_path(schedule, stamps, 1)
     check_sums(path, stamps)
@@ -52,7 +53,7 @@ def test_one_program_is_its_own_critical_path():
 
 
 def test_a_program_per_item_follows_the_data():
-    schedule = build_schedule(SHAPE, Tiles(qkv=4, o_proj=16, gate_up=32, down=16, lm_head=40))
+    schedule = build_schedule(SHAPE, TILES)
     n = len(schedule.items)
     stamps = simulate(schedule, n)
     path = critical_path(schedule, stamps, n)
@@ -71,7 +72,7 @@ def test_a_program_per_item_follows_the_data():
 
 
 def test_trace_summary_reads_the_same_stamps():
-    schedule = build_schedule(SHAPE, Tiles(qkv=4, o_proj=16, gate_up=32, down=16, lm_head=40))
+    schedule = build_schedule(SHAPE, TILES)
     n = len(schedule.items)
     summary = {r["op"]: r for r in trace_summary(schedule, simulate(schedule, n))}
     assert summary["gate_up"]["work_us"] == pytest.approx(WORK["gate_up"])
