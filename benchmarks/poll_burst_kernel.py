@@ -17,7 +17,7 @@ def _now():
         return globaltimer()
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "ep", "delay_ns"])
 def burst_kernel(words, stamps, sink, n, ep, delay_ns, HALF: tl.constexpr, NAP: tl.constexpr):
     """Program 0 waits delay_ns, stores words[i] = i + ep tagged with epoch ep (i < n, in two blocks of HALF)
     and stamps; every other program awaits all n words, stamps, and stores their sum in sink."""
