@@ -142,9 +142,12 @@ def run(args) -> None:
         path = str(demo_model_path())
     dtype = "bf16" if cuda else "fp32"
     cached = max(PROMPT, *args.context)  # the prompt prefilled: each timed step reads its first `context` columns
+    t0 = time.time()
     eng = Engine(path, dtype=dtype, device=args.device, max_batch=1, max_len=cached + 64)
-    if cuda:
+    if cuda:  # outside the launch watch: a step that hangs here is named only by these lines
+        print("warming up the engine (its graphs and persistent steps)", flush=True)
         eng.warm_up()
+    print(f"engine built and warmed up in {time.time() - t0:.1f} s", flush=True)
     model, runner, dev = eng.target, eng.runner, args.device
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
