@@ -144,7 +144,7 @@ def run(args) -> None:
     cached = max(PROMPT, *args.context)  # the prompt prefilled: each timed step reads its first `context` columns
     t0 = time.time()
     eng = Engine(path, dtype=dtype, device=args.device, max_batch=1, max_len=cached + 64)
-    if cuda:  # outside the launch watch: a step that hangs here is named only by these lines
+    if cuda:  # outside the launch watch: a hang here shows as the first line without the second
         print("warming up the engine (its graphs and persistent steps)", flush=True)
         eng.warm_up()
     print(f"engine built and warmed up in {time.time() - t0:.1f} s", flush=True)
