@@ -7,8 +7,10 @@ Compiles eyas.kernels.persistent_decode's kernel for SmolLM2-135M's shape in bf1
 written (the constexprs PersistentStep passes, and the divisibility the JIT infers from an engine launch's
 arguments) with Triton for compute capability 9.0, and runs Triton's own ptxas with --verbose on the PTX. One
 program per SM must fit: warps x 32 x registers at most 65,536, and a spill costs local-memory traffic inside every
-item. The last column says whether the PTX sleeps between poll rounds (a 1-row step's do). These are the compiler's
-counts, not timings. Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run,
+item. A column says whether the PTX sleeps between poll rounds (a 1-row step's do); the last counts, per op, the
+barriers (BAR.SYNC in the SASS, from the nvdisasm Triton carries) between an item's last poll load and its end: every
+cross-warp reduction and layout change through shared memory costs one or two, and an item's work after its inputs
+arrive is mostly their chain. These are the compiler's counts, not timings. Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run,
 accepts some programs the compiler rejects).
 """
 
@@ -16,7 +18,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 
 os.environ["TRITON_INTERPRET"] = "0"
@@ -80,7 +85,47 @@ def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool, block_t: int 
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     ptx = compiled.asm["ptx"]
     return {"rows": rows, "warps": warps, "trace": trace, "compile_s": time.time() - t0, "naps": "nanosleep" in ptx,
-            **counts(ptx)}
+            "barriers": poll_barriers(sass(compiled.asm["cubin"])), **counts(ptx)}
+
+
+def sass(cubin: bytes) -> str:
+    """The cubin's SASS, from the nvdisasm Triton carries beside its ptxas."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        p = subprocess.run([tool, "-c", path], capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeError(f"nvdisasm failed: {p.stderr[-500:]}")
+    return p.stdout
+
+
+def poll_barriers(code: str) -> dict[str, int] | None:
+    """Per op, the BAR.SYNCs between its item's last poll load (a volatile load: LDG ... STRONG) and the next op's
+    code. The item loop dispatches on the op code through one jump table whose targets are in op order (the
+    argmax falls through to the default); None if the compiler laid the dispatch out otherwise."""
+    lines = code.splitlines()
+    table = [re.search(r'BRANCH_TARGETS ([^"]*)"', line) for line in lines]
+    table = [m for m in table if m]
+    if len(table) != 1:
+        return None
+    targets = table[0][1].split(",")
+    ops = persistent_decode.OPS[:len(targets)]
+    starts = {}
+    for i, line in enumerate(lines):
+        label = re.match(r"^(\.L_x_\d+):", line)
+        if label and label[1] in targets:
+            starts[label[1]] = i
+    if len(starts) != len(targets):
+        return None
+    bounds = sorted(starts.values()) + [len(lines)]
+    out = {}
+    for op, target in zip(ops, targets):
+        region = lines[starts[target]:bounds[bounds.index(starts[target]) + 1]]
+        polls = [j for j, line in enumerate(region) if "LDG" in line and "STRONG" in line]
+        out[op] = sum("BAR.SYNC" in line for line in region[polls[-1] if polls else 0:])
+    return out
 
 
 def main(argv=None) -> int:
@@ -103,14 +148,15 @@ def main(argv=None) -> int:
               "(--tiles five of them)", file=sys.stderr)
         return 2
     print("| rows | warps | trace | registers | spill bytes | fits one program per SM | compile s | block_t "
-          "| polls nap |")
-    print("| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | --- |")
+          f"| polls nap | barriers after the poll ({' / '.join(persistent_decode.OPS[:6])}) |")
+    print("| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | --- | --- |")
     for r in rows:
         for w in warps:
             c = compile_step(r, w, tiles, args.trace, args.block_t)
             fits = w * 32 * (c["registers"] or 0) <= 65536
             print(f"| {r} | {w} | {args.trace} | {c['registers']} | {c['spill_store_bytes']} | {fits} "
-                  f"| {c['compile_s']:.1f} | {args.block_t} | {c['naps']} |", flush=True)
+                  f"| {c['compile_s']:.1f} | {args.block_t} | {c['naps']} "
+                  f"| {' / '.join(map(str, c['barriers'].values())) if c['barriers'] else 'not found'} |", flush=True)
     return 0
 
 
