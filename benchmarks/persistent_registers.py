@@ -1,4 +1,4 @@
-"""Registers and spills per thread of the persistent decoder step, compiled for sm_90a without a GPU.
+"""Registers, spills and barriers of the persistent decoder step, compiled for sm_90a without a GPU.
 
 Usage: python benchmarks/persistent_registers.py [--rows 1,4,8] [--warps 4,8] [--tiles 16,16,16,16,384] [--trace]
        [--block-t 128]
@@ -8,9 +8,10 @@ written (the constexprs PersistentStep passes, and the divisibility the JIT infe
 arguments) with Triton for compute capability 9.0, and runs Triton's own ptxas with --verbose on the PTX. One
 program per SM must fit: warps x 32 x registers at most 65,536, and a spill costs local-memory traffic inside every
 item. A column says whether the PTX sleeps between poll rounds (a 1-row step's do); the last counts, per op, the
-barriers (BAR.SYNC in the SASS, from the nvdisasm Triton carries) between an item's last poll load and its end: every
-cross-warp reduction and layout change through shared memory costs one or two, and an item's work after its inputs
-arrive is mostly their chain. These are the compiler's counts, not timings. Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run,
+barriers (BAR.SYNC in the SASS, from the nvdisasm Triton carries) between an item's last poll load and its end,
+in branches taken or not: every cross-warp reduction and layout change through shared memory costs one or two,
+and the item's work after its inputs arrive waits on each in turn. These are the compiler's counts, not timings.
+Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run,
 accepts some programs the compiler rejects).
 """
 
