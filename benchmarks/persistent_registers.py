@@ -8,7 +8,7 @@ written (the constexprs PersistentStep passes, and the divisibility the JIT infe
 arguments) with Triton for compute capability 9.0, and runs Triton's own ptxas with --verbose on the PTX. One
 program per SM must fit: warps x 32 x registers at most 65,536, and a spill costs local-memory traffic inside every
 item. A column says whether the PTX sleeps between poll rounds (a 1-row step's do); the last counts, per op, the
-barriers (BAR.SYNC in the SASS, from the nvdisasm Triton carries) between an item's last poll load and its end,
+barriers (BAR.SYNC in the SASS, from Triton's nvdisasm) between an item's last poll load and its end,
 in branches taken or not: every cross-warp reduction and layout change through shared memory costs one or two,
 and the item's work after its inputs arrive waits on each in turn. These are the compiler's counts, not timings.
 Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run,
@@ -90,8 +90,11 @@ def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool, block_t: int 
 
 
 def sass(cubin: bytes) -> str:
-    """The cubin's SASS, from the nvdisasm Triton carries beside its ptxas."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    """The cubin's SASS, from the nvdisasm Triton finds as it finds its ptxas (triton.tools.disasm's cuobjdump
+    drops the jump table's targets that poll_barriers reads)."""
+    from triton import knobs
+
+    tool = knobs.nvidia.nvdisasm.path
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.cubin")
         with open(path, "wb") as f:
@@ -120,10 +123,10 @@ def poll_barriers(code: str) -> dict[str, int] | None:
             starts[label[1]] = i
     if len(starts) != len(targets):
         return None
-    bounds = sorted(starts.values()) + [len(lines)]
+    ends = dict(zip(sorted(starts.values()), sorted(starts.values())[1:] + [len(lines)]))  # to the next op's code
     out = {}
     for op, target in zip(ops, targets):
-        region = lines[starts[target]:bounds[bounds.index(starts[target]) + 1]]
+        region = lines[starts[target]:ends[starts[target]]]
         polls = [j for j, line in enumerate(region) if "LDG" in line and "STRONG" in line]
         out[op] = sum("BAR.SYNC" in line for line in region[polls[-1] if polls else 0:])
     return out
