@@ -1,4 +1,4 @@
-"""Registers, spills and barriers of the persistent decoder step, compiled for sm_90a without a GPU.
+"""Registers, spills, barriers and instructions of the persistent decoder step, compiled for sm_90a without a GPU.
 
 Usage: python benchmarks/persistent_registers.py [--rows 1,4,8] [--warps 4,8] [--tiles 16,16,16,16,384] [--trace]
        [--block-t 128]
@@ -7,10 +7,11 @@ Compiles eyas.kernels.persistent_decode's kernel for SmolLM2-135M's shape in bf1
 written (the constexprs PersistentStep passes, and the divisibility the JIT infers from an engine launch's
 arguments) with Triton for compute capability 9.0, and runs Triton's own ptxas with --verbose on the PTX. One
 program per SM must fit: warps x 32 x registers at most 65,536, and a spill costs local-memory traffic inside every
-item. A column says whether the PTX sleeps between poll rounds (a 1-row step's do); the last counts, per op, the
-barriers (BAR.SYNC in the SASS, from Triton's nvdisasm) between an item's last poll load and its end,
-in branches taken or not: every cross-warp reduction and layout change through shared memory costs one or two,
-and the item's work after its inputs arrive waits on each in turn. These are the compiler's counts, not timings.
+item. A column says whether the PTX sleeps between poll rounds (a 1-row step's do); the last two count, per op,
+the barriers (BAR.SYNC in the SASS, from Triton's nvdisasm) and the instructions between an item's last poll load
+and its end, in branches taken or not and loop bodies once: every cross-warp reduction and layout change through
+shared memory costs one or two barriers, and the item's work after its inputs arrive waits on each in turn. These
+are the compiler's counts, not timings.
 Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run,
 accepts some programs the compiler rejects).
 """
@@ -86,12 +87,12 @@ def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool, block_t: int 
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     ptx = compiled.asm["ptx"]
     return {"rows": rows, "warps": warps, "trace": trace, "compile_s": time.time() - t0, "naps": "nanosleep" in ptx,
-            "barriers": poll_barriers(sass(compiled.asm["cubin"])), **counts(ptx)}
+            "after_poll": after_poll(sass(compiled.asm["cubin"])), **counts(ptx)}
 
 
 def sass(cubin: bytes) -> str:
     """The cubin's SASS, from the nvdisasm Triton finds as it finds its ptxas (triton.tools.disasm's cuobjdump
-    drops the jump table's targets that poll_barriers reads)."""
+    drops the jump table's targets that after_poll reads)."""
     from triton import knobs
 
     tool = knobs.nvidia.nvdisasm.path
@@ -105,31 +106,45 @@ def sass(cubin: bytes) -> str:
     return p.stdout
 
 
-def poll_barriers(code: str) -> dict[str, int] | None:
-    """Per op, the BAR.SYNCs between its item's last poll load (a volatile load: LDG ... STRONG) and the next op's
-    code. The item loop dispatches on the op code through one jump table whose targets are in op order (the
-    argmax falls through to the default); None if the compiler laid the dispatch out otherwise."""
+def after_poll(code: str) -> dict[str, list[str]] | None:
+    """Per op, the SASS lines from its item's last poll load (a volatile load: LDG ... STRONG) to the next op's
+    code, in layout order. The item loop dispatches on the op code through one jump table whose targets are in op
+    order; the argmax is its default, the target of the bounds check's branch before it, and the ops' code ends
+    where the branches join, the label before the completion's atomic add and its one-thread guard (code laid
+    out past it is not an op's). None if the compiler laid the dispatch out otherwise."""
     lines = code.splitlines()
-    table = [re.search(r'BRANCH_TARGETS ([^"]*)"', line) for line in lines]
-    table = [m for m in table if m]
-    if len(table) != 1:
+    jumps = [(i, re.search(r'BRANCH_TARGETS ([^"]*)"', line)) for i, line in enumerate(lines)]
+    jumps = [(i, m) for i, m in jumps if m]
+    if len(jumps) != 1:
         return None
-    targets = table[0][1].split(",")
+    at, table = jumps[0]
+    targets = table[1].split(",")
+    guarded = (re.search(r"@!?P\d BRA `\((\.L_x_\d+)\)", line) for line in reversed(lines[:at]))
+    default = next((m[1] for m in guarded if m), None)
+    targets = targets + [default] if default else targets
     ops = persistent_decode.OPS[:len(targets)]
-    starts = {}
-    for i, line in enumerate(lines):
-        label = re.match(r"^(\.L_x_\d+):", line)
-        if label and label[1] in targets:
-            starts[label[1]] = i
-    if len(starts) != len(targets):
+    labels = {m[1]: i for i, line in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", line))}
+    adds = [i for i, line in enumerate(lines) if i > at and "REDG.E.ADD" in line]
+    if any(t not in labels for t in targets) or not adds or len(ops) != len(targets):
         return None
-    ends = dict(zip(sorted(starts.values()), sorted(starts.values())[1:] + [len(lines)]))  # to the next op's code
+    guard = max([i for i in range(at, adds[0]) if "BSSY" in lines[i]], default=adds[0])
+    join = max((i for i in labels.values() if i < guard), default=0)
+    bounds = sorted(labels[t] for t in targets)
+    if bounds[-1] > join:
+        return None
+    ends = dict(zip(bounds, bounds[1:] + [join]))  # to the next op's code, the last to the join
+    starts = {t: labels[t] for t in targets}
     out = {}
     for op, target in zip(ops, targets):
         region = lines[starts[target]:ends[starts[target]]]
         polls = [j for j, line in enumerate(region) if "LDG" in line and "STRONG" in line]
-        out[op] = sum("BAR.SYNC" in line for line in region[polls[-1] if polls else 0:])
+        out[op] = region[polls[-1] if polls else 0:]
     return out
+
+
+def instructions(region: list[str]) -> int:
+    """SASS instructions among the lines (each carries its address as a /*hex*/ comment)."""
+    return sum(bool(re.match(r"\s*/\*[0-9a-f]+\*/\s+\S", line)) for line in region)
 
 
 def main(argv=None) -> int:
@@ -151,16 +166,19 @@ def main(argv=None) -> int:
         print("persistent_registers: error: --rows, --warps and --tiles take comma-separated integers "
               "(--tiles five of them)", file=sys.stderr)
         return 2
+    ops = " / ".join(persistent_decode.OPS)
     print("| rows | warps | trace | registers | spill bytes | fits one program per SM | compile s | block_t "
-          f"| polls nap | barriers after the poll ({' / '.join(persistent_decode.OPS[:6])}) |")
-    print("| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | --- | --- |")
+          f"| polls nap | barriers after the poll ({ops}) | instructions after the poll ({ops}) |")
+    print("| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | --- | --- | --- |")
     for r in rows:
         for w in warps:
             c = compile_step(r, w, tiles, args.trace, args.block_t)
             fits = w * 32 * (c["registers"] or 0) <= 65536
+            found = c["after_poll"]
+            bars = " / ".join(str(sum("BAR.SYNC" in x for x in v)) for v in found.values()) if found else "not found"
+            ins = " / ".join(str(instructions(v)) for v in found.values()) if found else "not found"
             print(f"| {r} | {w} | {args.trace} | {c['registers']} | {c['spill_store_bytes']} | {fits} "
-                  f"| {c['compile_s']:.1f} | {args.block_t} | {c['naps']} "
-                  f"| {' / '.join(map(str, c['barriers'].values())) if c['barriers'] else 'not found'} |", flush=True)
+                  f"| {c['compile_s']:.1f} | {args.block_t} | {c['naps']} | {bars} | {ins} |", flush=True)
     return 0
 
 
