@@ -133,10 +133,9 @@ def after_poll(code: str) -> dict[str, list[str]] | None:
     if bounds[-1] > join:
         return None
     ends = dict(zip(bounds, bounds[1:] + [join]))  # to the next op's code, the last to the join
-    starts = {t: labels[t] for t in targets}
     out = {}
     for op, target in zip(ops, targets):
-        region = lines[starts[target]:ends[starts[target]]]
+        region = lines[labels[target]:ends[labels[target]]]
         polls = [j for j, line in enumerate(region) if "LDG" in line and "STRONG" in line]
         out[op] = region[polls[-1] if polls else 0:]
     return out
