@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import globaltimer
 
-from eyas.kernels.persistent_words import await_both, await_three, pack, packed
+from eyas.kernels.persistent_words import await_both, await_three, pack, packed, settled
 
 CHUNK = 128  # columns per chunk of a product: each chunk is one tensor-core product, the warps split the chunks
 NEW_ROWS = tl.constexpr(16)  # kv_new's rows per kv head: a step's rows, padded to a tensor-core product's depth
@@ -64,15 +64,30 @@ def _chunks(K1: tl.constexpr, KC: tl.constexpr, first):
 
 
 @triton.jit
-def _tile(w, stride, n0, n_end, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
-    """Weight rows n0..n_end of W [*, K] (rows past n_end are 0) as two register blocks [K1 // KC, BN, KC],
-    [K2 // KC, BN, KC]: columns cut into chunks of KC, so that a product splits its sum over the chunks."""
-    n = (n0 + tl.arange(0, BN))[None, :, None]
+def _weight_rows(w, stride, r, ok, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
+    """Weight rows r [1, N, 1] of W [*, K] (rows where not ok are 0) as two register blocks [K1 // KC, N, KC],
+    [K2 // KC, N, KC]: columns cut into chunks of KC, so that a product splits its sum over the chunks."""
     c1 = _chunks(K1, KC, 0)
     c2 = _chunks(K2, KC, K1)
-    w1 = tl.load(w + n * stride + c1, mask=n < n_end, other=0.0)
-    w2 = tl.load(w + n * stride + c2, mask=(n < n_end) & (c2 < K), other=0.0)
+    w1 = tl.load(w + r * stride + c1, mask=ok, other=0.0)
+    w2 = tl.load(w + r * stride + c2, mask=ok & (c2 < K), other=0.0)
     return w1, w2
+
+
+@triton.jit
+def _tile(w, stride, n0, n_end, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
+    """Weight rows n0..n_end of W [*, K] (rows past n_end are 0) as _weight_rows' blocks of BN rows."""
+    n = (n0 + tl.arange(0, BN))[None, :, None]
+    return _weight_rows(w, stride, n, n < n_end, K, K1, K2, KC)
+
+
+@triton.jit
+def _tile_pair(w, stride, n0, m0, n, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
+    """Weight rows n0..n0+n then m0..m0+n of W [*, K] as one tile of 2 BN rows (rows past n in each half are 0):
+    one product serves both, so its chunks are summed once."""
+    j = tl.arange(0, 2 * BN)
+    r = tl.where(j < BN, n0 + j, m0 + j - BN)
+    return _weight_rows(w, stride, r[None, :, None], (j % BN < n)[None, :, None], K, K1, K2, KC)
 
 
 @triton.jit
@@ -92,14 +107,6 @@ def _rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr
     [K1 // KC, BR, KC], [K2 // KC, BR, KC]; rows outside `rm` are 0."""
     p1, m1, p2, m2 = _row_blocks(src, offs, rm, K, K1, K2, KC)
     return await_both(p1, m1, p2, m2, ep, NAP)
-
-
-@triton.jit
-def _rows_and(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ptrs, mask, ep,
-              NAP: tl.constexpr):
-    """_rows, and the words at ptrs (where mask), in the same poll."""
-    p1, m1, p2, m2 = _row_blocks(src, offs, rm, K, K1, K2, KC)
-    return await_three(p1, m1, p2, m2, ptrs, mask, ep, NAP)
 
 
 @triton.jit
@@ -193,8 +200,7 @@ def persistent_step_kernel(
         h_in = h_buf + 2 * layer * R * H          # h[2l]: the stream entering layer l (unused at layer 0)
         if op == 0:  # qkv: rows a..a+TQ of a fused head and their partners HALF on, rotated, to q or the cache
             wl = wqkv + layer.to(tl.int64) * QKVW * H
-            lo1, lo2 = _tile(wl, H, a, a + TQ, H, BQ, H1, H2, HC)
-            hi1, hi2 = _tile(wl, H, a + HALF, a + HALF + TQ, H, BQ, H1, H2, HC)
+            lh1, lh2 = _tile_pair(wl, H, a, a + HALF, TQ, H, BQ, H1, H2, HC)
             nw1, nw2 = _norm_weights(attn_norm_w + layer * H, H, H1, H2, HC)
             c = a - part * D + tl.arange(0, BQ)   # the pair's first columns within the head
             cm = tl.arange(0, BQ) < TQ
@@ -209,8 +215,7 @@ def persistent_step_kernel(
             sh = tl.load(sin + p + HALF + c[None, :], mask=rm, other=0.0)
             x1, x2 = _stream_rows(h_in, embed, ids, rows, rmask, layer, nw1, nw2, eps, H, H1, H2, HC, ep, NAP)
             _stamp(trace, it, 1, TRACE)
-            lo = _product(x1, x2, lo1, lo2, PREC)
-            hi = _product(x1, x2, hi1, hi2, PREC)
+            lo, hi = tl.split(tl.permute(tl.reshape(_product(x1, x2, lh1, lh2, PREC), (BR, 2, BQ)), (0, 2, 1)))
             if part < NH + KV:
                 lo, hi = lo * cl - hi * sl, hi * ch + lo * sh
             if part < NH:
@@ -239,24 +244,36 @@ def persistent_step_kernel(
             at = ((layer * 2 * KV + g) * NEW_ROWS + j[:, None]) * D + dcol[None, :]
             kc = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
             vc = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
-            # the tree mask does not depend on this step's words: loaded before the poll
-            sees = tl.load(row_mask + rows[:, None] * m_row + j[None, :] * m_col,
-                           mask=rmask[:, None] & (j < R)[None, :], other=0)
-            k, v, tm = _cache_block(kc, vc, 0, pos, c_pos, BT, D)  # nor does the cache, written by earlier steps
-            q, k_new, v_new = await_three(q_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], m,
-                                          kv_new + at, jm, kv_new + at + KV * NEW_ROWS * D, jm, ep, NAP)
-            _stamp(trace, it, 1, TRACE)
-            q = q.to(k_cache.dtype.element_ty)
-            best = tl.full((BR,), -1.0e30, tl.float32)
-            total = tl.zeros((BR,), tl.float32)
-            acc = tl.zeros((BR, D), tl.float32)
+            k, v, tm = _cache_block(kc, vc, 0, pos, c_pos, BT, D)  # the cache, written by earlier steps, before the poll
+            q_at = q_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :]
+            if R == 1:  # the row sees one new row, itself: its score and value start the running softmax, which
+                # spares a product, two cross-warp reductions and three trips through shared memory
+                own = kv_new + ((layer * 2 * KV + g) * NEW_ROWS + rows[:, None]) * D + dcol[None, :]
+                q, k_new, v_new = await_three(q_at, m, own, m, own + KV * NEW_ROWS * D, m, ep, NAP)
+                _stamp(trace, it, 1, TRACE)
+                q = q.to(k_cache.dtype.element_ty)
+                best = tl.sum(q.to(tl.float32) * k_new, axis=1) * scale
+                total = tl.full((BR,), 1.0, tl.float32)
+                acc = v_new
+            else:
+                # the tree mask does not depend on this step's words: loaded before the poll
+                sees = tl.load(row_mask + rows[:, None] * m_row + j[None, :] * m_col,
+                               mask=rmask[:, None] & (j < R)[None, :], other=0)
+                q, k_new, v_new = await_three(q_at, m, kv_new + at, jm, kv_new + at + KV * NEW_ROWS * D, jm, ep, NAP)
+                _stamp(trace, it, 1, TRACE)
+                q = q.to(k_cache.dtype.element_ty)
+                best = tl.full((BR,), -1.0e30, tl.float32)
+                total = tl.zeros((BR,), tl.float32)
+                acc = tl.zeros((BR, D), tl.float32)
             for t0 in range(0, pos, BT):  # the next block's loads in flight while this one is folded in
                 k_next, v_next, tm_next = _cache_block(kc, vc, t0 + BT, pos, c_pos, BT, D)
                 best, total, acc = _fold_cache_block(q, k, v, tm, scale, best, total, acc, PREC)
                 k, v, tm = k_next, v_next, tm_next
-            s = tl.dot(q, tl.trans(k_new.to(k_cache.dtype.element_ty)), out_dtype=tl.float32, input_precision=PREC)
-            s = tl.where(sees != 0, s * scale, -1.0e30)
-            best, total, acc = _online_softmax(s, v_new.to(v_cache.dtype.element_ty), best, total, acc, PREC)
+            if R > 1:  # the new rows each row sees
+                s = tl.dot(q, tl.trans(k_new.to(k_cache.dtype.element_ty)), out_dtype=tl.float32,
+                           input_precision=PREC)
+                s = tl.where(sees != 0, s * scale, -1.0e30)
+                best, total, acc = _online_softmax(s, v_new.to(v_cache.dtype.element_ty), best, total, acc, PREC)
             out = acc / tl.maximum(total, 1.0e-30)[:, None]
             tl.store(attn_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], packed(out, ep),
                      mask=m)
@@ -270,22 +287,21 @@ def persistent_step_kernel(
                 res = tl.load(embed + tok[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
                 x1, x2 = _rows(attn_buf, rows * QW, rmask, QW, Q1, Q2, QC, ep, NAP)
             else:
-                x1, x2, res = _rows_and(attn_buf + layer * R * QW, rows * QW, rmask, QW, Q1, Q2, QC,
-                                        h_in + rows[:, None] * H + cols[None, :], m, ep, NAP)
+                x1, x2 = _rows(attn_buf + layer * R * QW, rows * QW, rmask, QW, Q1, Q2, QC, ep, NAP)
+                res = settled(h_in + rows[:, None] * H + cols[None, :], m, ep)
             _stamp(trace, it, 1, TRACE)
             y = _product(x1, x2, w1, w2, PREC) + res
             tl.store(h_in + R * H + rows[:, None] * H + cols[None, :], packed(y, ep), mask=m)
         elif op == 3:  # gate_up tile [a, b): act = silu(x Wg^T) * (x Wu^T), x = mlp_norm(h[2l+1])
             wl = wgu + layer.to(tl.int64) * 2 * I * H
-            g1, g2 = _tile(wl, H, a, b, H, BG, H1, H2, HC)
-            u1, u2 = _tile(wl, H, I + a, I + b, H, BG, H1, H2, HC)
+            gu1, gu2 = _tile_pair(wl, H, a, I + a, b - a, H, BG, H1, H2, HC)
             nw1, nw2 = _norm_weights(mlp_norm_w + layer * H, H, H1, H2, HC)
             x1, x2 = _rows(h_in + R * H, rows * H, rmask, H, H1, H2, HC, ep, NAP)
             _stamp(trace, it, 1, TRACE)
             x1, x2 = _normed(x1, x2, nw1, nw2, eps, H)
             cols = a + tl.arange(0, BG)
-            gate = _product(x1, x2, g1, g2, PREC)
-            act = gate / (1.0 + tl.exp(-gate)) * _product(x1, x2, u1, u2, PREC)
+            gate, up = tl.split(tl.permute(tl.reshape(_product(x1, x2, gu1, gu2, PREC), (BR, 2, BG)), (0, 2, 1)))
+            act = gate / (1.0 + tl.exp(-gate)) * up
             tl.store(act_buf + layer * R * I + rows[:, None] * I + cols[None, :], packed(act, ep),
                      mask=rmask[:, None] & (cols < b)[None, :])
         elif op == 4:  # down tile [a, b): h[2l+2] = h[2l+1] + act Wd^T
@@ -293,8 +309,8 @@ def persistent_step_kernel(
             cols = a + tl.arange(0, BD)
             m = rmask[:, None] & (cols < b)[None, :]
             taken = tl.load(capture + layer + 1)  # bit j: feature j is the stream entering layer + 1
-            x1, x2, res = _rows_and(act_buf + layer * R * I, rows * I, rmask, I, I1, I2, IC,
-                                    h_in + R * H + rows[:, None] * H + cols[None, :], m, ep, NAP)
+            x1, x2 = _rows(act_buf + layer * R * I, rows * I, rmask, I, I1, I2, IC, ep, NAP)
+            res = settled(h_in + R * H + rows[:, None] * H + cols[None, :], m, ep)
             _stamp(trace, it, 1, TRACE)
             y = _product(x1, x2, w1, w2, PREC) + res
             tl.store(h_in + 2 * R * H + rows[:, None] * H + cols[None, :], packed(y, ep), mask=m)

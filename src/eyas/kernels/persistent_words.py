@@ -99,8 +99,9 @@ def await_both(ptrs1, mask1, ptrs2, mask2, ep, NAP: tl.constexpr):
     masked word carries epoch ep: the reader polls the data itself, with no counter, fence or second load
     between a producer's store and its use; volatile loads bypass the SM's non-coherent L1. Both tensors are
     polled in one loop, so the pair costs one round trip to L2 (a poll's exit depends on its data, so two
-    polls in turn would be serial); an item polls all its inputs at once. With NAP it sleeps 100 ns between
-    rounds."""
+    polls in turn would be serial); an item polls all the inputs it waits for at once (a residual slice that
+    an input it polls already depends on is read with settled, outside the poll). With NAP it sleeps 100 ns
+    between rounds."""
     p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
     p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
     while _stale(p1, mask1, ep) + _stale(p2, mask2, ep) > 0:
@@ -125,3 +126,13 @@ def await_three(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep, NAP: tl.constexpr)
         p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
     return (_value(_fresh(p1, ptrs1, mask1, ep)), _value(_fresh(p2, ptrs2, mask2, ep)),
             _value(_fresh(p3, ptrs3, mask3, ep)))
+
+
+@triton.jit
+def settled(ptrs, mask, ep):
+    """The fp32 values at ptrs, words that an input this item has polled depends on (o_proj's and down's residual
+    slice: every qkv or gate_up item polled the whole row before its output existed), so they carry epoch ep or
+    soon will: one load, then each thread reloads only its own stale copies, without a poll round's reductions
+    and barriers."""
+    p = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    return _value(_fresh(p, ptrs, mask, ep))
