@@ -16,52 +16,44 @@ import argparse
 import sys
 
 
-def _kernels():
+def _chain_kernel():
     import triton
     import triton.language as tl
     from triton.language.extra.cuda import globaltimer
 
     @triton.jit
-    def sum_chain(x_ptr, out_ptr, stamps_ptr, N: tl.constexpr, BLOCK: tl.constexpr):
+    def chain(x_ptr, out_ptr, stamps_ptr, N: tl.constexpr, BLOCK: tl.constexpr, SOFTMAX: tl.constexpr):
+        """N rounds, each waiting on the last: one tl.sum, or with SOFTMAX a max and a sum of exponentials."""
         pid = tl.program_id(0)
         offs = tl.arange(0, BLOCK)
         x = tl.load(x_ptr + offs)
         start = globaltimer()
         for _ in range(N):
-            x = x + tl.sum(x) * 1e-9
+            if SOFTMAX:
+                x = x + tl.sum(tl.exp(x - tl.max(x))) * 1e-9
+            else:
+                x = x + tl.sum(x) * 1e-9
         end = globaltimer()
         tl.store(out_ptr + pid * BLOCK + offs, x)
         tl.store(stamps_ptr + 2 * pid, start)
         tl.store(stamps_ptr + 2 * pid + 1, end)
 
-    @triton.jit
-    def max_sum_chain(x_ptr, out_ptr, stamps_ptr, N: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        offs = tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + offs)
-        start = globaltimer()
-        for _ in range(N):
-            x = x + tl.sum(tl.exp(x - tl.max(x))) * 1e-9
-        end = globaltimer()
-        tl.store(out_ptr + pid * BLOCK + offs, x)
-        tl.store(stamps_ptr + 2 * pid, start)
-        tl.store(stamps_ptr + 2 * pid + 1, end)
-
-    return (("sum", sum_chain, 1), ("max, sum", max_sum_chain, 2))
+    return chain
 
 
 def run(args) -> list[dict]:
     import torch
 
     programs = torch.cuda.get_device_properties(0).multi_processor_count
+    kernel = _chain_kernel()
     rows = []
-    for name, kernel, per_round in _kernels():
+    for name, softmax, per_round in (("sum", False, 1), ("max, sum", True, 2)):
         for block in args.blocks:
             x = torch.randn(block, device="cuda") * 1e-3
             out = torch.empty(programs * block, device="cuda")
             stamps = torch.zeros(2 * programs, dtype=torch.int64, device="cuda")
             for _ in range(3):  # the first compiles; the last is read
-                kernel[(programs,)](x, out, stamps, N=args.chain, BLOCK=block, num_warps=args.warps)
+                kernel[(programs,)](x, out, stamps, N=args.chain, BLOCK=block, SOFTMAX=softmax, num_warps=args.warps)
             torch.cuda.synchronize()
             ns = (stamps[1::2] - stamps[0::2]).double() / (args.chain * per_round)
             rows.append(dict(reduction=name, block=block, median_ns=ns.median().item(), max_ns=ns.max().item(),
