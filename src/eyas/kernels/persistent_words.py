@@ -10,6 +10,13 @@ A poll's loop ends on a reduction of what the program loaded, but where a tensor
 program's threads, several threads hold copies of one word, and the reduction sees one copy: another thread
 may leave the loop holding a stale copy (a 1-row step read stale words this way on an H100). So on a GPU
 each thread then checks its own copies and reloads any stale one until it carries the epoch (_fresh).
+
+Nor need the warps agree on the loop's exit. Triton reduces at most a warp's 32 values within each warp, with
+no shared-memory stage, and where the tensor's copies span the warps, each warp reduces copies it loaded itself,
+at its own time: one warp may see a word fresh that another saw stale, and leave the loop a round earlier. From
+there on their barriers pair up wrongly (a warp's next reduction meets another's poll round) and the program
+computes on garbage or never finishes (a 1-row step polling a 32-word block hung this way on an H100). A poll
+with such a tensor therefore decides each round by a vote of all the program's threads (_agreed).
 """
 
 from __future__ import annotations
@@ -41,6 +48,18 @@ FRESH:
 
 # 100 ns of PTX nanosleep between a poll's rounds, then $0 = $1 (a result keeps the sleep in place).
 _NAP = tl.constexpr("nanosleep.u32 100;\nmov.b32 $0, $1;")
+
+# $0 = 1 if $1 is nonzero in any of the program's threads, else 0, in every thread: a barrier reduction (PTX
+# bar.red.or on barrier 0, as CUDA's __syncthreads_or), which every thread of the program must reach.
+_ANY_THREAD = tl.constexpr("""{
+.reg .pred mine, any;
+setp.ne.s32 mine, $1, 0;
+bar.red.or.pred any, 0, mine;
+selp.s32 $0, 1, 0, any;
+}""")
+
+# Triton reduces a tensor of at most this many values within each warp (no shared-memory stage).
+WARP_REDUCED = tl.constexpr(32)
 
 
 @triton.jit
@@ -94,6 +113,27 @@ def _fresh(p, ptrs, mask, ep):
 
 
 @triton.jit
+def _agreed(stale):
+    """1 if `stale` (a thread's count of stale words, as its warp reduced them) is nonzero in any of the
+    program's threads, else 0, the same in every warp: a poll loop's exit that all warps take in the same
+    round. The interpreter runs a program as one thread."""
+    if INTERPRETED:
+        return stale
+    else:
+        mine = tl.full([1], 0, tl.int32) + stale  # a tensor, so that each thread votes once with its own value
+        return tl.max(tl.inline_asm_elementwise(_ANY_THREAD, "=r,r", [mine], dtype=tl.int32, is_pure=False,
+                                                pack=1))
+
+
+@triton.jit
+def _reload(ptrs1, mask1, ptrs2, mask2, ep, NAP: tl.constexpr):
+    """A poll's next round: ep after the nap (with NAP), and the words at ptrs1 and ptrs2 again."""
+    if NAP:
+        ep = _nap(ep)
+    return ep, tl.load(ptrs1, mask=mask1, other=0, volatile=True), tl.load(ptrs2, mask=mask2, other=0, volatile=True)
+
+
+@triton.jit
 def await_both(ptrs1, mask1, ptrs2, mask2, ep, NAP: tl.constexpr):
     """The fp32 values at ptrs1 and ptrs2 (pack's words, which other programs write this step) once every
     masked word carries epoch ep: the reader polls the data itself, with no counter, fence or second load
@@ -104,11 +144,14 @@ def await_both(ptrs1, mask1, ptrs2, mask2, ep, NAP: tl.constexpr):
     between rounds."""
     p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
     p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
-    while _stale(p1, mask1, ep) + _stale(p2, mask2, ep) > 0:
-        if NAP:
-            ep = _nap(ep)
-        p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
-        p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
+    if p1.numel <= WARP_REDUCED or p2.numel <= WARP_REDUCED:  # the warps vote (the module's docstring)
+        stale = _agreed(_stale(p1, mask1, ep) + _stale(p2, mask2, ep))
+        while stale > 0:  # the vote in the loop's body: in its condition, Triton 3.6's layout pass fails
+            ep, p1, p2 = _reload(ptrs1, mask1, ptrs2, mask2, ep, NAP)
+            stale = _agreed(_stale(p1, mask1, ep) + _stale(p2, mask2, ep))
+    else:
+        while _stale(p1, mask1, ep) + _stale(p2, mask2, ep) > 0:
+            ep, p1, p2 = _reload(ptrs1, mask1, ptrs2, mask2, ep, NAP)
     return _value(_fresh(p1, ptrs1, mask1, ep)), _value(_fresh(p2, ptrs2, mask2, ep))
 
 
@@ -118,12 +161,16 @@ def await_three(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep, NAP: tl.constexpr)
     p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
     p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
     p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
-    while _stale(p1, mask1, ep) + _stale(p2, mask2, ep) + _stale(p3, mask3, ep) > 0:
-        if NAP:
-            ep = _nap(ep)
-        p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
-        p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
-        p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
+    if p1.numel <= WARP_REDUCED or p2.numel <= WARP_REDUCED or p3.numel <= WARP_REDUCED:
+        stale = _agreed(_stale(p1, mask1, ep) + _stale(p2, mask2, ep) + _stale(p3, mask3, ep))
+        while stale > 0:
+            ep, p1, p2 = _reload(ptrs1, mask1, ptrs2, mask2, ep, NAP)
+            p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
+            stale = _agreed(_stale(p1, mask1, ep) + _stale(p2, mask2, ep) + _stale(p3, mask3, ep))
+    else:
+        while _stale(p1, mask1, ep) + _stale(p2, mask2, ep) + _stale(p3, mask3, ep) > 0:
+            ep, p1, p2 = _reload(ptrs1, mask1, ptrs2, mask2, ep, NAP)
+            p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
     return (_value(_fresh(p1, ptrs1, mask1, ep)), _value(_fresh(p2, ptrs2, mask2, ep)),
             _value(_fresh(p3, ptrs3, mask3, ep)))
 
