@@ -15,8 +15,8 @@ Nor need the warps agree on the loop's exit. Triton reduces at most a warp's 32 
 no shared-memory stage, and where the tensor's copies span the warps, each warp reduces copies it loaded itself,
 at its own time: one warp may see a word fresh that another saw stale, and leave the loop a round earlier. From
 there on their barriers pair up wrongly (a warp's next reduction meets another's poll round) and the program
-computes on garbage or never finishes (a 1-row step polling a 32-word block hung this way on an H100). A poll
-with such a tensor therefore decides each round by a vote of all the program's threads (_agreed).
+computes on garbage or never finishes (the likely cause of 1-row steps that hung on an H100 polling a 32-word
+block). A poll with such a tensor therefore decides each round by a vote of all the program's threads (_agreed).
 """
 
 from __future__ import annotations
