@@ -7,11 +7,12 @@ Compiles eyas.kernels.persistent_decode's kernel for SmolLM2-135M's shape in bf1
 written (the constexprs PersistentStep passes, and the divisibility the JIT infers from an engine launch's
 arguments) with Triton for compute capability 9.0, and runs Triton's own ptxas with --verbose on the PTX. One
 program per SM must fit: warps x 32 x registers at most 65,536, and a spill costs local-memory traffic inside every
-item. A column says whether the PTX sleeps between poll rounds (a 1-row step's do); the last two count, per op,
-the barriers (BAR.SYNC in the SASS, from Triton's nvdisasm) and the instructions between an item's last poll load
-and its end, in branches taken or not and loop bodies once: every cross-warp reduction and layout change through
-shared memory costs one or two barriers, and the item's work after its inputs arrive waits on each in turn. These
-are the compiler's counts, not timings.
+item. A column says whether the PTX sleeps between poll rounds (a 1-row step's do), one how many polls end on a
+reduction that Triton keeps within each warp (they can split the program's warps: must be 0); the last two count,
+per op, the barriers (BAR.SYNC in the SASS, from Triton's nvdisasm) and the instructions between an item's last
+poll load and its end, in branches taken or not and loop bodies once: every cross-warp reduction and layout change
+through shared memory costs one or two barriers, and the item's work after its inputs arrive waits on each in
+turn. These are the compiler's counts, not timings.
 Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run,
 accepts some programs the compiler rejects).
 """
@@ -39,6 +40,7 @@ from kernel_registers import counts  # noqa: E402  (benchmarks/kernel_registers.
 from eyas.kernels import persistent_decode  # noqa: E402
 from eyas.kernels.persistent_schedule import DecoderShape, Tiles  # noqa: E402
 from eyas.kernels.persistent_step import kernel_constants  # noqa: E402
+from eyas.kernels.persistent_words import WARP_REDUCED  # noqa: E402
 
 SMOLLM2 = DecoderShape(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, layers=30, vocab=49152)
 FP32 = {"logits", "cos", "sin", "eps", "scale"}
@@ -87,7 +89,24 @@ def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool, block_t: int 
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     ptx = compiled.asm["ptx"]
     return {"rows": rows, "warps": warps, "trace": trace, "compile_s": time.time() - t0, "naps": "nanosleep" in ptx,
-            "after_poll": after_poll(sass(compiled.asm["cubin"])), **counts(ptx)}
+            "split_polls": split_polls(compiled.asm["ttgir"]), "after_poll": after_poll(sass(compiled.asm["cubin"])),
+            **counts(ptx)}
+
+
+def split_polls(ttgir: str) -> int:
+    """Poll loops whose exit test (an scf.while's condition region) reduces at most WARP_REDUCED values: Triton
+    reduces those within each warp, so the program's warps may leave the loop in different rounds
+    (eyas.kernels.persistent_words). A voting poll tests a vote carried from its body, with no reduction in its
+    condition."""
+    found, inside, small = 0, False, False
+    for line in ttgir.splitlines():
+        if "scf.while" in line:
+            inside, small = True, False
+        elif inside and "scf.condition" in line:
+            found, inside = found + small, False
+        elif inside and (m := re.search(r"\}\) : \(tensor<(\d+)xi\d+", line)):
+            small = small or int(m[1]) <= WARP_REDUCED.value
+    return found
 
 
 def sass(cubin: bytes) -> str:
@@ -167,8 +186,9 @@ def main(argv=None) -> int:
         return 2
     ops = " / ".join(persistent_decode.OPS)
     print("| rows | warps | trace | registers | spill bytes | fits one program per SM | compile s | block_t "
-          f"| polls nap | barriers after the poll ({ops}) | instructions after the poll ({ops}) |")
-    print("| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | --- | --- | --- |")
+          f"| polls nap | polls that split the warps | barriers after the poll ({ops}) "
+          f"| instructions after the poll ({ops}) |")
+    print("| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | --- | ---: | --- | --- |")
     for r in rows:
         for w in warps:
             c = compile_step(r, w, tiles, args.trace, args.block_t)
@@ -177,7 +197,8 @@ def main(argv=None) -> int:
             bars = " / ".join(str(sum("BAR.SYNC" in x for x in v)) for v in found.values()) if found else "not found"
             ins = " / ".join(str(instructions(v)) for v in found.values()) if found else "not found"
             print(f"| {r} | {w} | {args.trace} | {c['registers']} | {c['spill_store_bytes']} | {fits} "
-                  f"| {c['compile_s']:.1f} | {args.block_t} | {c['naps']} | {bars} | {ins} |", flush=True)
+                  f"| {c['compile_s']:.1f} | {args.block_t} | {c['naps']} | {c['split_polls']} | {bars} | {ins} |",
+                  flush=True)
     return 0
 
 

@@ -192,8 +192,8 @@ def test_every_program_relaunch_gives_the_same_bits(tmp_path, device, rows):
 def test_the_kernel_compiles_for_sm90_without_spills():
     """Triton's interpreter runs programs its compiler rejects (a name bound to two types in two branches):
     the kernel compiles for sm_90 at 1 and 8 rows, 8 warps x its registers fit one program per SM, the
-    1-row step spills nothing, only its polls nap, and the SASS's barriers and instructions after the poll are
-    counted for each op."""
+    1-row step spills nothing, only its polls nap, no poll ends on a reduction that Triton keeps within each warp,
+    and the SASS's barriers and instructions after the poll are counted for each op."""
     import os
     import subprocess
     import sys
@@ -208,8 +208,9 @@ def test_the_kernel_compiles_for_sm90_without_spills():
     assert all(r[5].strip() == "True" for r in rows), rows  # one program per SM fits
     assert int(rows[0][4]) == 0, rows[0]  # the plain step spills nothing
     assert [r[8].strip() for r in rows] == ["True", "False"], rows
+    assert [int(r[9]) for r in rows] == [0, 0], rows  # no poll can leave the program's warps in different rounds
     for r in rows:  # one count per op, each item reducing across its warps at least once
-        barriers, instructions = ([int(n) for n in r[i].split("/")] for i in (9, 10))
+        barriers, instructions = ([int(n) for n in r[i].split("/")] for i in (10, 11))
         assert len(barriers) == len(instructions) == 7 and all(n > 0 for n in barriers), r
         assert all(i > b for i, b in zip(instructions, barriers)), r
 
