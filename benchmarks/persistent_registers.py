@@ -193,9 +193,11 @@ def main(argv=None) -> int:
         for w in warps:
             c = compile_step(r, w, tiles, args.trace, args.block_t)
             fits = w * 32 * (c["registers"] or 0) <= 65536
-            found = c["after_poll"]
-            bars = " / ".join(str(sum("BAR.SYNC" in x for x in v)) for v in found.values()) if found else "not found"
-            ins = " / ".join(str(instructions(v)) for v in found.values()) if found else "not found"
+            bars = ins = "not found"
+            if c["after_poll"]:
+                regions = c["after_poll"].values()
+                bars = " / ".join(str(sum("BAR.SYNC" in line for line in v)) for v in regions)
+                ins = " / ".join(str(instructions(v)) for v in regions)
             print(f"| {r} | {w} | {args.trace} | {c['registers']} | {c['spill_store_bytes']} | {fits} "
                   f"| {c['compile_s']:.1f} | {args.block_t} | {c['naps']} | {c['split_polls']} | {bars} | {ins} |",
                   flush=True)
