@@ -17,7 +17,8 @@ the launch's counters that had not reached their targets, read while it runs):
       inputs, worked, and took to notice them after their last producer finished; and the step's critical
       path (the chain of items that set its length), summed per op: how many of its items waited for data
       and how many for their own program, and where its time went.
-Each variant is a tile set x warps per program x the cache columns attention reads per block. Prints markdown
+Each variant is a tile set x warps per program x the cache columns attention reads per block x the words'
+format (--pairs). Prints markdown
 tables last.
 --device cpu --tiny --random smoke-tests the script (W=1, Triton's interpreter).
 """
@@ -156,7 +157,7 @@ def run(args) -> None:
     packed = pack_llama(model)
     programs = args.programs or (torch.cuda.get_device_properties(0).multi_processor_count if cuda else 1)
     print(f"model {path} ({dtype}), prompt {PROMPT} tokens, programs {programs}", flush=True)
-    variants = [(t, w, bt) for t in args.tiles for w in args.warps for bt in args.block_t]
+    variants = [(t, w, bt, p) for t in args.tiles for w in args.warps for bt in args.block_t for p in args.pairs]
 
     watch = LaunchWatch(args.deadline) if cuda else None
 
@@ -168,7 +169,8 @@ def run(args) -> None:
             torch.cuda.synchronize()
 
     def build(R, v, trace=False):
-        step = PersistentStep(packed, R, programs, Tiles(*v[0]), block_t=v[2], num_warps=v[1], trace=trace)
+        step = PersistentStep(packed, R, programs, Tiles(*v[0]), block_t=v[2], num_warps=v[1], trace=trace,
+                              pairs=v[3])
         return watch.register(step) if cuda else step
 
     steps = {(R, v): build(R, v) for R in sorted(set(args.rows) | {1, 4}) for v in variants}
@@ -272,7 +274,8 @@ def run(args) -> None:
         bandwidth = 2 * src.numel() / (copy_ms * 1e-3)  # bytes read + written per second
         bound = weights / bandwidth * 1e3
         print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s, weights {weights / 1e6:.1f} MB", flush=True)
-    name = lambda v: f"tiles {','.join(map(str, v[0]))}, {v[1]} warps, {v[2]}-column blocks"  # noqa: E731
+    name = lambda v: (f"tiles {','.join(map(str, v[0]))}, {v[1]} warps, {v[2]}-column blocks"  # noqa: E731
+                      + {None: "", True: ", pairs", False: ", one value a word"}[v[3]])
     print("\n| cached tokens | rows | variant | persistent ms | eyas forward ms (its CUDA graph where it has one) "
           "| eyas / persistent | weight-read bound ms |\n| ---: | --- | --- | --- | --- | --- | --- |")
     b = f"{bound:.4f}" if bound is not None else "n/a (cpu)"
@@ -323,6 +326,8 @@ def main():
                          "o_proj, gate_up, down and lm_head (small tiles spread each stage over every SM)")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--warps", default="8", help="warps per program")
+    ap.add_argument("--pairs", default="", help="comma-separated 0 / 1: one value a word, or bf16 pairs "
+                    "(persistent_decode); default persistent_step.pairs_by_default decides per row count")
     ap.add_argument("--block-t", default="128", help="cache columns per attention block, comma-separated")
     ap.add_argument("--repeat", type=int, default=0, help="relaunch each checked step N times on the same "
                     "inputs, every other one after a launch on other inputs, and count launches that differ")
@@ -348,6 +353,9 @@ def main():
     if any(len(t) != 5 for t in args.tiles):
         ap.error("each --tiles set is qkv,o_proj,gate_up,down,lm_head")
     args.warps = [int(w) for w in args.warps.split(",")]
+    if args.pairs and not set(args.pairs.split(",")) <= {"0", "1"}:
+        ap.error("--pairs takes comma-separated 0 and 1")
+    args.pairs = [p == "1" for p in args.pairs.split(",")] if args.pairs else [None]
     try:
         args.block_t = [int(b) for b in args.block_t.split(",")]
     except ValueError:

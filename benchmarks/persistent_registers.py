@@ -12,7 +12,8 @@ reduction that Triton keeps within each warp (they can split the program's warps
 per op, the barriers (BAR.SYNC in the SASS, from Triton's nvdisasm) and the instructions between an item's last
 poll load and its end, in branches taken or not and loop bodies once: every cross-warp reduction and layout change
 through shared memory costs one or two barriers, and the item's work after its inputs arrive waits on each in
-turn. These are the compiler's counts, not timings.
+turn; the last says whether the step passes bf16 word pairs (persistent_step.pairs_by_default, as the engine's
+steps do). These are the compiler's counts, not timings.
 Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run,
 accepts some programs the compiler rejects).
 """
@@ -39,7 +40,7 @@ from kernel_registers import counts  # noqa: E402  (benchmarks/kernel_registers.
 
 from eyas.kernels import persistent_decode  # noqa: E402
 from eyas.kernels.persistent_schedule import DecoderShape, Tiles  # noqa: E402
-from eyas.kernels.persistent_step import kernel_constants  # noqa: E402
+from eyas.kernels.persistent_step import kernel_constants, pairs_by_default  # noqa: E402
 from eyas.kernels.persistent_words import WARP_REDUCED  # noqa: E402
 
 SMOLLM2 = DecoderShape(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, layers=30, vocab=49152)
@@ -81,14 +82,16 @@ def divisibility(sig: dict) -> dict:
 
 
 def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool, block_t: int = 128) -> dict:
-    constexprs = kernel_constants(SMOLLM2, rows, tiles, 3, 32, block_t, torch.bfloat16, trace)
+    pairs = pairs_by_default(SMOLLM2, torch.bfloat16, rows, tiles)  # as the engine's steps take them
+    constexprs = kernel_constants(SMOLLM2, rows, tiles, 3, 32, block_t, torch.bfloat16, trace, pairs)
     kernel = persistent_decode.persistent_step_kernel
     sig = signature(kernel, constexprs)
     t0 = time.time()
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=divisibility(sig)),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     ptx = compiled.asm["ptx"]
-    return {"rows": rows, "warps": warps, "trace": trace, "compile_s": time.time() - t0, "naps": "nanosleep" in ptx,
+    return {"rows": rows, "warps": warps, "trace": trace, "pairs": pairs, "compile_s": time.time() - t0,
+            "naps": "nanosleep" in ptx,
             "split_polls": split_polls(compiled.asm["ttgir"]), "after_poll": after_poll(sass(compiled.asm["cubin"])),
             **counts(ptx)}
 
@@ -187,8 +190,8 @@ def main(argv=None) -> int:
     ops = " / ".join(persistent_decode.OPS)
     print("| rows | warps | trace | registers | spill bytes | fits one program per SM | compile s | block_t "
           f"| polls nap | polls that split the warps | barriers after the poll ({ops}) "
-          f"| instructions after the poll ({ops}) |")
-    print("| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | --- | ---: | --- | --- |")
+          f"| instructions after the poll ({ops}) | word pairs |")
+    print("| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | --- | ---: | --- | --- | --- |")
     for r in rows:
         for w in warps:
             c = compile_step(r, w, tiles, args.trace, args.block_t)
@@ -199,7 +202,7 @@ def main(argv=None) -> int:
                 bars = " / ".join(str(sum("BAR.SYNC" in line for line in v)) for v in regions)
                 ins = " / ".join(str(instructions(v)) for v in regions)
             print(f"| {r} | {w} | {args.trace} | {c['registers']} | {c['spill_store_bytes']} | {fits} "
-                  f"| {c['compile_s']:.1f} | {args.block_t} | {c['naps']} | {c['split_polls']} | {bars} | {ins} |",
+                  f"| {c['compile_s']:.1f} | {args.block_t} | {c['naps']} | {c['split_polls']} | {bars} | {ins} | {c['pairs']} |",
                   flush=True)
     return 0
 

@@ -39,7 +39,7 @@ def tiny(tmp_path_factory, device):
     return hf, model, ids
 
 
-def run_both(model, ids, rows, tiles=TILES, block_t=16, programs=1):
+def run_both(model, ids, rows, tiles=TILES, block_t=16, programs=1, pairs=False):
     """(persistent logits, tokens, its cache, eyas's logits, eyas's cache, the step) after a shared prefill."""
     dev = ids.device
     runner = ModelRunner(model, num_slots=1, max_len=64, device=dev)
@@ -48,7 +48,8 @@ def run_both(model, ids, rows, tiles=TILES, block_t=16, programs=1):
     out = runner.forward(ids[:, PROMPT:PROMPT + rows], torch.arange(PROMPT, PROMPT + rows, device=dev)[None], [0],
                          [PROMPT])
     want = model.logits(out.hidden)[0]
-    step = PersistentStep(pack_llama(model), rows, programs=programs, tiles=tiles, block_l=16, block_t=block_t)
+    step = PersistentStep(pack_llama(model), rows, programs=programs, tiles=tiles, block_l=16,
+                          block_t=block_t, pairs=pairs)
     logits, tokens = step(ids[0, PROMPT:PROMPT + rows].to(torch.int32), PROMPT, k, v)
     return logits, tokens, (k, v), want, (runner.kv.k, runner.kv.v), step
 
@@ -78,17 +79,96 @@ def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows, block_t):
     assert step.counters.tolist() == expected_counts(step.schedule)
 
 
-@pytest.mark.parametrize("rows,programs", [(1, 4), (4, 7)])
-def test_programs_at_once_give_one_programs_bits(tiny, rows, programs):
+def emulate_pairs(hf, ids, rows, k, v, cos, sin):
+    """(logits, the stream after the last layer) of the step's rows in plain fp32 torch, rounded to bf16 where
+    word pairs round: each attention output, activation and residual write (the embeddings stay as they are).
+    k, v hold the prompt's cache rows [L, slots, KV, len, D]; cos, sin the step's rotary rows [rows, D]."""
+    cfg, w = hf.config, {name: t.float().cpu() for name, t in hf.state_dict().items()}
+    nh, kvh, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.rms_norm_eps
+    d = cfg.hidden_size // nh
+    rb = lambda x: x.to(torch.bfloat16).float()  # noqa: E731
+    norm = lambda x, weight: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight  # noqa: E731
+    cos, sin, k, v = cos.cpu()[:, None], sin.cpu()[:, None], k.cpu(), v.cpu()
+
+    def rotated(x):  # [rows, heads, d], rotate-half
+        return x * cos + torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1) * sin
+
+    seen = torch.ones(rows, PROMPT + rows, dtype=torch.bool)
+    seen[:, PROMPT:] = torch.ones(rows, rows, dtype=torch.bool).tril()
+    h = w["model.embed_tokens.weight"][ids[0, PROMPT:PROMPT + rows].cpu()]
+    for layer in range(cfg.num_hidden_layers):
+        p = f"model.layers.{layer}."
+        x = norm(h, w[p + "input_layernorm.weight"])
+        q, kn = (rotated((x @ w[p + f"self_attn.{n}_proj.weight"].T).view(rows, -1, d)) for n in "qk")
+        vn = (x @ w[p + "self_attn.v_proj.weight"].T).view(rows, -1, d)
+        keys = torch.cat([k[layer, 0, :, :PROMPT].transpose(0, 1), kn])  # [PROMPT + rows, kv heads, d]
+        values = torch.cat([v[layer, 0, :, :PROMPT].transpose(0, 1), vn])
+        out = torch.stack([((q[:, i] @ keys[:, i // (nh // kvh)].T) * d ** -0.5).masked_fill(~seen, float("-inf"))
+                           .softmax(-1) @ values[:, i // (nh // kvh)] for i in range(nh)], 1)
+        h = rb(rb(out.reshape(rows, -1)) @ w[p + "self_attn.o_proj.weight"].T + h)
+        x = norm(h, w[p + "post_attention_layernorm.weight"])
+        act = torch.nn.functional.silu(x @ w[p + "mlp.gate_proj.weight"].T) * (x @ w[p + "mlp.up_proj.weight"].T)
+        h = rb(rb(act) @ w[p + "mlp.down_proj.weight"].T + h)
+    return norm(h, w["model.norm.weight"]) @ w["model.embed_tokens.weight"].T, h
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_word_pairs_round_where_their_emulation_does(tiny, rows):
+    """The residual stream, attention outputs and activations two bf16 to a word (a bf16 target's format,
+    forced on an fp32 one): the logits and the stream (decoded from its pairs) are a plain torch emulation's
+    that rounds at the same points (a pair's columns mixed up would miss by their own size); the tokens are
+    eyas's, the cache rows within bf16 rounding of its."""
+    hf, model, ids = tiny
+    logits, tokens, (k, v), want, (k_want, v_want), step = run_both(model, ids, rows, pairs=True)
+    assert step.act.shape[-1] == model.config.intermediate_size // 2
+    p = step.packed
+    emulated, stream = emulate_pairs(hf, ids, rows, k, v, p.cos[PROMPT:PROMPT + rows], p.sin[PROMPT:PROMPT + rows])
+    # On a GPU the products' order differs, and a bf16 rounding may land one step (2^-8) apart.
+    tol = 2 ** -8 if ids.device.type == "cuda" else FP32_TOL
+    assert (logits.cpu() - emulated).abs().max() <= tol * emulated.abs().max()
+    assert (step.stream(hf.config.num_hidden_layers).cpu() - stream).abs().max() <= tol * stream.abs().max()
+    assert torch.equal(tokens, want.argmax(-1))
+    plain, *_ = run_both(model, ids, rows)
+    assert not torch.equal(logits, plain)  # the pairs did round
+    for got, ref in ((k, k_want), (v, v_want)):
+        assert (got - ref).abs().max() <= 2 ** -8 * ref.abs().max()
+    assert step.counters_complete()
+
+
+def test_word_pairs_need_whole_equal_producer_tiles(tiny):
+    _, model, _ = tiny
+    packed = pack_llama(model)
+    for tiles, match in ((dataclasses.replace(TILES, down=32), "o_proj tiles of 16 and down tiles of 32"),
+                         (dataclasses.replace(TILES, gate_up=24), "gate_up tiles of 24"),
+                         (dataclasses.replace(TILES, o_proj=8, down=8), "o_proj tiles of 8")):
+        with pytest.raises(ValueError, match=match):
+            PersistentStep(packed, 1, programs=1, tiles=tiles, pairs=True)
+    PersistentStep(packed, 1, programs=1, tiles=dataclasses.replace(TILES, down=32))  # one value a word
+
+
+def test_bf16_targets_pair_their_words_from_four_rows(tiny):
+    """Word pairs by default only where they won: a bf16 target's passes of 4 rows or more, on tiles that pairs
+    take; an fp32 target keeps one value a word."""
+    _, model, _ = tiny
+    packed = pack_llama(model)
+    assert not any(PersistentStep(packed, r, programs=1, tiles=TILES).pairs for r in (1, 4, 8))
+    bf16 = dataclasses.replace(packed, embed=packed.embed.to(torch.bfloat16))
+    assert [PersistentStep(bf16, r, programs=1, tiles=TILES).pairs for r in (1, 2, 3, 4, 8)] == [False] * 3 + [True] * 2
+    assert not PersistentStep(bf16, 4, programs=1, tiles=dataclasses.replace(TILES, down=32)).pairs
+    assert not PersistentStep(bf16, 4, programs=1, tiles=TILES, pairs=False).pairs
+
+
+@pytest.mark.parametrize("rows,programs,pairs", [(1, 4, False), (4, 7, False), (4, 5, True)])
+def test_programs_at_once_give_one_programs_bits(tiny, rows, programs, pairs):
     """Several programs running at once (threads in Triton's interpreter), each polling the words the others
     write: logits, tokens and cache rows bit for bit those of one program running every item in turn, and
     every counter complete. (On a GPU the relaunch test below runs a program per SM.)"""
     _, model, ids = tiny
     if ids.device.type == "cuda":
         pytest.skip("threads stand in for a GPU's programs only in the interpreter")
-    logits, tokens, (k, v), *_ = run_both(model, ids, rows)
+    logits, tokens, (k, v), *_ = run_both(model, ids, rows, pairs=pairs)
     with concurrent_programs():
-        got, got_tokens, (k_got, v_got), _, _, step = run_both(model, ids, rows, programs=programs)
+        got, got_tokens, (k_got, v_got), _, _, step = run_both(model, ids, rows, programs=programs, pairs=pairs)
     assert torch.equal(got, logits) and torch.equal(got_tokens, tokens)
     assert torch.equal(k_got, k) and torch.equal(v_got, v)
     assert step.counters_complete()

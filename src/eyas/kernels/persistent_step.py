@@ -90,10 +90,13 @@ def pack_llama(model) -> PackedDecoder:
 
 
 def kernel_constants(s: DecoderShape, rows: int, tiles: Tiles, captured: int, block_l: int, block_t: int,
-                     dtype: torch.dtype, trace: bool) -> dict:
+                     dtype: torch.dtype, trace: bool, pairs: bool) -> dict:
     """The kernel's compile-time constants for this shape, row count and tiling. A 1-row step's polls nap
     between rounds (NAP): 2.5% faster on an H200, while at 4 rows the nap cost 0.5% (docs/kernels.md)."""
     (h1, h2), (q1, q2), (i1, i2) = split_pow2(s.hidden), split_pow2(s.heads * s.head_dim), split_pow2(s.intermediate)
+    # a row of word pairs: half the columns, as two blocks (unused without pairs)
+    (hp1, hp2), (qp1, qp2), (ip1, ip2) = (split_pow2(max(k // 2, 2)) for k in
+                                          (s.hidden, s.heads * s.head_dim, s.intermediate))
     block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     chunk = lambda k2: min(CHUNK, k2)  # noqa: E731  divides both blocks (powers of two, the second no wider)
     return dict(
@@ -102,16 +105,42 @@ def kernel_constants(s: DecoderShape, rows: int, tiles: Tiles, captured: int, bl
         TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down),
         HC=chunk(h2), QC=chunk(q2), IC=chunk(i2),
         BL=block_l, BT=block_t, BTILES=block(-(-s.vocab // tiles.lm_head)),
+        PAIRS=pairs, HP1=hp1, HP2=hp2, HPC=chunk(hp2), QP1=qp1, QP2=qp2, QPC=chunk(qp2), IP1=ip1, IP2=ip2,
+        IPC=chunk(ip2),
         PREC="ieee" if dtype == torch.float32 else "tf32", NAP=rows == 1, TRACE=trace)
+
+
+PAIRS_FROM_ROWS = 4  # bf16 word pairs lost at 1 and 2 rows and won at 4 and 8 (one H100, docs/kernels.md)
+
+
+def pairs_by_default(shape: DecoderShape, dtype: torch.dtype, rows: int, tiles: Tiles) -> bool:
+    """Whether a step of `rows` rows passes the residual stream, attention outputs and activations two bf16
+    values to a word (persistent_decode): a bf16 target's steps of PAIRS_FROM_ROWS rows or more, where halving
+    the words each boundary polls outweighs the unpacking, on tiles that pairs take."""
+    return dtype == torch.bfloat16 and rows >= PAIRS_FROM_ROWS and pair_tiles_error(shape, tiles) is None
+
+
+def pair_tiles_error(s: DecoderShape, tiles: Tiles) -> str | None:
+    """Why word pairs cannot take these tiles, or None: a pair holds a producer's columns j and j + G / 2, so
+    every producer's tile must be a whole block (a power of two of at least 16, dividing its width), and
+    o_proj's and down's alike (both write the stream that the same items read)."""
+    for name, t, width in (("o_proj", tiles.o_proj, s.hidden), ("down", tiles.down, s.hidden),
+                           ("gate_up", tiles.gate_up, s.intermediate)):
+        if t < 16 or t & (t - 1) or width % t:
+            return f"{name} tiles of {t}: word pairs need a power of two of at least 16 that divides {width}"
+    if tiles.o_proj != tiles.down:
+        return f"o_proj tiles of {tiles.o_proj} and down tiles of {tiles.down}: word pairs need them equal"
+    return None
 
 
 class PersistentStep:
     """The launch of one persistent step of `rows` rows with its item table, counters and step buffers,
-    allocated once so that the launch can be captured in a CUDA graph."""
+    allocated once so that the launch can be captured in a CUDA graph. pairs: whether its words carry two bf16
+    values (default pairs_by_default); an fp32 target may take them too, rounding to bf16 (the CPU tests do)."""
 
     def __init__(self, packed: PackedDecoder, rows: int, programs: int, tiles: Tiles = Tiles(),
                  block_l: int = 32, block_t: int = 128, num_warps: int = 8,
-                 trace: bool = False, capture: tuple[int, ...] = ()):
+                 trace: bool = False, capture: tuple[int, ...] = (), pairs: bool | None = None):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"a persistent step takes 1..{MAX_ROWS} rows, not {rows}")
         s, dev = packed.shape, packed.embed.device
@@ -121,11 +150,16 @@ class PersistentStep:
         if tiles.attend_splits != 1:
             raise ValueError(f"attend_splits {tiles.attend_splits}: the kernel runs one attention item per query "
                              "head (merging splits costs o_proj a poll per split)")
+        pairs = pairs_by_default(s, packed.embed.dtype, rows, tiles) if pairs is None else pairs
+        if pairs:
+            error = pair_tiles_error(s, tiles)
+            if error:
+                raise ValueError(error)
         if dev.type == "cuda" and block_t < 16:
             raise ValueError(f"block_t {block_t}: the attention's tl.dot takes at least 16 columns on a GPU")
         if trace and dev.type != "cuda":
             raise ValueError("a traced step reads %globaltimer: it needs a GPU")
-        self.packed, self.rows, self.programs = packed, rows, programs
+        self.packed, self.rows, self.programs, self.tiles, self.pairs = packed, rows, programs, tiles, pairs
         self.schedule = build_schedule(s, tiles)
         self.table = item_table(self.schedule, dev)
         self.expected = torch.tensor(expected_counts(self.schedule), dtype=torch.int32, device=dev)
@@ -138,12 +172,13 @@ class PersistentStep:
         self.epoch = torch.zeros(1, dtype=torch.int32, device=dev)
         qw = s.heads * s.head_dim
         self.n_lm_tiles = -(-s.vocab // tiles.lm_head)
-        self.h = torch.zeros(2 * s.layers + 1, rows, s.hidden, **words)
+        per_word = 2 if pairs else 1
+        self.h = torch.zeros(2 * s.layers + 1, rows, s.hidden // per_word, **words)
         self.q = torch.zeros(s.layers, rows, qw, **words)
         # this step's k, v rows, for its own attention
         self.kv_new = torch.zeros(s.layers, 2 * s.kv_heads, NEW_ROWS.value, s.head_dim, **words)
-        self.attn = torch.zeros(s.layers, rows, qw, **words)  # each head's attention output
-        self.act = torch.zeros(s.layers, rows, s.intermediate, **words)
+        self.attn = torch.zeros(s.layers, rows, qw // per_word, **words)  # each head's attention output
+        self.act = torch.zeros(s.layers, rows, s.intermediate // per_word, **words)
         self.logits = torch.zeros(rows, s.vocab, **f32)
         self.tile_max = torch.zeros(rows, self.n_lm_tiles, **words)
         self.tile_arg = torch.zeros(rows, self.n_lm_tiles, **words)
@@ -159,7 +194,7 @@ class PersistentStep:
         self.capture = torch.tensor(bits, dtype=torch.int32, device=dev)
         self.trace = torch.zeros(len(self.schedule.items), 3, dtype=torch.int64, device=dev) if trace else None
         self.meta = dict(kernel_constants(s, rows, tiles, len(capture), block_l, block_t, packed.embed.dtype,
-                                          trace), num_warps=num_warps)
+                                          trace, pairs), num_warps=num_warps)
 
     def __call__(self, ids: torch.Tensor, pos: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int = 0,
                  positions: torch.Tensor | None = None, row_mask: torch.Tensor | None = None):
@@ -200,7 +235,14 @@ class PersistentStep:
     def stream(self, i: int) -> torch.Tensor:
         """[rows, hidden] fp32: the residual stream entering layer i (i = layers: after the last), as the
         last launch left it."""
-        return self.h[2 * i].view(torch.float32)[..., 0::2]
+        words = self.h[2 * i]
+        if not self.pairs:
+            return words.view(torch.float32)[..., 0::2]
+        # word j of a down tile of G columns holds its columns j and j + G / 2 (persistent_decode's pairs)
+        bits = (words & 0xFFFFFFFF).to(torch.int32)
+        lo, hi = (bits << 16).view(torch.float32), (bits & -65536).view(torch.float32)
+        half = self.tiles.down // 2
+        return torch.stack([lo.unflatten(-1, (-1, half)), hi.unflatten(-1, (-1, half))], dim=-2).flatten(-3)
 
     def counters_complete(self) -> bool:
         """Whether every counter ended at the number of items that signal it (a finished step)."""

@@ -4,7 +4,8 @@ A word is an int64: a 32-bit payload (an int32, or an fp32 value's bits) in the 
 epoch in the high half. An 8-byte store is seen whole, so a reader that sees this step's epoch in a word
 sees this step's value in it: a consumer polls the data itself until every word it needs carries the
 epoch, with no counter, release fence or second load between a producer's store and its use, and no
-buffer needs clearing between steps (the next step's epoch is new).
+buffer needs clearing between steps (the next step's epoch is new). A bf16 target's values may travel two
+bf16 to a word (pack_pair), halving what a boundary stores and polls.
 
 A poll's loop ends on a reduction of what the program loaded, but where a tensor is smaller than the
 program's threads, several threads hold copies of one word, and the reduction sees one copy: another thread
@@ -48,6 +49,7 @@ FRESH:
 
 # 100 ns of PTX nanosleep between a poll's rounds, then $0 = $1 (a result keeps the sleep in place).
 _NAP = tl.constexpr("nanosleep.u32 100;\nmov.b32 $0, $1;")
+
 
 # $0 = 1 if $1 is nonzero in any of the program's threads, else 0, in every thread: a barrier reduction (PTX
 # bar.red.or on barrier 0, as CUDA's __syncthreads_or), which every thread of the program must reach.
@@ -96,12 +98,6 @@ def _stale(p, mask, ep):
 
 
 @triton.jit
-def _value(p):
-    """The fp32 value of pack's words."""
-    return payload(p).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _fresh(p, ptrs, mask, ep):
     """p with every masked word this thread holds carrying epoch ep: a stale copy is reloaded until it does."""
     if INTERPRETED:
@@ -110,6 +106,32 @@ def _fresh(p, ptrs, mask, ep):
         return tl.inline_asm_elementwise(_RELOAD_STALE, "=l,l,l,b,r",
                                          [p, ptrs.to(tl.int64), mask, ep],
                                          dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def pack_pair(lo, hi, ep):
+    """Words of two fp32 values rounded to bf16 (to nearest, ties to even, as .to(bf16) rounds finite values;
+    done on the bits, so the interpreter runs it too): lo in the payload's low 16 bits, hi in its high 16."""
+    return pack(_bf16_bits(lo) | (_bf16_bits(hi) << 16), ep)
+
+
+@triton.jit
+def _bf16_bits(x):
+    b = x.to(tl.int32, bitcast=True)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+
+
+@triton.jit
+def pair_values(p):
+    """The two fp32 values (lo, hi) of pack_pair's words."""
+    bits = payload(p)
+    return (bits << 16).to(tl.float32, bitcast=True), (bits & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def value(p):
+    """The fp32 value of pack's words."""
+    return payload(p).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -134,13 +156,13 @@ def _reload(ptrs1, mask1, ptrs2, mask2, ep, NAP: tl.constexpr):
 
 
 @triton.jit
-def await_both(ptrs1, mask1, ptrs2, mask2, ep, NAP: tl.constexpr):
-    """The fp32 values at ptrs1 and ptrs2 (pack's words, which other programs write this step) once every
+def await_words(ptrs1, mask1, ptrs2, mask2, ep, NAP: tl.constexpr):
+    """The words at ptrs1 and ptrs2 (pack's or pack_pair's, which other programs write this step) once every
     masked word carries epoch ep: the reader polls the data itself, with no counter, fence or second load
     between a producer's store and its use; volatile loads bypass the SM's non-coherent L1. Both tensors are
     polled in one loop, so the pair costs one round trip to L2 (a poll's exit depends on its data, so two
     polls in turn would be serial); an item polls all the inputs it waits for at once (a residual slice that
-    an input it polls already depends on is read with settled, outside the poll). With NAP it sleeps 100 ns
+    an input it polls already depends on is read with settled_words, outside the poll). With NAP it sleeps 100 ns
     between rounds."""
     p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
     p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
@@ -152,12 +174,12 @@ def await_both(ptrs1, mask1, ptrs2, mask2, ep, NAP: tl.constexpr):
     else:
         while _stale(p1, mask1, ep) + _stale(p2, mask2, ep) > 0:
             ep, p1, p2 = _reload(ptrs1, mask1, ptrs2, mask2, ep, NAP)
-    return _value(_fresh(p1, ptrs1, mask1, ep)), _value(_fresh(p2, ptrs2, mask2, ep))
+    return _fresh(p1, ptrs1, mask1, ep), _fresh(p2, ptrs2, mask2, ep)
 
 
 @triton.jit
-def await_three(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep, NAP: tl.constexpr):
-    """await_both of three tensors."""
+def await_words3(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep, NAP: tl.constexpr):
+    """await_words of three tensors."""
     p1 = tl.load(ptrs1, mask=mask1, other=0, volatile=True)
     p2 = tl.load(ptrs2, mask=mask2, other=0, volatile=True)
     p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
@@ -171,15 +193,34 @@ def await_three(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep, NAP: tl.constexpr)
         while _stale(p1, mask1, ep) + _stale(p2, mask2, ep) + _stale(p3, mask3, ep) > 0:
             ep, p1, p2 = _reload(ptrs1, mask1, ptrs2, mask2, ep, NAP)
             p3 = tl.load(ptrs3, mask=mask3, other=0, volatile=True)
-    return (_value(_fresh(p1, ptrs1, mask1, ep)), _value(_fresh(p2, ptrs2, mask2, ep)),
-            _value(_fresh(p3, ptrs3, mask3, ep)))
+    return _fresh(p1, ptrs1, mask1, ep), _fresh(p2, ptrs2, mask2, ep), _fresh(p3, ptrs3, mask3, ep)
+
+
+@triton.jit
+def await_both(ptrs1, mask1, ptrs2, mask2, ep, NAP: tl.constexpr):
+    """The fp32 values of await_words' words."""
+    p1, p2 = await_words(ptrs1, mask1, ptrs2, mask2, ep, NAP)
+    return value(p1), value(p2)
+
+
+@triton.jit
+def await_three(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep, NAP: tl.constexpr):
+    """The fp32 values of await_words3's words."""
+    p1, p2, p3 = await_words3(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep, NAP)
+    return value(p1), value(p2), value(p3)
+
+
+@triton.jit
+def settled_words(ptrs, mask, ep):
+    """The words at ptrs (pack's or pack_pair's) that an input this item has polled depends on (o_proj's and
+    down's residual slice: every qkv or gate_up item polled the whole row before its output existed), so they
+    carry epoch ep or soon will: one load, then each thread reloads only its own stale copies, without a poll
+    round's reductions and barriers."""
+    p = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    return _fresh(p, ptrs, mask, ep)
 
 
 @triton.jit
 def settled(ptrs, mask, ep):
-    """The fp32 values at ptrs, words that an input this item has polled depends on (o_proj's and down's residual
-    slice: every qkv or gate_up item polled the whole row before its output existed), so they carry epoch ep or
-    soon will: one load, then each thread reloads only its own stale copies, without a poll round's reductions
-    and barriers."""
-    p = tl.load(ptrs, mask=mask, other=0, volatile=True)
-    return _value(_fresh(p, ptrs, mask, ep))
+    """The fp32 values of settled_words' words."""
+    return value(settled_words(ptrs, mask, ep))
