@@ -207,8 +207,8 @@ def _pair_stream_rows(h_in, embed, ids, rows, rm, layer, nl1, nl2, nh1, nh2, eps
 @triton.jit
 def _pair_normed(l1, l2, h1, h2, nl1, nl2, nh1, nh2, eps, H):
     """_normed of _pair_rows' blocks (H columns in all)."""
-    total = (tl.sum(tl.sum(l1 * l1, axis=2), axis=0) + tl.sum(tl.sum(l2 * l2, axis=2), axis=0)
-             + tl.sum(tl.sum(h1 * h1, axis=2), axis=0) + tl.sum(tl.sum(h2 * h2, axis=2), axis=0))
+    # each block's low and high squares added before its reductions: two cross-warp reductions, not four
+    total = tl.sum(tl.sum(l1 * l1 + h1 * h1, axis=2), axis=0) + tl.sum(tl.sum(l2 * l2 + h2 * h2, axis=2), axis=0)
     rstd = (1.0 / tl.sqrt(total / H + eps))[None, :, None]
     return l1 * rstd * nl1, l2 * rstd * nl2, h1 * rstd * nh1, h2 * rstd * nh2
 
