@@ -18,8 +18,7 @@ the launch's counters that had not reached their targets, read while it runs):
       path (the chain of items that set its length), summed per op: how many of its items waited for data
       and how many for their own program, and where its time went.
 Each variant is a tile set x warps per program x the cache columns attention reads per block x the words'
-format (--pairs). Prints markdown
-tables last.
+format (--pairs). Prints markdown tables last.
 --device cpu --tiny --random smoke-tests the script (W=1, Triton's interpreter).
 """
 

@@ -202,7 +202,8 @@ def main(argv=None) -> int:
                 bars = " / ".join(str(sum("BAR.SYNC" in line for line in v)) for v in regions)
                 ins = " / ".join(str(instructions(v)) for v in regions)
             print(f"| {r} | {w} | {args.trace} | {c['registers']} | {c['spill_store_bytes']} | {fits} "
-                  f"| {c['compile_s']:.1f} | {args.block_t} | {c['naps']} | {c['split_polls']} | {bars} | {ins} | {c['pairs']} |",
+                  f"| {c['compile_s']:.1f} | {args.block_t} | {c['naps']} | {c['split_polls']} | {bars} | {ins} "
+                  f"| {c['pairs']} |",
                   flush=True)
     return 0
 
