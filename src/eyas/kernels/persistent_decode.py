@@ -87,12 +87,19 @@ def _tile(w, stride, n0, n_end, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.co
 
 
 @triton.jit
+def _two_runs(n0, m0, n, BN: tl.constexpr):
+    """Rows n0..n0+n then m0..m0+n as 2 BN rows [1, 2 BN, 1], and which of them are real (not past n)."""
+    j = tl.arange(0, 2 * BN)
+    r = tl.where(j < BN, n0 + j, m0 + j - BN)
+    return r[None, :, None], (j % BN < n)[None, :, None]
+
+
+@triton.jit
 def _tile_pair(w, stride, n0, m0, n, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
     """Weight rows n0..n0+n then m0..m0+n of W [*, K] as one tile of 2 BN rows (rows past n in each half are 0):
     one product serves both, so its chunks are summed once."""
-    j = tl.arange(0, 2 * BN)
-    r = tl.where(j < BN, n0 + j, m0 + j - BN)
-    return _weight_rows(w, stride, r[None, :, None], (j % BN < n)[None, :, None], K, K1, K2, KC)
+    r, ok = _two_runs(n0, m0, n, BN)
+    return _weight_rows(w, stride, r, ok, K, K1, K2, KC)
 
 
 @triton.jit
@@ -169,9 +176,8 @@ def _pair_tile(w, stride, n0, n_end, K, BN: tl.constexpr, K1: tl.constexpr, K2: 
 def _pair_tile_pair(w, stride, n0, m0, n, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr,
                     KC: tl.constexpr, GH: tl.constexpr, HI: tl.constexpr):
     """_tile_pair's blocks for a row of K pair words (_pair_weight_rows)."""
-    j = tl.arange(0, 2 * BN)
-    r = tl.where(j < BN, n0 + j, m0 + j - BN)
-    return _pair_weight_rows(w, stride, r[None, :, None], (j % BN < n)[None, :, None], K, K1, K2, KC, GH, HI)
+    r, ok = _two_runs(n0, m0, n, BN)
+    return _pair_weight_rows(w, stride, r, ok, K, K1, K2, KC, GH, HI)
 
 
 @triton.jit
