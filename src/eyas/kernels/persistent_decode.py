@@ -197,14 +197,10 @@ def _pair_stream_rows(h_in, embed, ids, rows, rm, layer, nl1, nl2, nh1, nh2, eps
                       K2: tl.constexpr, KC: tl.constexpr, GH: tl.constexpr, ep, NAP: tl.constexpr):
     """_stream_rows of a stream of pairs (K words a row), as _pair_rows' blocks, normalized."""
     if layer == 0:  # the embedding rows, loaded in the pairs' column order
-        at = (tl.load(ids + rows, mask=rm, other=0).to(tl.int64) * H)[None, :, None]
-        m = rm[None, :, None]
-        c1 = _chunks(K1, KC, 0)
-        c2 = _chunks(K2, KC, K1)
-        l1 = tl.load(embed + at + _pair_cols(c1, GH, 0), mask=m, other=0.0).to(tl.float32)
-        l2 = tl.load(embed + at + _pair_cols(c2, GH, 0), mask=m & (c2 < K), other=0.0).to(tl.float32)
-        h1 = tl.load(embed + at + _pair_cols(c1, GH, 1), mask=m, other=0.0).to(tl.float32)
-        h2 = tl.load(embed + at + _pair_cols(c2, GH, 1), mask=m & (c2 < K), other=0.0).to(tl.float32)
+        tok = tl.load(ids + rows, mask=rm, other=0).to(tl.int64)[None, :, None]
+        l1, l2 = _pair_weight_rows(embed, H, tok, rm[None, :, None], K, K1, K2, KC, GH, 0)
+        h1, h2 = _pair_weight_rows(embed, H, tok, rm[None, :, None], K, K1, K2, KC, GH, 1)
+        l1, l2, h1, h2 = l1.to(tl.float32), l2.to(tl.float32), h1.to(tl.float32), h2.to(tl.float32)
     else:
         l1, l2, h1, h2 = _pair_rows(h_in, rows * K, rm, K, K1, K2, KC, ep, NAP)
     return _pair_normed(l1, l2, h1, h2, nl1, nl2, nh1, nh2, eps, H)
