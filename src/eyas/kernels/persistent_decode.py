@@ -11,7 +11,7 @@ polls until all carry this step's epoch (the epoch of the last finished step, ke
 argmax item, last of a step, stores it). With PAIRS (a bf16 target) the residual stream, the attention outputs
 and the activations go two bf16 values to a word, so every wide boundary stores and polls half the words: a
 producer of G columns (an attention head, a projection's tile) pairs its column j with j + G / 2, and a
-consumer loads its weight columns in that order (_pair_tile). o_proj and down round their input rows to bf16
+consumer loads its weight columns in that order (pair_weight_tile). o_proj and down round their input rows to bf16
 anyway; the stream rounded to bf16 at each write is what the model's own bf16 path does. Every such buffer is
 written once per step (the residual stream has one slice per stage: h[2l+1] after layer l's attention, h[2l+2]
 after its MLP; layer 0 reads the embedding rows directly), so there are no write-after-read hazards between
@@ -40,8 +40,12 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import globaltimer
 
-from eyas.kernels.persistent_words import (await_both, await_three, await_words, pack, pack_pair, packed,
-                                          pair_values, settled, settled_words, value)
+from eyas.kernels.persistent_blocks import (awaited_pair_rows, awaited_rows, embedding_tile, halves, norm_weights,
+                                           normed, pair_norm_weights, pair_normed, pair_stream_rows,
+                                           pair_tile_product, pair_weight_tile, pair_weight_tile_pair, pairs_product,
+                                           product, store_pairs, stream_rows, weight_tile, weight_tile_pair)
+from eyas.kernels.persistent_words import (await_both, await_three, pack, pack_pair, packed, pair_values, settled,
+                                          settled_words)
 
 CHUNK = 128  # columns per chunk of a product: each chunk is one tensor-core product, the warps split the chunks
 NEW_ROWS = tl.constexpr(16)  # kv_new's rows per kv head: a step's rows, padded to a tensor-core product's depth
@@ -60,245 +64,6 @@ def split_pow2(k: int) -> tuple[int, int]:
 def _stamp(trace, it, k, TRACE: tl.constexpr):
     if TRACE:
         tl.store(trace + it * 3 + k, globaltimer())
-
-
-@triton.jit
-def _chunks(K1: tl.constexpr, KC: tl.constexpr, first):
-    """Column offsets [K1 // KC, 1, KC] of a block of K1 columns starting at `first`, cut into chunks of KC."""
-    return first + tl.arange(0, K1 // KC)[:, None, None] * KC + tl.arange(0, KC)[None, None, :]
-
-
-@triton.jit
-def _weight_rows(w, stride, r, ok, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
-    """Weight rows r [1, N, 1] of W [*, K] (rows where not ok are 0) as two register blocks [K1 // KC, N, KC],
-    [K2 // KC, N, KC]: columns cut into chunks of KC, so that a product splits its sum over the chunks."""
-    c1 = _chunks(K1, KC, 0)
-    c2 = _chunks(K2, KC, K1)
-    w1 = tl.load(w + r * stride + c1, mask=ok, other=0.0)
-    w2 = tl.load(w + r * stride + c2, mask=ok & (c2 < K), other=0.0)
-    return w1, w2
-
-
-@triton.jit
-def _tile(w, stride, n0, n_end, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
-    """Weight rows n0..n_end of W [*, K] (rows past n_end are 0) as _weight_rows' blocks of BN rows."""
-    n = (n0 + tl.arange(0, BN))[None, :, None]
-    return _weight_rows(w, stride, n, n < n_end, K, K1, K2, KC)
-
-
-@triton.jit
-def _two_runs(n0, m0, n, BN: tl.constexpr):
-    """Rows n0..n0+n then m0..m0+n as 2 BN rows [1, 2 BN, 1], and which of them are real (not past n)."""
-    j = tl.arange(0, 2 * BN)
-    r = tl.where(j < BN, n0 + j, m0 + j - BN)
-    return r[None, :, None], (j % BN < n)[None, :, None]
-
-
-@triton.jit
-def _tile_pair(w, stride, n0, m0, n, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
-    """Weight rows n0..n0+n then m0..m0+n of W [*, K] as one tile of 2 BN rows (rows past n in each half are 0):
-    one product serves both, so its chunks are summed once."""
-    r, ok = _two_runs(n0, m0, n, BN)
-    return _weight_rows(w, stride, r, ok, K, K1, K2, KC)
-
-
-@triton.jit
-def _row_blocks(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
-    """Pointers and masks of rows src[offs[i] : offs[i] + K] as two blocks [K1 // KC, BR, KC],
-    [K2 // KC, BR, KC] (_chunks' columns); rows outside `rm` are masked."""
-    at = offs[None, :, None]
-    m = rm[None, :, None]
-    c1 = _chunks(K1, KC, 0)
-    c2 = _chunks(K2, KC, K1)
-    return src + at + c1, m & (c1 < K), src + at + c2, m & (c2 < K)
-
-
-@triton.jit
-def _rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ep, NAP: tl.constexpr):
-    """Rows src[offs[i] : offs[i] + K] of packed words written this step, awaited, as fp32 blocks
-    [K1 // KC, BR, KC], [K2 // KC, BR, KC]; rows outside `rm` are 0."""
-    p1, m1, p2, m2 = _row_blocks(src, offs, rm, K, K1, K2, KC)
-    return await_both(p1, m1, p2, m2, ep, NAP)
-
-
-@triton.jit
-def _pair_rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ep, NAP: tl.constexpr):
-    """Rows of pack_pair's words src[offs[i] : offs[i] + K], awaited: the low halves' values as _rows' blocks,
-    then the high halves'."""
-    p1, m1, p2, m2 = _row_blocks(src, offs, rm, K, K1, K2, KC)
-    w1, w2 = await_words(p1, m1, p2, m2, ep, NAP)
-    l1, h1 = pair_values(w1)
-    l2, h2 = pair_values(w2)
-    return l1, l2, h1, h2
-
-
-@triton.jit
-def _halves(x, BR: tl.constexpr, G: tl.constexpr):
-    """x [BR, G] as its first G // 2 columns and its last."""
-    return tl.split(tl.permute(tl.reshape(x, (BR, 2, G // 2)), (0, 2, 1)))
-
-
-@triton.jit
-def _store_pairs(dst, x, mask, ep, BR: tl.constexpr, G: tl.constexpr):
-    """x [BR, G] fp32 (a producer's G columns) as G // 2 pack_pair words a row at dst [BR, G // 2]: word j
-    holds columns j and j + G // 2."""
-    lo, hi = _halves(x, BR, G)
-    tl.store(dst, pack_pair(lo, hi, ep), mask=mask)
-
-
-@triton.jit
-def _pair_cols(c, GH: tl.constexpr, HI: tl.constexpr):
-    """The column in word c's low (HI 0) or high (HI 1) half, in a row of pairs from producers of 2 GH columns
-    each (_store_pairs): stretches of GH columns, so loads by these columns stay vectorized."""
-    return (c // GH) * (2 * GH) + c % GH + HI * GH
-
-
-@triton.jit
-def _pair_weight_rows(w, stride, r, ok, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, GH: tl.constexpr,
-                      HI: tl.constexpr):
-    """_weight_rows' blocks for a row of K pair words: the weight columns of their low (HI 0) or high halves."""
-    c1 = _chunks(K1, KC, 0)
-    c2 = _chunks(K2, KC, K1)
-    w1 = tl.load(w + r * stride + _pair_cols(c1, GH, HI), mask=ok, other=0.0)
-    w2 = tl.load(w + r * stride + _pair_cols(c2, GH, HI), mask=ok & (c2 < K), other=0.0)
-    return w1, w2
-
-
-@triton.jit
-def _pair_tile(w, stride, n0, n_end, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr,
-               GH: tl.constexpr, HI: tl.constexpr):
-    """_tile's blocks for a row of K pair words (_pair_weight_rows)."""
-    n = (n0 + tl.arange(0, BN))[None, :, None]
-    return _pair_weight_rows(w, stride, n, n < n_end, K, K1, K2, KC, GH, HI)
-
-
-@triton.jit
-def _pair_tile_pair(w, stride, n0, m0, n, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr,
-                    KC: tl.constexpr, GH: tl.constexpr, HI: tl.constexpr):
-    """_tile_pair's blocks for a row of K pair words (_pair_weight_rows)."""
-    r, ok = _two_runs(n0, m0, n, BN)
-    return _pair_weight_rows(w, stride, r, ok, K, K1, K2, KC, GH, HI)
-
-
-@triton.jit
-def _pair_norm_weights(norm_w, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, GH: tl.constexpr):
-    """An rmsnorm's weights as fp32 blocks shaped like _pair_rows' (one row): low halves', then high halves'."""
-    c1 = _chunks(K1, KC, 0)
-    c2 = _chunks(K2, KC, K1)
-    l1 = tl.load(norm_w + _pair_cols(c1, GH, 0)).to(tl.float32)
-    l2 = tl.load(norm_w + _pair_cols(c2, GH, 0), mask=c2 < K, other=0.0).to(tl.float32)
-    h1 = tl.load(norm_w + _pair_cols(c1, GH, 1)).to(tl.float32)
-    h2 = tl.load(norm_w + _pair_cols(c2, GH, 1), mask=c2 < K, other=0.0).to(tl.float32)
-    return l1, l2, h1, h2
-
-
-@triton.jit
-def _pair_stream_rows(h_in, embed, ids, rows, rm, layer, nl1, nl2, nh1, nh2, eps, H, K, K1: tl.constexpr,
-                      K2: tl.constexpr, KC: tl.constexpr, GH: tl.constexpr, ep, NAP: tl.constexpr):
-    """_stream_rows of a stream of pairs (K words a row), as _pair_rows' blocks, normalized."""
-    if layer == 0:  # the embedding rows, loaded in the pairs' column order
-        tok = tl.load(ids + rows, mask=rm, other=0).to(tl.int64)[None, :, None]
-        l1, l2 = _pair_weight_rows(embed, H, tok, rm[None, :, None], K, K1, K2, KC, GH, 0)
-        h1, h2 = _pair_weight_rows(embed, H, tok, rm[None, :, None], K, K1, K2, KC, GH, 1)
-        l1, l2, h1, h2 = l1.to(tl.float32), l2.to(tl.float32), h1.to(tl.float32), h2.to(tl.float32)
-    else:
-        l1, l2, h1, h2 = _pair_rows(h_in, rows * K, rm, K, K1, K2, KC, ep, NAP)
-    return _pair_normed(l1, l2, h1, h2, nl1, nl2, nh1, nh2, eps, H)
-
-
-@triton.jit
-def _pair_normed(l1, l2, h1, h2, nl1, nl2, nh1, nh2, eps, H):
-    """_normed of _pair_rows' blocks (H columns in all)."""
-    # each block's low and high squares added before its reductions: two cross-warp reductions, not four
-    total = tl.sum(tl.sum(l1 * l1 + h1 * h1, axis=2), axis=0) + tl.sum(tl.sum(l2 * l2 + h2 * h2, axis=2), axis=0)
-    rstd = (1.0 / tl.sqrt(total / H + eps))[None, :, None]
-    return l1 * rstd * nl1, l2 * rstd * nl2, h1 * rstd * nh1, h2 * rstd * nh2
-
-
-@triton.jit
-def _pair_product(l1, l2, h1, h2, w, stride, n0, n_end, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr,
-                  KC: tl.constexpr, GH: tl.constexpr, PREC: tl.constexpr):
-    """_product of _pair_rows' blocks and weight rows n0..n_end, their tile loaded here (the LM head's loop)."""
-    wl1, wl2 = _pair_tile(w, stride, n0, n_end, K, BN, K1, K2, KC, GH, 0)
-    wh1, wh2 = _pair_tile(w, stride, n0, n_end, K, BN, K1, K2, KC, GH, 1)
-    return _pairs_product(l1, l2, h1, h2, wl1, wl2, wh1, wh2, PREC)
-
-
-@triton.jit
-def _pairs_product(l1, l2, h1, h2, wl1, wl2, wh1, wh2, PREC: tl.constexpr):
-    """_product of pair rows (_pair_rows' low and high blocks) and their weight blocks (_pair_tile's): each
-    chunk's low and high products are added before the chunks are summed, so a block costs one cross-warp
-    reduction, not two."""
-    return (tl.sum(_chunk_products(l1, wl1, PREC) + _chunk_products(h1, wh1, PREC), axis=0)
-            + tl.sum(_chunk_products(l2, wl2, PREC) + _chunk_products(h2, wh2, PREC), axis=0))
-
-
-@triton.jit
-def _embedding_rows(embed, ids, rows, rm, H, H1: tl.constexpr, H2: tl.constexpr, HC: tl.constexpr):
-    """The step's tokens' embedding rows, as _rows' blocks."""
-    offs = tl.load(ids + rows, mask=rm, other=0).to(tl.int64) * H
-    p1, m1, p2, m2 = _row_blocks(embed, offs, rm, H, H1, H2, HC)
-    x1 = tl.load(p1, mask=m1, other=0.0)
-    x2 = tl.load(p2, mask=m2, other=0.0)
-    return x1.to(tl.float32), x2.to(tl.float32)
-
-
-@triton.jit
-def _embedding_tile(embed, ids, rows, rm, cols, m, H):
-    """Columns `cols` of the step's tokens' embedding rows (rows outside `rm` masked), fp32 [BR, BN]: layer 0's
-    residual."""
-    tok = tl.load(ids + rows, mask=rm, other=0).to(tl.int64)
-    return tl.load(embed + tok[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _norm_weights(norm_w, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
-    """An rmsnorm's weights as fp32 blocks shaped like _rows' (one row). Items load them before they poll
-    their inputs, so the load's round trip overlaps the wait instead of following it."""
-    c1 = _chunks(K1, KC, 0)
-    c2 = _chunks(K2, KC, K1)
-    w1 = tl.load(norm_w + c1).to(tl.float32)
-    w2 = tl.load(norm_w + c2, mask=c2 < K, other=0.0).to(tl.float32)
-    return w1, w2
-
-
-@triton.jit
-def _normed(x1, x2, nw1, nw2, eps, K):
-    """rmsnorm of each row of _rows' blocks, times the norm's weights (_norm_weights' blocks)."""
-    total = tl.sum(tl.sum(x1 * x1, axis=2), axis=0) + tl.sum(tl.sum(x2 * x2, axis=2), axis=0)
-    rstd = (1.0 / tl.sqrt(total / K + eps))[None, :, None]
-    return x1 * rstd * nw1, x2 * rstd * nw2
-
-
-@triton.jit
-def _product(x1, x2, w1, w2, PREC: tl.constexpr):
-    """[BR, BN] fp32: rows (_rows' blocks) times a weight tile (_tile's blocks) on the tensor cores, one
-    product per chunk of columns (so the warps split the sum), then summed over the chunks. The rows are
-    rounded to the weights' dtype, as a dense layer's input is; fp32 weights multiply in full fp32 (PREC
-    "ieee")."""
-    return _block_product(x1, w1, PREC) + _block_product(x2, w2, PREC)
-
-
-@triton.jit
-def _block_product(x, w, PREC: tl.constexpr):
-    return tl.sum(_chunk_products(x, w, PREC), axis=0)
-
-
-@triton.jit
-def _chunk_products(x, w, PREC: tl.constexpr):
-    """[chunks, BR, BN] fp32: each chunk's product of rows and weight rows, not yet summed."""
-    return tl.dot(x.to(w.dtype), tl.permute(w, (0, 2, 1)), out_dtype=tl.float32, input_precision=PREC)
-
-
-@triton.jit
-def _stream_rows(h_in, embed, ids, rows, rm, layer, nw1, nw2, eps, H, H1: tl.constexpr, H2: tl.constexpr,
-                 HC: tl.constexpr, ep, NAP: tl.constexpr):
-    """The step's rows of the stream entering `layer`, normalized: at layer 0 the tokens' embedding rows."""
-    if layer == 0:
-        x1, x2 = _embedding_rows(embed, ids, rows, rm, H, H1, H2, HC)
-    else:
-        x1, x2 = _rows(h_in, rows * H, rm, H, H1, H2, HC, ep, NAP)
-    return _normed(x1, x2, nw1, nw2, eps, H)
 
 
 @triton.jit
@@ -349,12 +114,12 @@ def persistent_step_kernel(
         if op == 0:  # qkv: rows a..a+TQ of a fused head and their partners HALF on, rotated, to q or the cache
             wl = wqkv + layer.to(tl.int64) * QKVW * H
             if PAIRS:  # the stream as pairs from down tiles of BD columns
-                lhl1, lhl2 = _pair_tile_pair(wl, H, a, a + HALF, TQ, HS, BQ, HP1, HP2, HPC, GR, 0)
-                lhh1, lhh2 = _pair_tile_pair(wl, H, a, a + HALF, TQ, HS, BQ, HP1, HP2, HPC, GR, 1)
-                nl1, nl2, nh1, nh2 = _pair_norm_weights(attn_norm_w + layer * H, HS, HP1, HP2, HPC, GR)
+                lhl1, lhl2 = pair_weight_tile_pair(wl, H, a, a + HALF, TQ, HS, BQ, HP1, HP2, HPC, GR, 0)
+                lhh1, lhh2 = pair_weight_tile_pair(wl, H, a, a + HALF, TQ, HS, BQ, HP1, HP2, HPC, GR, 1)
+                nl1, nl2, nh1, nh2 = pair_norm_weights(attn_norm_w + layer * H, HS, HP1, HP2, HPC, GR)
             else:
-                lh1, lh2 = _tile_pair(wl, H, a, a + HALF, TQ, H, BQ, H1, H2, HC)
-                nw1, nw2 = _norm_weights(attn_norm_w + layer * H, H, H1, H2, HC)
+                lh1, lh2 = weight_tile_pair(wl, H, a, a + HALF, TQ, H, BQ, H1, H2, HC)
+                nw1, nw2 = norm_weights(attn_norm_w + layer * H, H, H1, H2, HC)
             c = a - part * D + tl.arange(0, BQ)   # the pair's first columns within the head
             cm = tl.arange(0, BQ) < TQ
             m = rmask[:, None] & cm[None, :]
@@ -367,14 +132,14 @@ def persistent_step_kernel(
             ch = tl.load(cos + p + HALF + c[None, :], mask=rm, other=0.0)
             sh = tl.load(sin + p + HALF + c[None, :], mask=rm, other=0.0)
             if PAIRS:
-                l1, l2, h1, h2 = _pair_stream_rows(h_in, embed, ids, rows, rmask, layer, nl1, nl2, nh1, nh2, eps, H,
+                l1, l2, h1, h2 = pair_stream_rows(h_in, embed, ids, rows, rmask, layer, nl1, nl2, nh1, nh2, eps, H,
                                                    HS, HP1, HP2, HPC, GR, ep, NAP)
                 _stamp(trace, it, 1, TRACE)
-                lo, hi = _halves(_pairs_product(l1, l2, h1, h2, lhl1, lhl2, lhh1, lhh2, PREC), BR, 2 * BQ)
+                lo, hi = halves(pairs_product(l1, l2, h1, h2, lhl1, lhl2, lhh1, lhh2, PREC), BR, 2 * BQ)
             else:
-                x1, x2 = _stream_rows(h_in, embed, ids, rows, rmask, layer, nw1, nw2, eps, H, H1, H2, HC, ep, NAP)
+                x1, x2 = stream_rows(h_in, embed, ids, rows, rmask, layer, nw1, nw2, eps, H, H1, H2, HC, ep, NAP)
                 _stamp(trace, it, 1, TRACE)
-                lo, hi = _halves(_product(x1, x2, lh1, lh2, PREC), BR, 2 * BQ)
+                lo, hi = halves(product(x1, x2, lh1, lh2, PREC), BR, 2 * BQ)
             if part < NH + KV:
                 lo, hi = lo * cl - hi * sl, hi * ch + lo * sh
             if part < NH:
@@ -436,7 +201,7 @@ def persistent_step_kernel(
             out = acc / tl.maximum(total, 1.0e-30)[:, None]
             if PAIRS:
                 hcol = tl.arange(0, HALF)
-                _store_pairs(attn_buf + layer * R * QW2 + rows[:, None] * QW2 + part * HALF + hcol[None, :], out,
+                store_pairs(attn_buf + layer * R * QW2 + rows[:, None] * QW2 + part * HALF + hcol[None, :], out,
                              rmask[:, None] & (hcol < HALF)[None, :], ep, BR, D)
             else:
                 tl.store(attn_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], packed(out, ep),
@@ -447,8 +212,8 @@ def persistent_step_kernel(
             cm = cols < b
             m = rmask[:, None] & cm[None, :]
             if PAIRS:  # attn as pairs (word j of head h: its columns j and j + HALF); the stream as pairs
-                wl1, wl2 = _pair_tile(wl, QW, a, b, QW2, BO, QP1, QP2, QPC, HALF, 0)
-                wh1, wh2 = _pair_tile(wl, QW, a, b, QW2, BO, QP1, QP2, QPC, HALF, 1)
+                wl1, wl2 = pair_weight_tile(wl, QW, a, b, QW2, BO, QP1, QP2, QPC, HALF, 0)
+                wh1, wh2 = pair_weight_tile(wl, QW, a, b, QW2, BO, QP1, QP2, QPC, HALF, 1)
                 rc = a // 2 + tl.arange(0, BO // 2)  # the tile's words: BO columns, as the down tile's before it
                 rcm = rmask[:, None] & (rc < HS)[None, :]
                 src = attn_buf + layer * R * QW2
@@ -457,47 +222,47 @@ def persistent_step_kernel(
                     res_lo = tl.load(embed + tok + a + tl.arange(0, BO // 2)[None, :], mask=rcm, other=0.0)
                     res_hi = tl.load(embed + tok + a + BO // 2 + tl.arange(0, BO // 2)[None, :], mask=rcm, other=0.0)
                     res_lo, res_hi = res_lo.to(tl.float32), res_hi.to(tl.float32)
-                    l1, l2, h1, h2 = _pair_rows(src, rows * QW2, rmask, QW2, QP1, QP2, QPC, ep, NAP)
+                    l1, l2, h1, h2 = awaited_pair_rows(src, rows * QW2, rmask, QW2, QP1, QP2, QPC, ep, NAP)
                 else:
-                    l1, l2, h1, h2 = _pair_rows(src, rows * QW2, rmask, QW2, QP1, QP2, QPC, ep, NAP)
+                    l1, l2, h1, h2 = awaited_pair_rows(src, rows * QW2, rmask, QW2, QP1, QP2, QPC, ep, NAP)
                     res_lo, res_hi = pair_values(settled_words(h_in + rows[:, None] * HS + rc[None, :], rcm, ep))
                 _stamp(trace, it, 1, TRACE)
-                y_lo, y_hi = _halves(_pairs_product(l1, l2, h1, h2, wl1, wl2, wh1, wh2, PREC), BR, BO)
+                y_lo, y_hi = halves(pairs_product(l1, l2, h1, h2, wl1, wl2, wh1, wh2, PREC), BR, BO)
                 tl.store(h_in + R * HS + rows[:, None] * HS + rc[None, :], pack_pair(y_lo + res_lo, y_hi + res_hi, ep),
                          mask=rcm)
             else:
-                w1, w2 = _tile(wl, QW, a, b, QW, BO, Q1, Q2, QC)
+                w1, w2 = weight_tile(wl, QW, a, b, QW, BO, Q1, Q2, QC)
                 if layer == 0:
-                    res = _embedding_tile(embed, ids, rows, rmask, cols, m, H)
-                    x1, x2 = _rows(attn_buf, rows * QW, rmask, QW, Q1, Q2, QC, ep, NAP)
+                    res = embedding_tile(embed, ids, rows, rmask, cols, m, H)
+                    x1, x2 = awaited_rows(attn_buf, rows * QW, rmask, QW, Q1, Q2, QC, ep, NAP)
                 else:
-                    x1, x2 = _rows(attn_buf + layer * R * QW, rows * QW, rmask, QW, Q1, Q2, QC, ep, NAP)
+                    x1, x2 = awaited_rows(attn_buf + layer * R * QW, rows * QW, rmask, QW, Q1, Q2, QC, ep, NAP)
                     res = settled(h_in + rows[:, None] * H + cols[None, :], m, ep)
                 _stamp(trace, it, 1, TRACE)
-                y = _product(x1, x2, w1, w2, PREC) + res
+                y = product(x1, x2, w1, w2, PREC) + res
                 tl.store(h_in + R * H + rows[:, None] * H + cols[None, :], packed(y, ep), mask=m)
         elif op == 3:  # gate_up tile [a, b): act = silu(x Wg^T) * (x Wu^T), x = mlp_norm(h[2l+1])
             wl = wgu + layer.to(tl.int64) * 2 * I * H
             if PAIRS:  # the stream as pairs from o_proj tiles of BD columns
-                gul1, gul2 = _pair_tile_pair(wl, H, a, I + a, b - a, HS, BG, HP1, HP2, HPC, GR, 0)
-                guh1, guh2 = _pair_tile_pair(wl, H, a, I + a, b - a, HS, BG, HP1, HP2, HPC, GR, 1)
-                nl1, nl2, nh1, nh2 = _pair_norm_weights(mlp_norm_w + layer * H, HS, HP1, HP2, HPC, GR)
-                l1, l2, h1, h2 = _pair_rows(h_in + R * HS, rows * HS, rmask, HS, HP1, HP2, HPC, ep, NAP)
+                gul1, gul2 = pair_weight_tile_pair(wl, H, a, I + a, b - a, HS, BG, HP1, HP2, HPC, GR, 0)
+                guh1, guh2 = pair_weight_tile_pair(wl, H, a, I + a, b - a, HS, BG, HP1, HP2, HPC, GR, 1)
+                nl1, nl2, nh1, nh2 = pair_norm_weights(mlp_norm_w + layer * H, HS, HP1, HP2, HPC, GR)
+                l1, l2, h1, h2 = awaited_pair_rows(h_in + R * HS, rows * HS, rmask, HS, HP1, HP2, HPC, ep, NAP)
                 _stamp(trace, it, 1, TRACE)
-                l1, l2, h1, h2 = _pair_normed(l1, l2, h1, h2, nl1, nl2, nh1, nh2, eps, H)
-                gate, up = _halves(_pairs_product(l1, l2, h1, h2, gul1, gul2, guh1, guh2, PREC), BR, 2 * BG)
+                l1, l2, h1, h2 = pair_normed(l1, l2, h1, h2, nl1, nl2, nh1, nh2, eps, H)
+                gate, up = halves(pairs_product(l1, l2, h1, h2, gul1, gul2, guh1, guh2, PREC), BR, 2 * BG)
             else:
-                gu1, gu2 = _tile_pair(wl, H, a, I + a, b - a, H, BG, H1, H2, HC)
-                nw1, nw2 = _norm_weights(mlp_norm_w + layer * H, H, H1, H2, HC)
-                x1, x2 = _rows(h_in + R * H, rows * H, rmask, H, H1, H2, HC, ep, NAP)
+                gu1, gu2 = weight_tile_pair(wl, H, a, I + a, b - a, H, BG, H1, H2, HC)
+                nw1, nw2 = norm_weights(mlp_norm_w + layer * H, H, H1, H2, HC)
+                x1, x2 = awaited_rows(h_in + R * H, rows * H, rmask, H, H1, H2, HC, ep, NAP)
                 _stamp(trace, it, 1, TRACE)
-                x1, x2 = _normed(x1, x2, nw1, nw2, eps, H)
-                gate, up = _halves(_product(x1, x2, gu1, gu2, PREC), BR, 2 * BG)
+                x1, x2 = normed(x1, x2, nw1, nw2, eps, H)
+                gate, up = halves(product(x1, x2, gu1, gu2, PREC), BR, 2 * BG)
             cols = a + tl.arange(0, BG)
             act = gate / (1.0 + tl.exp(-gate)) * up
             if PAIRS:  # a tile is BG columns (PersistentStep checks): word j holds its columns j and j + BG // 2
                 pc = a // 2 + tl.arange(0, BG // 2)
-                _store_pairs(act_buf + layer * R * AW + rows[:, None] * AW + pc[None, :], act,
+                store_pairs(act_buf + layer * R * AW + rows[:, None] * AW + pc[None, :], act,
                              rmask[:, None] & (pc < b // 2)[None, :], ep, BR, BG)
             else:
                 tl.store(act_buf + layer * R * I + rows[:, None] * I + cols[None, :], packed(act, ep),
@@ -508,14 +273,15 @@ def persistent_step_kernel(
             m = rmask[:, None] & (cols < b)[None, :]
             taken = tl.load(capture + layer + 1)  # bit j: feature j is the stream entering layer + 1
             if PAIRS:  # act as pairs from gate_up tiles of BG columns; the stream as pairs
-                wl1, wl2 = _pair_tile(wl, I, a, b, AW, BD, IP1, IP2, IPC, BG // 2, 0)
-                wh1, wh2 = _pair_tile(wl, I, a, b, AW, BD, IP1, IP2, IPC, BG // 2, 1)
+                wl1, wl2 = pair_weight_tile(wl, I, a, b, AW, BD, IP1, IP2, IPC, BG // 2, 0)
+                wh1, wh2 = pair_weight_tile(wl, I, a, b, AW, BD, IP1, IP2, IPC, BG // 2, 1)
                 rc = a // 2 + tl.arange(0, GR)
                 rcm = rmask[:, None] & (rc < HS)[None, :]
-                l1, l2, h1, h2 = _pair_rows(act_buf + layer * R * AW, rows * AW, rmask, AW, IP1, IP2, IPC, ep, NAP)
+                l1, l2, h1, h2 = awaited_pair_rows(act_buf + layer * R * AW, rows * AW, rmask, AW, IP1, IP2, IPC, ep,
+                                                   NAP)
                 res_lo, res_hi = pair_values(settled_words(h_in + R * HS + rows[:, None] * HS + rc[None, :], rcm, ep))
                 _stamp(trace, it, 1, TRACE)
-                y_lo, y_hi = _halves(_pairs_product(l1, l2, h1, h2, wl1, wl2, wh1, wh2, PREC), BR, BD)
+                y_lo, y_hi = halves(pairs_product(l1, l2, h1, h2, wl1, wl2, wh1, wh2, PREC), BR, BD)
                 y_lo, y_hi = y_lo + res_lo, y_hi + res_hi
                 tl.store(h_in + 2 * R * HS + rows[:, None] * HS + rc[None, :], pack_pair(y_lo, y_hi, ep), mask=rcm)
                 fc = a + tl.arange(0, GR)[None, :]
@@ -525,11 +291,11 @@ def persistent_step_kernel(
                         tl.store(f, y_lo.to(features.dtype.element_ty), mask=rcm)
                         tl.store(f + GR, y_hi.to(features.dtype.element_ty), mask=rcm)
             else:
-                w1, w2 = _tile(wl, I, a, b, I, BD, I1, I2, IC)
-                x1, x2 = _rows(act_buf + layer * R * I, rows * I, rmask, I, I1, I2, IC, ep, NAP)
+                w1, w2 = weight_tile(wl, I, a, b, I, BD, I1, I2, IC)
+                x1, x2 = awaited_rows(act_buf + layer * R * I, rows * I, rmask, I, I1, I2, IC, ep, NAP)
                 res = settled(h_in + R * H + rows[:, None] * H + cols[None, :], m, ep)
                 _stamp(trace, it, 1, TRACE)
-                y = _product(x1, x2, w1, w2, PREC) + res
+                y = product(x1, x2, w1, w2, PREC) + res
                 tl.store(h_in + 2 * R * H + rows[:, None] * H + cols[None, :], packed(y, ep), mask=m)
                 for j in tl.static_range(NCAP):  # the EAGLE-3 features, in the target's dtype
                     if (taken >> j) & 1:
@@ -537,24 +303,24 @@ def persistent_step_kernel(
                                  y.to(features.dtype.element_ty), mask=m)
         elif op == 5:  # lm_head tile [a, b) of final_norm(h[2L]), and the tile's maximum per row
             if PAIRS:
-                nl1, nl2, nh1, nh2 = _pair_norm_weights(final_norm_w, HS, HP1, HP2, HPC, GR)
-                l1, l2, h1, h2 = _pair_rows(h_buf + 2 * L * R * HS, rows * HS, rmask, HS, HP1, HP2, HPC, ep, NAP)
+                nl1, nl2, nh1, nh2 = pair_norm_weights(final_norm_w, HS, HP1, HP2, HPC, GR)
+                l1, l2, h1, h2 = awaited_pair_rows(h_buf + 2 * L * R * HS, rows * HS, rmask, HS, HP1, HP2, HPC, ep, NAP)
                 _stamp(trace, it, 1, TRACE)
-                l1, l2, h1, h2 = _pair_normed(l1, l2, h1, h2, nl1, nl2, nh1, nh2, eps, H)
+                l1, l2, h1, h2 = pair_normed(l1, l2, h1, h2, nl1, nl2, nh1, nh2, eps, H)
             else:
-                nw1, nw2 = _norm_weights(final_norm_w, H, H1, H2, HC)
-                x1, x2 = _rows(h_buf + 2 * L * R * H, rows * H, rmask, H, H1, H2, HC, ep, NAP)
+                nw1, nw2 = norm_weights(final_norm_w, H, H1, H2, HC)
+                x1, x2 = awaited_rows(h_buf + 2 * L * R * H, rows * H, rmask, H, H1, H2, HC, ep, NAP)
                 _stamp(trace, it, 1, TRACE)
-                x1, x2 = _normed(x1, x2, nw1, nw2, eps, H)
+                x1, x2 = normed(x1, x2, nw1, nw2, eps, H)
             best = tl.full((BR,), float("-inf"), tl.float32)
             where = tl.zeros((BR,), tl.int32)
             cn = tl.arange(0, BL)
             for n0 in range(a, b, BL):
                 if PAIRS:
-                    y = _pair_product(l1, l2, h1, h2, lm_head, H, n0, b, HS, BL, HP1, HP2, HPC, GR, PREC)
+                    y = pair_tile_product(l1, l2, h1, h2, lm_head, H, n0, b, HS, BL, HP1, HP2, HPC, GR, PREC)
                 else:
-                    w1, w2 = _tile(lm_head, H, n0, b, H, BL, H1, H2, HC)
-                    y = _product(x1, x2, w1, w2, PREC)
+                    w1, w2 = weight_tile(lm_head, H, n0, b, H, BL, H1, H2, HC)
+                    y = product(x1, x2, w1, w2, PREC)
                 c = n0 + cn
                 y = tl.where((c < b)[None, :], y, float("-inf"))
                 tl.store(logits + rows[:, None] * V + c[None, :], y, mask=rmask[:, None] & (c[None, :] < b))
