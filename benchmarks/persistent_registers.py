@@ -1,7 +1,7 @@
 """Registers, spills, barriers and instructions of the persistent decoder step, compiled for sm_90a without a GPU.
 
 Usage: python benchmarks/persistent_registers.py [--rows 1,4,8] [--warps 4,8] [--tiles 16,16,16,16,384] [--trace]
-       [--block-t 128]
+       [--block-t 128] [--pairs 0,1]
 
 Compiles eyas.kernels.persistent_decode's kernel for SmolLM2-135M's shape in bf16 with the three EAGLE-3 features
 written (the constexprs PersistentStep passes, and the divisibility the JIT infers from an engine launch's
@@ -12,8 +12,9 @@ reduction that Triton keeps within each warp (they can split the program's warps
 per op, the barriers (BAR.SYNC in the SASS, from Triton's nvdisasm) and the instructions between an item's last
 poll load and its end, in branches taken or not and loop bodies once: every cross-warp reduction and layout change
 through shared memory costs one or two barriers, and the item's work after its inputs arrive waits on each in
-turn; the last says whether the step passes bf16 word pairs (persistent_step.pairs_by_default, as the engine's
-steps do). These are the compiler's counts, not timings.
+turn; the last says whether the step passes bf16 word pairs (by default as the engine's steps do,
+persistent_step.pairs_by_default; --pairs compiles each row count in the formats named). These are the
+compiler's counts, not timings.
 Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run,
 accepts some programs the compiler rejects).
 """
@@ -81,8 +82,10 @@ def divisibility(sig: dict) -> dict:
             if kind.startswith("*") or name in MULTIPLES_OF_16}
 
 
-def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool, block_t: int = 128) -> dict:
-    pairs = pairs_by_default(SMOLLM2, torch.bfloat16, rows, tiles)  # as the engine's steps take them
+def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool, block_t: int = 128,
+                 pairs: bool | None = None) -> dict:
+    if pairs is None:  # as the engine's steps take them
+        pairs = pairs_by_default(SMOLLM2, torch.bfloat16, rows, tiles)
     constexprs = kernel_constants(SMOLLM2, rows, tiles, 3, 32, block_t, torch.bfloat16, trace, pairs)
     kernel = persistent_decode.persistent_step_kernel
     sig = signature(kernel, constexprs)
@@ -175,36 +178,38 @@ def main(argv=None) -> int:
     ap.add_argument("--tiles", default="16,16,16,16,384", help="qkv, o_proj, gate_up, down, lm_head")
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--block-t", type=int, default=128, help="cache columns per attention block (the engine's 128)")
+    ap.add_argument("--pairs", default="", help="comma-separated 0 / 1: one value a word, bf16 word pairs "
+                    "(default: as the engine's steps take them)")
     args = ap.parse_args(argv)
     try:
+        formats = [{"0": False, "1": True}[p] for p in args.pairs.split(",")] if args.pairs else [None]
         rows = [int(r) for r in args.rows.split(",")]
         warps = [int(w) for w in args.warps.split(",")]
         sizes = [int(t) for t in args.tiles.split(",")]
         if len(sizes) != 5:
             raise ValueError
         tiles = Tiles(*sizes)
-    except ValueError:
+    except (KeyError, ValueError):
         print("persistent_registers: error: --rows, --warps and --tiles take comma-separated integers "
-              "(--tiles five of them)", file=sys.stderr)
+              "(--tiles five of them), --pairs comma-separated 0 and 1", file=sys.stderr)
         return 2
     ops = " / ".join(persistent_decode.OPS)
     print("| rows | warps | trace | registers | spill bytes | fits one program per SM | compile s | block_t "
           f"| polls nap | polls that split the warps | barriers after the poll ({ops}) "
           f"| instructions after the poll ({ops}) | word pairs |")
     print("| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | --- | ---: | --- | --- | --- |")
-    for r in rows:
-        for w in warps:
-            c = compile_step(r, w, tiles, args.trace, args.block_t)
-            fits = w * 32 * (c["registers"] or 0) <= 65536
-            bars = ins = "not found"
-            if c["after_poll"]:
-                regions = c["after_poll"].values()
-                bars = " / ".join(str(sum("BAR.SYNC" in line for line in v)) for v in regions)
-                ins = " / ".join(str(instructions(v)) for v in regions)
-            print(f"| {r} | {w} | {args.trace} | {c['registers']} | {c['spill_store_bytes']} | {fits} "
-                  f"| {c['compile_s']:.1f} | {args.block_t} | {c['naps']} | {c['split_polls']} | {bars} | {ins} "
-                  f"| {c['pairs']} |",
-                  flush=True)
+    for r, w, pairs in ((r, w, p) for r in rows for w in warps for p in formats):
+        c = compile_step(r, w, tiles, args.trace, args.block_t, pairs)
+        fits = w * 32 * (c["registers"] or 0) <= 65536
+        bars = ins = "not found"
+        if c["after_poll"]:
+            regions = c["after_poll"].values()
+            bars = " / ".join(str(sum("BAR.SYNC" in line for line in v)) for v in regions)
+            ins = " / ".join(str(instructions(v)) for v in regions)
+        print(f"| {r} | {w} | {args.trace} | {c['registers']} | {c['spill_store_bytes']} | {fits} "
+              f"| {c['compile_s']:.1f} | {args.block_t} | {c['naps']} | {c['split_polls']} | {bars} | {ins} "
+              f"| {c['pairs']} |",
+              flush=True)
     return 0
 
 
