@@ -50,7 +50,6 @@ FRESH:
 # 100 ns of PTX nanosleep between a poll's rounds, then $0 = $1 (a result keeps the sleep in place).
 _NAP = tl.constexpr("nanosleep.u32 100;\nmov.b32 $0, $1;")
 
-
 # $0 = 1 if $1 is nonzero in any of the program's threads, else 0, in every thread: a barrier reduction (PTX
 # bar.red.or on barrier 0, as CUDA's __syncthreads_or), which every thread of the program must reach.
 _ANY_THREAD = tl.constexpr("""{
@@ -129,7 +128,7 @@ def pair_values(p):
 
 
 @triton.jit
-def value(p):
+def _value(p):
     """The fp32 value of pack's words."""
     return payload(p).to(tl.float32, bitcast=True)
 
@@ -200,14 +199,14 @@ def await_words3(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep, NAP: tl.constexpr
 def await_both(ptrs1, mask1, ptrs2, mask2, ep, NAP: tl.constexpr):
     """The fp32 values of await_words' words."""
     p1, p2 = await_words(ptrs1, mask1, ptrs2, mask2, ep, NAP)
-    return value(p1), value(p2)
+    return _value(p1), _value(p2)
 
 
 @triton.jit
 def await_three(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep, NAP: tl.constexpr):
     """The fp32 values of await_words3's words."""
     p1, p2, p3 = await_words3(ptrs1, mask1, ptrs2, mask2, ptrs3, mask3, ep, NAP)
-    return value(p1), value(p2), value(p3)
+    return _value(p1), _value(p2), _value(p3)
 
 
 @triton.jit
@@ -223,4 +222,4 @@ def settled_words(ptrs, mask, ep):
 @triton.jit
 def settled(ptrs, mask, ep):
     """The fp32 values of settled_words' words."""
-    return value(settled_words(ptrs, mask, ep))
+    return _value(settled_words(ptrs, mask, ep))
