@@ -34,7 +34,23 @@ def test_dense_keeps_autograd():
     torch.testing.assert_close(w.grad, x.sum(0).expand(8, 4))
 
 
-@pytest.mark.skipif(not linear.ONEDNN, reason="this torch has no oneDNN linear")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_matches_f_linear_in_each_dtype(dtype):
+    """bf16 too, on CPUs whose oneDNN refuses it (no bf16 instructions): there F.linear runs it."""
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(2, 3, 32, generator=g).to(dtype), torch.randn(48, 32, generator=g).to(dtype)
+    with torch.inference_mode():
+        torch.testing.assert_close(dense(x, w), F.linear(x, w))
+
+
+def test_onednn_takes_only_the_dtypes_it_runs():
+    for dtype in linear.ONEDNN_DTYPES:
+        torch.ops.mkldnn._linear_pointwise(torch.ones(2, 16, dtype=dtype), torch.ones(8, 16, dtype=dtype), None,  # noqa: SLF001
+                                           "none", [], "")
+    assert set(linear.ONEDNN_DTYPES) <= {torch.float32, torch.bfloat16}
+
+
+@pytest.mark.skipif(torch.float32 not in linear.ONEDNN_DTYPES, reason="this torch has no oneDNN linear")
 def test_dense_runs_onednn_on_cpu_inference(monkeypatch):
     """Inference on the CPU never reaches F.linear; a weight that wants a gradient always does."""
     calls = []

@@ -15,24 +15,39 @@ from eyas.tensor_parallel import SINGLE, TPContext
 from eyas.errors import EyasError
 
 
-def _onednn_linear_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def _onednn_dtypes() -> tuple[torch.dtype, ...]:
+    """The dtypes that oneDNN's linear runs on this CPU: fp32 wherever torch has the op, bf16 only where a trial
+    call runs (a CPU without bf16 instructions, AVX2 alone, refuses every bf16 shape)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return ()
+    runs = []
+    for dtype in (torch.float32, torch.bfloat16):
+        try:
+            _onednn_linear(torch.ones(1, 1, 16, dtype=dtype), torch.ones(16, 16, dtype=dtype), None)
+        except RuntimeError:
+            continue
+        runs.append(dtype)
+    return tuple(runs)
 
 
-ONEDNN = _onednn_linear_available()
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    # torch registers this oneDNN op under a private name only (no public alias).
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")  # noqa: SLF001
+
+
+ONEDNN_DTYPES = _onednn_dtypes()
 
 
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias). On the CPU, in fp32 or bf16 with no gradient wanted, through oneDNN's matmul on
-    the weight as it is (no packed copy): there MKL's GEMV and small-row GEMM are the slower kernels on AVX-512
+    """F.linear(x, weight, bias). On the CPU, in fp32 or bf16 (where oneDNN runs it) with no gradient wanted,
+    through oneDNN's matmul on the weight as it is (no packed copy): there MKL's GEMV and small-row GEMM are the slower kernels on AVX-512
     machines, and a verify pass's few rows cost oneDNN little more than one row (benchmarks/bench_cpu_peers.py).
     Elsewhere torch's F.linear."""
-    if (ONEDNN and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and weight.dtype == x.dtype
+    if (x.device.type == "cpu" and x.dtype in ONEDNN_DTYPES and weight.dtype == x.dtype
             and (bias is None or bias.dtype == x.dtype)
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                                   or (bias is not None and bias.requires_grad)))):
-        # torch registers this oneDNN op under a private name only (no public alias).
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")  # noqa: SLF001
+        return _onednn_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
