@@ -112,14 +112,16 @@ def emulate_pairs(hf, ids, rows, k, v, cos, sin):
     return norm(h, w["model.norm.weight"]) @ w["model.embed_tokens.weight"].T, h
 
 
-@pytest.mark.parametrize("rows", [1, 4])
-def test_word_pairs_round_where_their_emulation_does(tiny, rows):
+# Producer tiles of one width, and of unequal widths that are not powers of two (tiles that end mid-block).
+@pytest.mark.parametrize("rows,tiles", [(1, TILES), (4, TILES),
+                                        (4, dataclasses.replace(TILES, o_proj=24, down=10, gate_up=18))])
+def test_word_pairs_round_where_their_emulation_does(tiny, rows, tiles):
     """The residual stream, attention outputs and activations two bf16 to a word (a bf16 target's format,
     forced on an fp32 one): the logits and the stream (decoded from its pairs) are a plain torch emulation's
     that rounds at the same points (a pair's columns mixed up would miss by their own size); the tokens are
     eyas's, the cache rows within bf16 rounding of its."""
     hf, model, ids = tiny
-    logits, tokens, (k, v), want, (k_want, v_want), step = run_both(model, ids, rows, pairs=True)
+    logits, tokens, (k, v), want, (k_want, v_want), step = run_both(model, ids, rows, tiles, pairs=True)
     assert step.act.shape[-1] == model.config.intermediate_size // 2
     p = step.packed
     emulated, stream = emulate_pairs(hf, ids, rows, k, v, p.cos[PROMPT:PROMPT + rows], p.sin[PROMPT:PROMPT + rows])
@@ -128,22 +130,22 @@ def test_word_pairs_round_where_their_emulation_does(tiny, rows):
     assert (logits.cpu() - emulated).abs().max() <= tol * emulated.abs().max()
     assert (step.stream(hf.config.num_hidden_layers).cpu() - stream).abs().max() <= tol * stream.abs().max()
     assert torch.equal(tokens, want.argmax(-1))
-    plain, *_ = run_both(model, ids, rows)
+    plain, *_ = run_both(model, ids, rows, tiles)
     assert not torch.equal(logits, plain)  # the pairs did round
     for got, ref in ((k, k_want), (v, v_want)):
         assert (got - ref).abs().max() <= 2 ** -8 * ref.abs().max()
     assert step.counters_complete()
 
 
-def test_word_pairs_need_whole_equal_producer_tiles(tiny):
+def test_word_pairs_need_even_producer_tiles(tiny):
     _, model, _ = tiny
     packed = pack_llama(model)
-    for tiles, match in ((dataclasses.replace(TILES, down=32), "o_proj tiles of 16 and down tiles of 32"),
-                         (dataclasses.replace(TILES, gate_up=24), "gate_up tiles of 24"),
-                         (dataclasses.replace(TILES, o_proj=8, down=8), "o_proj tiles of 8")):
+    for tiles, match in ((dataclasses.replace(TILES, down=9), "down tiles of 9 over 64"),
+                         (dataclasses.replace(TILES, gate_up=25), "gate_up tiles of 25 over 128"),
+                         (dataclasses.replace(TILES, o_proj=7), "o_proj tiles of 7")):
         with pytest.raises(ValueError, match=match):
             PersistentStep(packed, 1, programs=1, tiles=tiles, pairs=True)
-    PersistentStep(packed, 1, programs=1, tiles=dataclasses.replace(TILES, down=32))  # one value a word
+    PersistentStep(packed, 1, programs=1, tiles=dataclasses.replace(TILES, down=9))  # one value a word
 
 
 def test_bf16_targets_pair_their_words_from_four_rows(tiny):
@@ -154,7 +156,7 @@ def test_bf16_targets_pair_their_words_from_four_rows(tiny):
     assert not any(PersistentStep(packed, r, programs=1, tiles=TILES).pairs for r in (1, 4, 8))
     bf16 = dataclasses.replace(packed, embed=packed.embed.to(torch.bfloat16))
     assert [PersistentStep(bf16, r, programs=1, tiles=TILES).pairs for r in (1, 2, 3, 4, 8)] == [False] * 3 + [True] * 2
-    assert not PersistentStep(bf16, 4, programs=1, tiles=dataclasses.replace(TILES, down=32)).pairs
+    assert not PersistentStep(bf16, 4, programs=1, tiles=dataclasses.replace(TILES, down=9)).pairs
     assert not PersistentStep(bf16, 4, programs=1, tiles=TILES, pairs=False).pairs
 
 

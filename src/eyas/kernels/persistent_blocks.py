@@ -2,9 +2,9 @@
 
 An item holds the rows it reads and its weight tile as two register blocks each ([chunks, rows, KC columns],
 of persistent_decode.split_pow2's widths), multiplies them on the tensor cores one chunk at a time and sums
-the chunks. With one value a word a row is read as fp32 words; with pairs (a bf16 target's passes of four
-rows or more) as words of two bf16 values, a producer of G columns pairing its column j with j + G / 2, so a
-consumer holds each block's low and high halves and loads its weight columns in that order.
+the chunks. With one value a word a row is read as fp32 words; with pairs (PAIRS: words of two bf16 values,
+a row's adjacent columns 2j and 2j + 1) a consumer joins each word's values back into column order right after
+its poll, so everything an item does after it is the same code in both formats.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from eyas.kernels.persistent_words import await_both, await_words, pack_pair, pair_values
+from eyas.kernels.persistent_words import await_both, await_words, pack_pair, packed, pair_values, settled, settled_words
 
 
 @triton.jit
@@ -67,123 +67,65 @@ def _row_blocks(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.con
 
 
 @triton.jit
-def awaited_rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ep, NAP: tl.constexpr):
-    """Rows src[offs[i] : offs[i] + K] of packed words written this step, awaited, as fp32 blocks
-    [K1 // KC, BR, KC], [K2 // KC, BR, KC]; rows outside `rm` are 0."""
-    p1, m1, p2, m2 = _row_blocks(src, offs, rm, K, K1, K2, KC)
-    return await_both(p1, m1, p2, m2, ep, NAP)
+def awaited_rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ep, NAP: tl.constexpr,
+                 PAIRS: tl.constexpr):
+    """Rows of K columns written this step, awaited, as fp32 blocks [K1 // KC, BR, KC], [K2 // KC, BR, KC]; rows
+    outside `rm` are 0. The rows start at word offsets `offs` of src: pack's words, or with PAIRS pack_pair's
+    (K // 2 words a row), joined back into column order."""
+    if PAIRS:
+        p1, m1, p2, m2 = _row_blocks(src, offs, rm, K // 2, K1 // 2, K2 // 2, KC // 2)
+        w1, w2 = await_words(p1, m1, p2, m2, ep, NAP)
+        return joined(w1), joined(w2)
+    else:
+        p1, m1, p2, m2 = _row_blocks(src, offs, rm, K, K1, K2, KC)
+        return await_both(p1, m1, p2, m2, ep, NAP)
 
 
 @triton.jit
-def awaited_pair_rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ep, NAP: tl.constexpr):
-    """Rows of pack_pair's words src[offs[i] : offs[i] + K], awaited: the low halves' values as awaited_rows' blocks,
-    then the high halves'."""
-    p1, m1, p2, m2 = _row_blocks(src, offs, rm, K, K1, K2, KC)
-    w1, w2 = await_words(p1, m1, p2, m2, ep, NAP)
-    l1, h1 = pair_values(w1)
-    l2, h2 = pair_values(w2)
-    return l1, l2, h1, h2
+def joined(p):
+    """pack_pair's words [..., N] as their fp32 values [..., 2 N] in column order: word j holds columns 2j, 2j + 1."""
+    lo, hi = pair_values(p)
+    both = tl.join(lo, hi)
+    return tl.reshape(both, _doubled_last(lo.shape))
+
+
+@triton.constexpr_function
+def _doubled_last(shape):
+    return [*shape[:-1], 2 * shape[-1]]
+
+
+@triton.jit
+def settled_tile(src, rows, rm, a, b, K, ep, G: tl.constexpr, PAIRS: tl.constexpr):
+    """Columns a..a+G (none from b on) of the step's rows of src, a buffer of K columns a row that an input this
+    item polled depends on (settled_words), as fp32 [BR, G]; with PAIRS src holds pack_pair's words (a and b
+    even)."""
+    if PAIRS:
+        wc = a // 2 + tl.arange(0, G // 2)
+        words = settled_words(src + rows[:, None] * (K // 2) + wc[None, :], rm[:, None] & (wc < b // 2)[None, :], ep)
+        return joined(words)
+    else:
+        cols = a + tl.arange(0, G)
+        return settled(src + rows[:, None] * K + cols[None, :], rm[:, None] & (cols < b)[None, :], ep)
+
+
+@triton.jit
+def store_tile(dst, rows, rm, a, b, K, y, ep, BR: tl.constexpr, G: tl.constexpr, PAIRS: tl.constexpr):
+    """y [BR, G] fp32 as columns a..a+G (none from b on) of the step's rows of dst, a buffer of K columns a row:
+    pack's words, or with PAIRS pack_pair's, word j holding columns 2j and 2j + 1 (a and b even)."""
+    if PAIRS:
+        lo, hi = tl.split(tl.reshape(y, (BR, G // 2, 2)))
+        wc = a // 2 + tl.arange(0, G // 2)
+        tl.store(dst + rows[:, None] * (K // 2) + wc[None, :], pack_pair(lo, hi, ep),
+                 mask=rm[:, None] & (wc < b // 2)[None, :])
+    else:
+        cols = a + tl.arange(0, G)
+        tl.store(dst + rows[:, None] * K + cols[None, :], packed(y, ep), mask=rm[:, None] & (cols < b)[None, :])
 
 
 @triton.jit
 def halves(x, BR: tl.constexpr, G: tl.constexpr):
     """x [BR, G] as its first G // 2 columns and its last."""
     return tl.split(tl.permute(tl.reshape(x, (BR, 2, G // 2)), (0, 2, 1)))
-
-
-@triton.jit
-def store_pairs(dst, x, mask, ep, BR: tl.constexpr, G: tl.constexpr):
-    """x [BR, G] fp32 (a producer's G columns) as G // 2 pack_pair words a row at dst [BR, G // 2]: word j
-    holds columns j and j + G // 2."""
-    lo, hi = halves(x, BR, G)
-    tl.store(dst, pack_pair(lo, hi, ep), mask=mask)
-
-
-@triton.jit
-def _pair_cols(c, GH: tl.constexpr, HI: tl.constexpr):
-    """The column in word c's low (HI 0) or high (HI 1) half, in a row of pairs from producers of 2 GH columns
-    each (store_pairs): stretches of GH columns, so loads by these columns stay vectorized."""
-    return (c // GH) * (2 * GH) + c % GH + HI * GH
-
-
-@triton.jit
-def _pair_weight_rows(w, stride, r, ok, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, GH: tl.constexpr,
-                      HI: tl.constexpr):
-    """_weight_rows' blocks for a row of K pair words: the weight columns of their low (HI 0) or high halves."""
-    c1 = _chunks(K1, KC, 0)
-    c2 = _chunks(K2, KC, K1)
-    w1 = tl.load(w + r * stride + _pair_cols(c1, GH, HI), mask=ok, other=0.0)
-    w2 = tl.load(w + r * stride + _pair_cols(c2, GH, HI), mask=ok & (c2 < K), other=0.0)
-    return w1, w2
-
-
-@triton.jit
-def pair_weight_tile(w, stride, n0, n_end, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr,
-               GH: tl.constexpr, HI: tl.constexpr):
-    """weight_tile's blocks for a row of K pair words (_pair_weight_rows)."""
-    n = (n0 + tl.arange(0, BN))[None, :, None]
-    return _pair_weight_rows(w, stride, n, n < n_end, K, K1, K2, KC, GH, HI)
-
-
-@triton.jit
-def pair_weight_tile_pair(w, stride, n0, m0, n, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr,
-                    KC: tl.constexpr, GH: tl.constexpr, HI: tl.constexpr):
-    """weight_tile_pair's blocks for a row of K pair words (_pair_weight_rows)."""
-    r, ok = _two_runs(n0, m0, n, BN)
-    return _pair_weight_rows(w, stride, r, ok, K, K1, K2, KC, GH, HI)
-
-
-@triton.jit
-def pair_norm_weights(norm_w, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, GH: tl.constexpr):
-    """An rmsnorm's weights as fp32 blocks shaped like awaited_pair_rows' (one row): low halves', then high halves'."""
-    c1 = _chunks(K1, KC, 0)
-    c2 = _chunks(K2, KC, K1)
-    l1 = tl.load(norm_w + _pair_cols(c1, GH, 0)).to(tl.float32)
-    l2 = tl.load(norm_w + _pair_cols(c2, GH, 0), mask=c2 < K, other=0.0).to(tl.float32)
-    h1 = tl.load(norm_w + _pair_cols(c1, GH, 1)).to(tl.float32)
-    h2 = tl.load(norm_w + _pair_cols(c2, GH, 1), mask=c2 < K, other=0.0).to(tl.float32)
-    return l1, l2, h1, h2
-
-
-@triton.jit
-def pair_stream_rows(h_in, embed, ids, rows, rm, layer, nl1, nl2, nh1, nh2, eps, H, K, K1: tl.constexpr,
-                      K2: tl.constexpr, KC: tl.constexpr, GH: tl.constexpr, ep, NAP: tl.constexpr):
-    """stream_rows of a stream of pairs (K words a row), as awaited_pair_rows' blocks, normalized."""
-    if layer == 0:  # the embedding rows, loaded in the pairs' column order
-        tok = tl.load(ids + rows, mask=rm, other=0).to(tl.int64)[None, :, None]
-        l1, l2 = _pair_weight_rows(embed, H, tok, rm[None, :, None], K, K1, K2, KC, GH, 0)
-        h1, h2 = _pair_weight_rows(embed, H, tok, rm[None, :, None], K, K1, K2, KC, GH, 1)
-        l1, l2, h1, h2 = l1.to(tl.float32), l2.to(tl.float32), h1.to(tl.float32), h2.to(tl.float32)
-    else:
-        l1, l2, h1, h2 = awaited_pair_rows(h_in, rows * K, rm, K, K1, K2, KC, ep, NAP)
-    return pair_normed(l1, l2, h1, h2, nl1, nl2, nh1, nh2, eps, H)
-
-
-@triton.jit
-def pair_normed(l1, l2, h1, h2, nl1, nl2, nh1, nh2, eps, H):
-    """normed of awaited_pair_rows' blocks (H columns in all)."""
-    # each block's low and high squares added before its reductions: two cross-warp reductions, not four
-    total = tl.sum(tl.sum(l1 * l1 + h1 * h1, axis=2), axis=0) + tl.sum(tl.sum(l2 * l2 + h2 * h2, axis=2), axis=0)
-    rstd = (1.0 / tl.sqrt(total / H + eps))[None, :, None]
-    return l1 * rstd * nl1, l2 * rstd * nl2, h1 * rstd * nh1, h2 * rstd * nh2
-
-
-@triton.jit
-def pair_tile_product(l1, l2, h1, h2, w, stride, n0, n_end, K, BN: tl.constexpr, K1: tl.constexpr, K2: tl.constexpr,
-                  KC: tl.constexpr, GH: tl.constexpr, PREC: tl.constexpr):
-    """product of awaited_pair_rows' blocks and weight rows n0..n_end, their tile loaded here (the LM head's loop)."""
-    wl1, wl2 = pair_weight_tile(w, stride, n0, n_end, K, BN, K1, K2, KC, GH, 0)
-    wh1, wh2 = pair_weight_tile(w, stride, n0, n_end, K, BN, K1, K2, KC, GH, 1)
-    return pairs_product(l1, l2, h1, h2, wl1, wl2, wh1, wh2, PREC)
-
-
-@triton.jit
-def pairs_product(l1, l2, h1, h2, wl1, wl2, wh1, wh2, PREC: tl.constexpr):
-    """product of pair rows (awaited_pair_rows' low and high blocks) and their weight blocks (pair_weight_tile's): each
-    chunk's low and high products are added before the chunks are summed, so a block costs one cross-warp
-    reduction, not two."""
-    return (tl.sum(_chunk_products(l1, wl1, PREC) + _chunk_products(h1, wh1, PREC), axis=0)
-            + tl.sum(_chunk_products(l2, wl2, PREC) + _chunk_products(h2, wh2, PREC), axis=0))
 
 
 @triton.jit
@@ -245,10 +187,10 @@ def _chunk_products(x, w, PREC: tl.constexpr):
 
 @triton.jit
 def stream_rows(h_in, embed, ids, rows, rm, layer, nw1, nw2, eps, H, H1: tl.constexpr, H2: tl.constexpr,
-                 HC: tl.constexpr, ep, NAP: tl.constexpr):
+                HC: tl.constexpr, ep, NAP: tl.constexpr, PAIRS: tl.constexpr):
     """The step's rows of the stream entering `layer`, normalized: at layer 0 the tokens' embedding rows."""
     if layer == 0:
         x1, x2 = _embedding_rows(embed, ids, rows, rm, H, H1, H2, HC)
     else:
-        x1, x2 = awaited_rows(h_in, rows * H, rm, H, H1, H2, HC, ep, NAP)
+        x1, x2 = awaited_rows(h_in, rows * (H // 2 if PAIRS else H), rm, H, H1, H2, HC, ep, NAP, PAIRS)
     return normed(x1, x2, nw1, nw2, eps, H)

@@ -9,10 +9,11 @@ its inputs, computes and writes its outputs.
 What items pass each other is written as eyas.kernels.persistent_words' epoch-tagged words, which the consumer
 polls until all carry this step's epoch (the epoch of the last finished step, kept on the device, plus one; the
 argmax item, last of a step, stores it). With PAIRS (a bf16 target) the residual stream, the attention outputs
-and the activations go two bf16 values to a word, so every wide boundary stores and polls half the words: a
-producer of G columns (an attention head, a projection's tile) pairs its column j with j + G / 2, and a
-consumer loads its weight columns in that order (pair_weight_tile). o_proj and down round their input rows to bf16
-anyway; the stream rounded to bf16 at each write is what the model's own bf16 path does. Every such buffer is
+and the activations go two bf16 values to a word, a row's adjacent columns 2j and 2j + 1, so every wide
+boundary stores and polls half the words; a consumer joins each word's values back into column order right
+after its poll (persistent_blocks.awaited_rows), so the rest of its work is the same in both formats. o_proj
+and down round their input rows to bf16 anyway; the stream rounded to bf16 at each write is what the model's
+own bf16 path does. Every such buffer is
 written once per step (the residual stream has one slice per stage: h[2l+1] after layer l's attention, h[2l+2]
 after its MLP; layer 0 reads the embedding rows directly), so there are no write-after-read hazards between
 items. The step's own key and value rows go to the cache (in its dtype, for later steps) and, as words, to
@@ -40,12 +41,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import globaltimer
 
-from eyas.kernels.persistent_blocks import (awaited_pair_rows, awaited_rows, embedding_tile, halves, norm_weights,
-                                           normed, pair_norm_weights, pair_normed, pair_stream_rows,
-                                           pair_tile_product, pair_weight_tile, pair_weight_tile_pair, pairs_product,
-                                           product, store_pairs, stream_rows, weight_tile, weight_tile_pair)
-from eyas.kernels.persistent_words import (await_both, await_three, pack, pack_pair, packed, pair_values, settled,
-                                          settled_words)
+from eyas.kernels.persistent_blocks import (awaited_rows, embedding_tile, halves, norm_weights, normed, product,
+                                           settled_tile, store_tile, stream_rows, weight_tile, weight_tile_pair)
+from eyas.kernels.persistent_words import await_both, await_three, pack, packed
 
 CHUNK = 128  # columns per chunk of a product: each chunk is one tensor-core product, the warps split the chunks
 NEW_ROWS = tl.constexpr(16)  # kv_new's rows per kv head: a step's rows, padded to a tensor-core product's depth
@@ -78,9 +76,7 @@ def persistent_step_kernel(
         H1: tl.constexpr, H2: tl.constexpr, Q1: tl.constexpr, Q2: tl.constexpr, I1: tl.constexpr,
         I2: tl.constexpr, TQ: tl.constexpr, BQ: tl.constexpr, BO: tl.constexpr, BG: tl.constexpr,
         BD: tl.constexpr, HC: tl.constexpr, QC: tl.constexpr, IC: tl.constexpr, BL: tl.constexpr,
-        BT: tl.constexpr, BTILES: tl.constexpr, PAIRS: tl.constexpr, HP1: tl.constexpr, HP2: tl.constexpr,
-        HPC: tl.constexpr, QP1: tl.constexpr, QP2: tl.constexpr, QPC: tl.constexpr, IP1: tl.constexpr,
-        IP2: tl.constexpr, IPC: tl.constexpr, PREC: tl.constexpr,
+        BT: tl.constexpr, BTILES: tl.constexpr, PAIRS: tl.constexpr, PREC: tl.constexpr,
         NAP: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     W = tl.num_programs(0)
@@ -88,8 +84,7 @@ def persistent_step_kernel(
     HALF: tl.constexpr = D // 2
     QW: tl.constexpr = NH * D
     QKVW: tl.constexpr = (NH + 2 * KV) * D
-    QW2: tl.constexpr = QW // 2
-    GR: tl.constexpr = BD // 2  # with PAIRS, o_proj and down tiles are both BD columns (PersistentStep checks)
+    QS: tl.constexpr = QW // 2 if PAIRS else QW  # the words of an attention row
     if PAIRS:  # the words of a stream row and of an activation row
         HS = H // 2
         AW = I // 2
@@ -113,13 +108,8 @@ def persistent_step_kernel(
         h_in = h_buf + 2 * layer * R * HS         # h[2l]: the stream entering layer l (unused at layer 0)
         if op == 0:  # qkv: rows a..a+TQ of a fused head and their partners HALF on, rotated, to q or the cache
             wl = wqkv + layer.to(tl.int64) * QKVW * H
-            if PAIRS:  # the stream as pairs from down tiles of BD columns
-                lhl1, lhl2 = pair_weight_tile_pair(wl, H, a, a + HALF, TQ, HS, BQ, HP1, HP2, HPC, GR, 0)
-                lhh1, lhh2 = pair_weight_tile_pair(wl, H, a, a + HALF, TQ, HS, BQ, HP1, HP2, HPC, GR, 1)
-                nl1, nl2, nh1, nh2 = pair_norm_weights(attn_norm_w + layer * H, HS, HP1, HP2, HPC, GR)
-            else:
-                lh1, lh2 = weight_tile_pair(wl, H, a, a + HALF, TQ, H, BQ, H1, H2, HC)
-                nw1, nw2 = norm_weights(attn_norm_w + layer * H, H, H1, H2, HC)
+            lh1, lh2 = weight_tile_pair(wl, H, a, a + HALF, TQ, H, BQ, H1, H2, HC)
+            nw1, nw2 = norm_weights(attn_norm_w + layer * H, H, H1, H2, HC)
             c = a - part * D + tl.arange(0, BQ)   # the pair's first columns within the head
             cm = tl.arange(0, BQ) < TQ
             m = rmask[:, None] & cm[None, :]
@@ -131,34 +121,25 @@ def persistent_step_kernel(
             sl = tl.load(sin + p + c[None, :], mask=rm, other=0.0)
             ch = tl.load(cos + p + HALF + c[None, :], mask=rm, other=0.0)
             sh = tl.load(sin + p + HALF + c[None, :], mask=rm, other=0.0)
-            if PAIRS:
-                l1, l2, h1, h2 = pair_stream_rows(h_in, embed, ids, rows, rmask, layer, nl1, nl2, nh1, nh2, eps, H,
-                                                   HS, HP1, HP2, HPC, GR, ep, NAP)
-                _stamp(trace, it, 1, TRACE)
-                lo, hi = halves(pairs_product(l1, l2, h1, h2, lhl1, lhl2, lhh1, lhh2, PREC), BR, 2 * BQ)
-            else:
-                x1, x2 = stream_rows(h_in, embed, ids, rows, rmask, layer, nw1, nw2, eps, H, H1, H2, HC, ep, NAP)
-                _stamp(trace, it, 1, TRACE)
-                lo, hi = halves(product(x1, x2, lh1, lh2, PREC), BR, 2 * BQ)
+            x1, x2 = stream_rows(h_in, embed, ids, rows, rmask, layer, nw1, nw2, eps, H, H1, H2, HC, ep, NAP, PAIRS)
+            _stamp(trace, it, 1, TRACE)
+            lo, hi = halves(product(x1, x2, lh1, lh2, PREC), BR, 2 * BQ)
             if part < NH + KV:
                 lo, hi = lo * cl - hi * sl, hi * ch + lo * sh
+            both = tl.join(lo, hi)  # [BR, BQ, 2]: the pair's halves, stored at once (_store_halves)
             if part < NH:
                 q_dst = q_buf + layer * R * QW + rows[:, None] * QW + part * D + c[None, :]
-                tl.store(q_dst, packed(lo, ep), mask=m)
-                tl.store(q_dst + HALF, packed(hi, ep), mask=m)
+                _store_halves(q_dst, packed(both, ep), m, HALF)
             else:  # k or v: to the cache for later steps, and (as the cache rounds it) to kv_new for this one
                 if part < NH + KV:
                     dst = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + (part - NH) * c_head
                 else:
                     dst = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + (part - NH - KV) * c_head
                 dst = dst + (pos + rows[:, None]) * c_pos + c[None, :]
-                kv_lo = lo.to(dst.dtype.element_ty)
-                kv_hi = hi.to(dst.dtype.element_ty)
-                tl.store(dst, kv_lo, mask=m)
-                tl.store(dst + HALF, kv_hi, mask=m)
+                kv = both.to(dst.dtype.element_ty)
+                _store_halves(dst, kv, m, HALF)
                 new_dst = kv_new + ((layer * 2 * KV + part - NH) * NEW_ROWS + rows[:, None]) * D + c[None, :]
-                tl.store(new_dst, packed(kv_lo.to(tl.float32), ep), mask=m)
-                tl.store(new_dst + HALF, packed(kv_hi.to(tl.float32), ep), mask=m)
+                _store_halves(new_dst, packed(kv.to(tl.float32), ep), m, HALF)
         elif op == 1:  # attend: query head `part` over the cache's columns before pos, then over the new rows each
             # row sees; its normalized output, to attn
             g = part // REP
@@ -199,128 +180,52 @@ def persistent_step_kernel(
                 s = tl.where(sees != 0, s * scale, -1.0e30)
                 best, total, acc = _online_softmax(s, v_new.to(v_cache.dtype.element_ty), best, total, acc, PREC)
             out = acc / tl.maximum(total, 1.0e-30)[:, None]
-            if PAIRS:
-                hcol = tl.arange(0, HALF)
-                store_pairs(attn_buf + layer * R * QW2 + rows[:, None] * QW2 + part * HALF + hcol[None, :], out,
-                             rmask[:, None] & (hcol < HALF)[None, :], ep, BR, D)
-            else:
-                tl.store(attn_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :], packed(out, ep),
-                         mask=m)
+            store_tile(attn_buf + layer * R * QS, rows, rmask, part * D, part * D + D, QW, out, ep, BR, D, PAIRS)
         elif op == 2:  # o_proj tile [a, b): h[2l+1] = h[2l] + attn Wo^T
-            wl = wo + layer.to(tl.int64) * H * QW
-            cols = a + tl.arange(0, BO)
-            cm = cols < b
-            m = rmask[:, None] & cm[None, :]
-            if PAIRS:  # attn as pairs (word j of head h: its columns j and j + HALF); the stream as pairs
-                wl1, wl2 = pair_weight_tile(wl, QW, a, b, QW2, BO, QP1, QP2, QPC, HALF, 0)
-                wh1, wh2 = pair_weight_tile(wl, QW, a, b, QW2, BO, QP1, QP2, QPC, HALF, 1)
-                rc = a // 2 + tl.arange(0, BO // 2)  # the tile's words: BO columns, as the down tile's before it
-                rcm = rmask[:, None] & (rc < HS)[None, :]
-                src = attn_buf + layer * R * QW2
-                if layer == 0:  # the residual is the tokens' embedding rows
-                    tok = tl.load(ids + rows, mask=rmask, other=0).to(tl.int64)[:, None] * H
-                    res_lo = tl.load(embed + tok + a + tl.arange(0, BO // 2)[None, :], mask=rcm, other=0.0)
-                    res_hi = tl.load(embed + tok + a + BO // 2 + tl.arange(0, BO // 2)[None, :], mask=rcm, other=0.0)
-                    res_lo, res_hi = res_lo.to(tl.float32), res_hi.to(tl.float32)
-                    l1, l2, h1, h2 = awaited_pair_rows(src, rows * QW2, rmask, QW2, QP1, QP2, QPC, ep, NAP)
-                else:
-                    l1, l2, h1, h2 = awaited_pair_rows(src, rows * QW2, rmask, QW2, QP1, QP2, QPC, ep, NAP)
-                    res_lo, res_hi = pair_values(settled_words(h_in + rows[:, None] * HS + rc[None, :], rcm, ep))
-                _stamp(trace, it, 1, TRACE)
-                y_lo, y_hi = halves(pairs_product(l1, l2, h1, h2, wl1, wl2, wh1, wh2, PREC), BR, BO)
-                tl.store(h_in + R * HS + rows[:, None] * HS + rc[None, :], pack_pair(y_lo + res_lo, y_hi + res_hi, ep),
-                         mask=rcm)
+            w1, w2 = weight_tile(wo + layer.to(tl.int64) * H * QW, QW, a, b, QW, BO, Q1, Q2, QC)
+            if layer == 0:  # the residual is the tokens' embedding rows
+                cols = a + tl.arange(0, BO)
+                res = embedding_tile(embed, ids, rows, rmask, cols, rmask[:, None] & (cols < b)[None, :], H)
+                x1, x2 = awaited_rows(attn_buf, rows * QS, rmask, QW, Q1, Q2, QC, ep, NAP, PAIRS)
             else:
-                w1, w2 = weight_tile(wl, QW, a, b, QW, BO, Q1, Q2, QC)
-                if layer == 0:
-                    res = embedding_tile(embed, ids, rows, rmask, cols, m, H)
-                    x1, x2 = awaited_rows(attn_buf, rows * QW, rmask, QW, Q1, Q2, QC, ep, NAP)
-                else:
-                    x1, x2 = awaited_rows(attn_buf + layer * R * QW, rows * QW, rmask, QW, Q1, Q2, QC, ep, NAP)
-                    res = settled(h_in + rows[:, None] * H + cols[None, :], m, ep)
-                _stamp(trace, it, 1, TRACE)
-                y = product(x1, x2, w1, w2, PREC) + res
-                tl.store(h_in + R * H + rows[:, None] * H + cols[None, :], packed(y, ep), mask=m)
+                x1, x2 = awaited_rows(attn_buf + layer * R * QS, rows * QS, rmask, QW, Q1, Q2, QC, ep, NAP, PAIRS)
+                res = settled_tile(h_in, rows, rmask, a, b, H, ep, BO, PAIRS)
+            _stamp(trace, it, 1, TRACE)
+            y = product(x1, x2, w1, w2, PREC) + res
+            store_tile(h_in + R * HS, rows, rmask, a, b, H, y, ep, BR, BO, PAIRS)
         elif op == 3:  # gate_up tile [a, b): act = silu(x Wg^T) * (x Wu^T), x = mlp_norm(h[2l+1])
-            wl = wgu + layer.to(tl.int64) * 2 * I * H
-            if PAIRS:  # the stream as pairs from o_proj tiles of BD columns
-                gul1, gul2 = pair_weight_tile_pair(wl, H, a, I + a, b - a, HS, BG, HP1, HP2, HPC, GR, 0)
-                guh1, guh2 = pair_weight_tile_pair(wl, H, a, I + a, b - a, HS, BG, HP1, HP2, HPC, GR, 1)
-                nl1, nl2, nh1, nh2 = pair_norm_weights(mlp_norm_w + layer * H, HS, HP1, HP2, HPC, GR)
-                l1, l2, h1, h2 = awaited_pair_rows(h_in + R * HS, rows * HS, rmask, HS, HP1, HP2, HPC, ep, NAP)
-                _stamp(trace, it, 1, TRACE)
-                l1, l2, h1, h2 = pair_normed(l1, l2, h1, h2, nl1, nl2, nh1, nh2, eps, H)
-                gate, up = halves(pairs_product(l1, l2, h1, h2, gul1, gul2, guh1, guh2, PREC), BR, 2 * BG)
-            else:
-                gu1, gu2 = weight_tile_pair(wl, H, a, I + a, b - a, H, BG, H1, H2, HC)
-                nw1, nw2 = norm_weights(mlp_norm_w + layer * H, H, H1, H2, HC)
-                x1, x2 = awaited_rows(h_in + R * H, rows * H, rmask, H, H1, H2, HC, ep, NAP)
-                _stamp(trace, it, 1, TRACE)
-                x1, x2 = normed(x1, x2, nw1, nw2, eps, H)
-                gate, up = halves(product(x1, x2, gu1, gu2, PREC), BR, 2 * BG)
-            cols = a + tl.arange(0, BG)
+            gu1, gu2 = weight_tile_pair(wgu + layer.to(tl.int64) * 2 * I * H, H, a, I + a, b - a, H, BG, H1, H2, HC)
+            nw1, nw2 = norm_weights(mlp_norm_w + layer * H, H, H1, H2, HC)
+            x1, x2 = awaited_rows(h_in + R * HS, rows * HS, rmask, H, H1, H2, HC, ep, NAP, PAIRS)
+            _stamp(trace, it, 1, TRACE)
+            x1, x2 = normed(x1, x2, nw1, nw2, eps, H)
+            gate, up = halves(product(x1, x2, gu1, gu2, PREC), BR, 2 * BG)
             act = gate / (1.0 + tl.exp(-gate)) * up
-            if PAIRS:  # a tile is BG columns (PersistentStep checks): word j holds its columns j and j + BG // 2
-                pc = a // 2 + tl.arange(0, BG // 2)
-                store_pairs(act_buf + layer * R * AW + rows[:, None] * AW + pc[None, :], act,
-                             rmask[:, None] & (pc < b // 2)[None, :], ep, BR, BG)
-            else:
-                tl.store(act_buf + layer * R * I + rows[:, None] * I + cols[None, :], packed(act, ep),
-                         mask=rmask[:, None] & (cols < b)[None, :])
+            store_tile(act_buf + layer * R * AW, rows, rmask, a, b, I, act, ep, BR, BG, PAIRS)
         elif op == 4:  # down tile [a, b): h[2l+2] = h[2l+1] + act Wd^T
-            wl = wd + layer.to(tl.int64) * H * I
-            cols = a + tl.arange(0, BD)
-            m = rmask[:, None] & (cols < b)[None, :]
+            w1, w2 = weight_tile(wd + layer.to(tl.int64) * H * I, I, a, b, I, BD, I1, I2, IC)
             taken = tl.load(capture + layer + 1)  # bit j: feature j is the stream entering layer + 1
-            if PAIRS:  # act as pairs from gate_up tiles of BG columns; the stream as pairs
-                wl1, wl2 = pair_weight_tile(wl, I, a, b, AW, BD, IP1, IP2, IPC, BG // 2, 0)
-                wh1, wh2 = pair_weight_tile(wl, I, a, b, AW, BD, IP1, IP2, IPC, BG // 2, 1)
-                rc = a // 2 + tl.arange(0, GR)
-                rcm = rmask[:, None] & (rc < HS)[None, :]
-                l1, l2, h1, h2 = awaited_pair_rows(act_buf + layer * R * AW, rows * AW, rmask, AW, IP1, IP2, IPC, ep,
-                                                   NAP)
-                res_lo, res_hi = pair_values(settled_words(h_in + R * HS + rows[:, None] * HS + rc[None, :], rcm, ep))
-                _stamp(trace, it, 1, TRACE)
-                y_lo, y_hi = halves(pairs_product(l1, l2, h1, h2, wl1, wl2, wh1, wh2, PREC), BR, BD)
-                y_lo, y_hi = y_lo + res_lo, y_hi + res_hi
-                tl.store(h_in + 2 * R * HS + rows[:, None] * HS + rc[None, :], pack_pair(y_lo, y_hi, ep), mask=rcm)
-                fc = a + tl.arange(0, GR)[None, :]
-                for j in tl.static_range(NCAP):  # the EAGLE-3 features, in the target's dtype
-                    if (taken >> j) & 1:
-                        f = features + (rows[:, None] * NCAP + j) * H + fc
-                        tl.store(f, y_lo.to(features.dtype.element_ty), mask=rcm)
-                        tl.store(f + GR, y_hi.to(features.dtype.element_ty), mask=rcm)
-            else:
-                w1, w2 = weight_tile(wl, I, a, b, I, BD, I1, I2, IC)
-                x1, x2 = awaited_rows(act_buf + layer * R * I, rows * I, rmask, I, I1, I2, IC, ep, NAP)
-                res = settled(h_in + R * H + rows[:, None] * H + cols[None, :], m, ep)
-                _stamp(trace, it, 1, TRACE)
-                y = product(x1, x2, w1, w2, PREC) + res
-                tl.store(h_in + 2 * R * H + rows[:, None] * H + cols[None, :], packed(y, ep), mask=m)
-                for j in tl.static_range(NCAP):  # the EAGLE-3 features, in the target's dtype
-                    if (taken >> j) & 1:
-                        tl.store(features + (rows[:, None] * NCAP + j) * H + cols[None, :],
-                                 y.to(features.dtype.element_ty), mask=m)
+            x1, x2 = awaited_rows(act_buf + layer * R * AW, rows * AW, rmask, I, I1, I2, IC, ep, NAP, PAIRS)
+            res = settled_tile(h_in + R * HS, rows, rmask, a, b, H, ep, BD, PAIRS)
+            _stamp(trace, it, 1, TRACE)
+            y = product(x1, x2, w1, w2, PREC) + res
+            store_tile(h_in + 2 * R * HS, rows, rmask, a, b, H, y, ep, BR, BD, PAIRS)
+            cols = a + tl.arange(0, BD)
+            for j in tl.static_range(NCAP):  # the EAGLE-3 features, in the target's dtype
+                if (taken >> j) & 1:
+                    tl.store(features + (rows[:, None] * NCAP + j) * H + cols[None, :],
+                             y.to(features.dtype.element_ty), mask=rmask[:, None] & (cols < b)[None, :])
         elif op == 5:  # lm_head tile [a, b) of final_norm(h[2L]), and the tile's maximum per row
-            if PAIRS:
-                nl1, nl2, nh1, nh2 = pair_norm_weights(final_norm_w, HS, HP1, HP2, HPC, GR)
-                l1, l2, h1, h2 = awaited_pair_rows(h_buf + 2 * L * R * HS, rows * HS, rmask, HS, HP1, HP2, HPC, ep, NAP)
-                _stamp(trace, it, 1, TRACE)
-                l1, l2, h1, h2 = pair_normed(l1, l2, h1, h2, nl1, nl2, nh1, nh2, eps, H)
-            else:
-                nw1, nw2 = norm_weights(final_norm_w, H, H1, H2, HC)
-                x1, x2 = awaited_rows(h_buf + 2 * L * R * H, rows * H, rmask, H, H1, H2, HC, ep, NAP)
-                _stamp(trace, it, 1, TRACE)
-                x1, x2 = normed(x1, x2, nw1, nw2, eps, H)
+            nw1, nw2 = norm_weights(final_norm_w, H, H1, H2, HC)
+            x1, x2 = awaited_rows(h_buf + 2 * L * R * HS, rows * HS, rmask, H, H1, H2, HC, ep, NAP, PAIRS)
+            _stamp(trace, it, 1, TRACE)
+            x1, x2 = normed(x1, x2, nw1, nw2, eps, H)
             best = tl.full((BR,), float("-inf"), tl.float32)
             where = tl.zeros((BR,), tl.int32)
             cn = tl.arange(0, BL)
             for n0 in range(a, b, BL):
-                if PAIRS:
-                    y = pair_tile_product(l1, l2, h1, h2, lm_head, H, n0, b, HS, BL, HP1, HP2, HPC, GR, PREC)
-                else:
-                    w1, w2 = weight_tile(lm_head, H, n0, b, H, BL, H1, H2, HC)
-                    y = product(x1, x2, w1, w2, PREC)
+                w1, w2 = weight_tile(lm_head, H, n0, b, H, BL, H1, H2, HC)
+                y = product(x1, x2, w1, w2, PREC)
                 c = n0 + cn
                 y = tl.where((c < b)[None, :], y, float("-inf"))
                 tl.store(logits + rows[:, None] * V + c[None, :], y, mask=rmask[:, None] & (c[None, :] < b))
@@ -346,6 +251,14 @@ def persistent_step_kernel(
             tl.store(epoch, ep)
         _stamp(trace, it, 2, TRACE)
         tl.atomic_add(counters + tl.load(e + 7), 1, sem="relaxed")  # completion accounting; nobody waits on it
+
+
+@triton.jit
+def _store_halves(dst, both, mask, HALF: tl.constexpr):
+    """A rotation pair's halves (both [BR, BQ, 2]) at dst and dst + HALF ([BR, BQ] each) in one store: one trip
+    to the store's layout through shared memory instead of two."""
+    s = tl.arange(0, 2)[None, None, :]
+    tl.store(dst[:, :, None] + s * HALF, both, mask=mask[:, :, None] & (s < 2))
 
 
 @triton.jit

@@ -94,9 +94,6 @@ def kernel_constants(s: DecoderShape, rows: int, tiles: Tiles, captured: int, bl
     """The kernel's compile-time constants for this shape, row count and tiling. A 1-row step's polls nap
     between rounds (NAP): 2.5% faster on an H200, while at 4 rows the nap cost 0.5% (docs/kernels.md)."""
     (h1, h2), (q1, q2), (i1, i2) = split_pow2(s.hidden), split_pow2(s.heads * s.head_dim), split_pow2(s.intermediate)
-    # a row of word pairs: half the columns, as two blocks (unused without pairs)
-    (hp1, hp2), (qp1, qp2), (ip1, ip2) = (split_pow2(max(k // 2, 2)) for k in
-                                          (s.hidden, s.heads * s.head_dim, s.intermediate))
     block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     chunk = lambda k2: min(CHUNK, k2)  # noqa: E731  divides both blocks (powers of two, the second no wider)
     return dict(
@@ -105,9 +102,7 @@ def kernel_constants(s: DecoderShape, rows: int, tiles: Tiles, captured: int, bl
         TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down),
         HC=chunk(h2), QC=chunk(q2), IC=chunk(i2),
         BL=block_l, BT=block_t, BTILES=block(-(-s.vocab // tiles.lm_head)),
-        PAIRS=pairs, HP1=hp1, HP2=hp2, HPC=chunk(hp2), QP1=qp1, QP2=qp2, QPC=chunk(qp2), IP1=ip1, IP2=ip2,
-        IPC=chunk(ip2),
-        PREC="ieee" if dtype == torch.float32 else "tf32", NAP=rows == 1, TRACE=trace)
+        PAIRS=pairs, PREC="ieee" if dtype == torch.float32 else "tf32", NAP=rows == 1, TRACE=trace)
 
 
 PAIRS_FROM_ROWS = 4  # bf16 word pairs lost at 1 and 2 rows and won at 4 and 8 (one H100, docs/kernels.md)
@@ -121,15 +116,12 @@ def pairs_by_default(shape: DecoderShape, dtype: torch.dtype, rows: int, tiles: 
 
 
 def pair_tiles_error(s: DecoderShape, tiles: Tiles) -> str | None:
-    """Why word pairs cannot take these tiles, or None: a pair holds a producer's columns j and j + G / 2, so
-    every producer's tile must be a whole block (a power of two of at least 16, dividing its width), and
-    o_proj's and down's alike (both write the stream that the same items read)."""
+    """Why word pairs cannot take these tiles, or None: a pair holds a row's columns 2j and 2j + 1, so every
+    producer's tile must start and end on an even column: even tiles of an even width."""
     for name, t, width in (("o_proj", tiles.o_proj, s.hidden), ("down", tiles.down, s.hidden),
                            ("gate_up", tiles.gate_up, s.intermediate)):
-        if t < 16 or t & (t - 1) or width % t:
-            return f"{name} tiles of {t}: word pairs need a power of two of at least 16 that divides {width}"
-    if tiles.o_proj != tiles.down:
-        return f"o_proj tiles of {tiles.o_proj} and down tiles of {tiles.down}: word pairs need them equal"
+        if t % 2 or width % 2:
+            return f"{name} tiles of {t} over {width} columns: word pairs need even tiles of an even width"
     return None
 
 
@@ -238,11 +230,10 @@ class PersistentStep:
         words = self.h[2 * i]
         if not self.pairs:
             return words.view(torch.float32)[..., 0::2]
-        # word j of a down tile of G columns holds its columns j and j + G / 2 (persistent_decode's pairs)
+        # word j holds columns 2j and 2j + 1 (persistent_decode's pairs)
         bits = (words & 0xFFFFFFFF).to(torch.int32)
         lo, hi = (bits << 16).view(torch.float32), (bits & -65536).view(torch.float32)
-        half = self.tiles.down // 2
-        return torch.stack([lo.unflatten(-1, (-1, half)), hi.unflatten(-1, (-1, half))], dim=-2).flatten(-3)
+        return torch.stack([lo, hi], dim=-1).flatten(-2)
 
     def counters_complete(self) -> bool:
         """Whether every counter ended at the number of items that signal it (a finished step)."""
