@@ -45,8 +45,8 @@ def test_dense_matches_f_linear_in_each_dtype(dtype):
 
 def test_onednn_takes_only_the_dtypes_it_runs():
     for dtype in linear.ONEDNN_DTYPES:
-        torch.ops.mkldnn._linear_pointwise(torch.ones(2, 16, dtype=dtype), torch.ones(8, 16, dtype=dtype), None,  # noqa: SLF001
-                                           "none", [], "")
+        x, w = torch.ones(2, 16, dtype=dtype), torch.ones(8, 16, dtype=dtype)
+        torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")  # noqa: SLF001
     assert set(linear.ONEDNN_DTYPES) <= {torch.float32, torch.bfloat16}
 
 

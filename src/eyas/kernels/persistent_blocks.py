@@ -12,7 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from eyas.kernels.persistent_words import await_both, await_words, pack_pair, packed, pair_values, settled, settled_words
+from eyas.kernels.persistent_words import (await_both, await_words, pack_pair, packed, pair_values, settled,
+                                          settled_words)
 
 
 @triton.jit

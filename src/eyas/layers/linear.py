@@ -40,9 +40,9 @@ ONEDNN_DTYPES = _onednn_dtypes()
 
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias). On the CPU, in fp32 or bf16 (where oneDNN runs it) with no gradient wanted,
-    through oneDNN's matmul on the weight as it is (no packed copy): there MKL's GEMV and small-row GEMM are the slower kernels on AVX-512
-    machines, and a verify pass's few rows cost oneDNN little more than one row (benchmarks/bench_cpu_peers.py).
-    Elsewhere torch's F.linear."""
+    through oneDNN's matmul on the weight as it is (no packed copy): there MKL's GEMV and small-row GEMM are the
+    slower kernels on AVX-512 machines, and a verify pass's few rows cost oneDNN little more than one row
+    (benchmarks/bench_cpu_peers.py). Elsewhere torch's F.linear."""
     if (x.device.type == "cpu" and x.dtype in ONEDNN_DTYPES and weight.dtype == x.dtype
             and (bias is None or bias.dtype == x.dtype)
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
