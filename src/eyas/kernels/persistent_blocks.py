@@ -68,17 +68,17 @@ def _row_blocks(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.con
 
 
 @triton.jit
-def awaited_rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ep, NAP: tl.constexpr,
+def awaited_rows(src, rows, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr, ep, NAP: tl.constexpr,
                  PAIRS: tl.constexpr):
-    """Rows of K columns written this step, awaited, as fp32 blocks [K1 // KC, BR, KC], [K2 // KC, BR, KC]; rows
-    outside `rm` are 0. The rows start at word offsets `offs` of src: pack's words, or with PAIRS pack_pair's
-    (K // 2 words a row), joined back into column order."""
+    """The step's rows of src, a buffer of K columns a row written this step, awaited, as fp32 blocks
+    [K1 // KC, BR, KC], [K2 // KC, BR, KC]; rows outside `rm` are 0. src holds pack's words, or with PAIRS
+    pack_pair's (K // 2 words a row), joined back into column order."""
     if PAIRS:
-        p1, m1, p2, m2 = _row_blocks(src, offs, rm, K // 2, K1 // 2, K2 // 2, KC // 2)
+        p1, m1, p2, m2 = _row_blocks(src, rows * (K // 2), rm, K // 2, K1 // 2, K2 // 2, KC // 2)
         w1, w2 = await_words(p1, m1, p2, m2, ep, NAP)
         return joined(w1), joined(w2)
     else:
-        p1, m1, p2, m2 = _row_blocks(src, offs, rm, K, K1, K2, KC)
+        p1, m1, p2, m2 = _row_blocks(src, rows * K, rm, K, K1, K2, KC)
         return await_both(p1, m1, p2, m2, ep, NAP)
 
 
@@ -193,5 +193,5 @@ def stream_rows(h_in, embed, ids, rows, rm, layer, nw1, nw2, eps, H, H1: tl.cons
     if layer == 0:
         x1, x2 = _embedding_rows(embed, ids, rows, rm, H, H1, H2, HC)
     else:
-        x1, x2 = awaited_rows(h_in, rows * (H // 2 if PAIRS else H), rm, H, H1, H2, HC, ep, NAP, PAIRS)
+        x1, x2 = awaited_rows(h_in, rows, rm, H, H1, H2, HC, ep, NAP, PAIRS)
     return normed(x1, x2, nw1, nw2, eps, H)

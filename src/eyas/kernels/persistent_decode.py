@@ -186,9 +186,9 @@ def persistent_step_kernel(
             if layer == 0:  # the residual is the tokens' embedding rows
                 cols = a + tl.arange(0, BO)
                 res = embedding_tile(embed, ids, rows, rmask, cols, rmask[:, None] & (cols < b)[None, :], H)
-                x1, x2 = awaited_rows(attn_buf, rows * QS, rmask, QW, Q1, Q2, QC, ep, NAP, PAIRS)
+                x1, x2 = awaited_rows(attn_buf, rows, rmask, QW, Q1, Q2, QC, ep, NAP, PAIRS)
             else:
-                x1, x2 = awaited_rows(attn_buf + layer * R * QS, rows * QS, rmask, QW, Q1, Q2, QC, ep, NAP, PAIRS)
+                x1, x2 = awaited_rows(attn_buf + layer * R * QS, rows, rmask, QW, Q1, Q2, QC, ep, NAP, PAIRS)
                 res = settled_tile(h_in, rows, rmask, a, b, H, ep, BO, PAIRS)
             _stamp(trace, it, 1, TRACE)
             y = product(x1, x2, w1, w2, PREC) + res
@@ -196,7 +196,7 @@ def persistent_step_kernel(
         elif op == 3:  # gate_up tile [a, b): act = silu(x Wg^T) * (x Wu^T), x = mlp_norm(h[2l+1])
             gu1, gu2 = weight_tile_pair(wgu + layer.to(tl.int64) * 2 * I * H, H, a, I + a, b - a, H, BG, H1, H2, HC)
             nw1, nw2 = norm_weights(mlp_norm_w + layer * H, H, H1, H2, HC)
-            x1, x2 = awaited_rows(h_in + R * HS, rows * HS, rmask, H, H1, H2, HC, ep, NAP, PAIRS)
+            x1, x2 = awaited_rows(h_in + R * HS, rows, rmask, H, H1, H2, HC, ep, NAP, PAIRS)
             _stamp(trace, it, 1, TRACE)
             x1, x2 = normed(x1, x2, nw1, nw2, eps, H)
             gate, up = halves(product(x1, x2, gu1, gu2, PREC), BR, 2 * BG)
@@ -205,7 +205,7 @@ def persistent_step_kernel(
         elif op == 4:  # down tile [a, b): h[2l+2] = h[2l+1] + act Wd^T
             w1, w2 = weight_tile(wd + layer.to(tl.int64) * H * I, I, a, b, I, BD, I1, I2, IC)
             taken = tl.load(capture + layer + 1)  # bit j: feature j is the stream entering layer + 1
-            x1, x2 = awaited_rows(act_buf + layer * R * AW, rows * AW, rmask, I, I1, I2, IC, ep, NAP, PAIRS)
+            x1, x2 = awaited_rows(act_buf + layer * R * AW, rows, rmask, I, I1, I2, IC, ep, NAP, PAIRS)
             res = settled_tile(h_in + R * HS, rows, rmask, a, b, H, ep, BD, PAIRS)
             _stamp(trace, it, 1, TRACE)
             y = product(x1, x2, w1, w2, PREC) + res
@@ -217,7 +217,7 @@ def persistent_step_kernel(
                              y.to(features.dtype.element_ty), mask=rmask[:, None] & (cols < b)[None, :])
         elif op == 5:  # lm_head tile [a, b) of final_norm(h[2L]), and the tile's maximum per row
             nw1, nw2 = norm_weights(final_norm_w, H, H1, H2, HC)
-            x1, x2 = awaited_rows(h_buf + 2 * L * R * HS, rows * HS, rmask, H, H1, H2, HC, ep, NAP, PAIRS)
+            x1, x2 = awaited_rows(h_buf + 2 * L * R * HS, rows, rmask, H, H1, H2, HC, ep, NAP, PAIRS)
             _stamp(trace, it, 1, TRACE)
             x1, x2 = normed(x1, x2, nw1, nw2, eps, H)
             best = tl.full((BR,), float("-inf"), tl.float32)
