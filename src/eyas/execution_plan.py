@@ -33,8 +33,9 @@ class ExecutionPlan:
     accept_kernel: bool = True     # a chain's greedy acceptance in one kernel
     qkv_rotary_rows: int = 2       # rows up to which norm, q/k/v, rotary and cache write run as one kernel;
     # 0: never; at or past the kernel's own row limit: wherever it applies. 4-8 rows were 1-3% slower with it.
-    persistent_rows: int = 4       # new tokens up to which a one-sequence pass runs as one persistent kernel
-    # (engine/persistent.py); 0: never. It won up to 4 rows end to end and lost at 8 (docs/kernels.md).
+    persistent_rows: int = 8       # new tokens up to which a one-sequence pass runs as one persistent kernel
+    # (engine/persistent.py); 0: never. End to end it wins or is level at every row count up to its limit of 8
+    # (docs/kernels.md).
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

@@ -231,22 +231,23 @@ def test_lossless_runs_the_twin_one_prompt_at_a_time_against_plain_greedy(monkey
             built.append((bench.spec_name(spec) if spec else "plain", max_batch, self.rows))
 
         def generate(self, prompts, params):  # the twin's tree differs on the second prompt
-            bad = self.rows == 8 and built[-1][0] == bench.spec_name(bench.TREE)
+            bad = self.rows == 3 and built[-1][0] == bench.spec_name(bench.TREE)
             return [Seq([i, 7] if bad and i == 1 else [i, 5]) for i, _ in enumerate(prompts)]
 
     monkeypatch.setattr(bench, "Engine", FakeEngine)
     monkeypatch.setattr(bench, "divergence_gaps", lambda plain, prompts, want, got: [dict(index=1, gap=0.5)])
-    res = bench.lossless("model", [[1], [2]], "draft", twin=bench.parse_twin("persistent_rows=8"))
+    res = bench.lossless("model", [[1], [2]], "draft", twin=bench.parse_twin("persistent_rows=3"))
     chain, tree = bench.spec_name(bench.CHAIN), bench.spec_name(bench.TREE)
     default = execution_plan.DEFAULT.persistent_rows
-    assert built == [("plain", 16, default), (chain, 16, default), (tree, 16, default), ("plain", 1, 8), (chain, 1, 8),
-                     (tree, 1, 8)]
-    assert set(res) == {"chain", "tree", "plain persistent_rows=8", "chain persistent_rows=8",
-                        "tree persistent_rows=8"}
-    assert all(res[k]["identical"] == 2 for k in res if k != "tree persistent_rows=8")
-    assert res["tree persistent_rows=8"]["identical"] == 1 and res["tree persistent_rows=8"]["divergences"]
+    assert default != 3  # the twin differs from the default plan
+    assert built == [("plain", 16, default), (chain, 16, default), (tree, 16, default), ("plain", 1, 3), (chain, 1, 3),
+                     (tree, 1, 3)]
+    assert set(res) == {"chain", "tree", "plain persistent_rows=3", "chain persistent_rows=3",
+                        "tree persistent_rows=3"}
+    assert all(res[k]["identical"] == 2 for k in res if k != "tree persistent_rows=3")
+    assert res["tree persistent_rows=3"]["identical"] == 1 and res["tree persistent_rows=3"]["divergences"]
     assert all(res[k]["in_force"] == {"persistent_rows": 0} for k in res if "=" in k)  # fp32: the kernel declined
     assert all("in_force" not in res[k] for k in ("chain", "tree"))
-    res = bench.lossless("model", [[1], [2]], "draft", dtype="bf16", twin=bench.parse_twin("persistent_rows=8"))
-    assert all(res[k]["in_force"] == {"persistent_rows": 8} for k in res if "=" in k)
+    res = bench.lossless("model", [[1], [2]], "draft", dtype="bf16", twin=bench.parse_twin("persistent_rows=3"))
+    assert all(res[k]["in_force"] == {"persistent_rows": 3} for k in res if "=" in k)
     assert execution_plan.current() == execution_plan.DEFAULT

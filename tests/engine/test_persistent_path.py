@@ -72,8 +72,8 @@ def test_plain_persistent_steps_ahead_of_the_host(target_dir, monkeypatch, plan,
 
 
 def test_serves_short_passes_and_only_what_it_was_built_for(target_dir, monkeypatch, plan):
-    served = _engine(target_dir, "force", monkeypatch).runner.persistent.serves  # the default: up to 4 tokens
-    assert served(1, 4, 64) and not served(1, 5, 64)
+    served = _engine(target_dir, "force", monkeypatch).runner.persistent.serves  # the default: up to 8 tokens
+    assert served(1, 8, 64) and not served(1, 9, 64)
     assert served(1, 1, MAX_COLUMNS) and not served(1, 1, 2 * MAX_COLUMNS)  # longer rows keep today's path
     plan(persistent_rows=0)
     engine = _engine(target_dir, "force", monkeypatch)
@@ -82,17 +82,34 @@ def test_serves_short_passes_and_only_what_it_was_built_for(target_dir, monkeypa
     assert not engine.runner.persistent.steps  # 0 keeps today's path
     plan(persistent_rows=16)
     assert not engine.runner.persistent.serves(1, 1, 64)  # the plan at build decides: the weights were not restacked
-    served = _engine(target_dir, "force", monkeypatch).runner.persistent.serves
+    served = _engine(target_dir, "force", monkeypatch).runner.persistent.serves  # past the kernel's 8 rows: 8
     assert served(1, 8, 64) and not served(1, 9, 64) and not served(2, 1, 64) and not served(1, 0, 64)
+    plan(persistent_rows=4)
+    served = _engine(target_dir, "force", monkeypatch).runner.persistent.serves
+    assert served(1, 4, 64) and not served(1, 5, 64)
     assert _engine(target_dir, "0", monkeypatch).execution_plan_summary["persistent_rows"] == 0
 
 
+def _tree(parents: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(depth [1, T], mask [1, T, T]: each row sees itself and its ancestors) of a draft tree given by parents."""
+    T = len(parents)
+    mask = torch.eye(T, dtype=torch.bool)
+    depth = torch.zeros(T, dtype=torch.long)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] |= mask[p]
+            depth[i] = depth[p] + 1
+    return depth[None].to(device), mask[None].to(device)
+
+
 # The draft's default layers of a 3-layer target (2, 1, 0) read its embeddings, which the engine gathers;
-# (1, 2, 1) the kernel writes itself (a layer may repeat).
-@pytest.mark.parametrize("layers", [None, (1, 2, 1)], ids=["with-embeddings", "written-by-the-kernel"])
-def test_a_verify_pass_gives_the_models_logits_features_and_cache(target_dir, monkeypatch, plan, layers):
-    """What a drafted chain's verify reads from the pass: the logits, the EAGLE-3 features of the draft's capture
-    layers (which greedy tokens alone would not check: a wrong feature only lowers acceptance) and the cache."""
+# (1, 2, 1) the kernel writes itself (a layer may repeat). A chain of 4, and a tree of 8 (siblings at every
+# depth, rotary positions by depth), the kernel's largest pass.
+@pytest.mark.parametrize("layers,parents", [(None, None), ((1, 2, 1), None), ((1, 2, 1), [-1, 0, 0, 1, 1, 2, 3, 5])],
+                         ids=["with-embeddings", "written-by-the-kernel", "tree-of-8"])
+def test_a_verify_pass_gives_the_models_logits_features_and_cache(target_dir, monkeypatch, plan, layers, parents):
+    """What a drafted verify reads from the pass: the logits, the EAGLE-3 features of the draft's capture layers
+    (which greedy tokens alone would not check: a wrong feature only lowers acceptance) and the cache."""
     plan(persistent_rows=8)
     engine = _engine(target_dir, "force", monkeypatch, SpecConfig(3, 1, adaptive=False))
     runner, dev = engine.runner, engine.device
@@ -100,14 +117,16 @@ def test_a_verify_pass_gives_the_models_logits_features_and_cache(target_dir, mo
         engine.target.capture_layers = layers
     assert engine.target.capture_layers == (layers or (2, 1, 0))
     runner.prefill(torch.tensor([[3, 9, 27, 4, 18, 30, 2]], device=dev), [0])
-    ids = torch.tensor([[5, 11, 7, 20]], device=dev)
+    ids = torch.tensor([[5, 11, 7, 20, 1, 30, 12, 9][:len(parents or range(4))]], device=dev)
+    depth, mask = _tree(parents, dev) if parents else (torch.arange(4, device=dev)[None], None)
     k0, v0 = runner.kv.k.clone(), runner.kv.v.clone()
-    out = runner.forward(ids, torch.arange(7, 11, device=dev)[None], [0], [7], graph=False)
+    out = runner.forward(ids, 7 + depth, [0], [7], new_mask=mask, graph=False)
     want_logits, want_aux = engine.target.logits(out.hidden), out.aux_hidden
     k_want, v_want = runner.kv.k.clone(), runner.kv.v.clone()
     runner.kv.k.copy_(k0)
     runner.kv.v.copy_(v0)
-    tokens, logits, aux = runner.persistent.forward(ids, torch.tensor([7], device=dev), torch.tensor([0], device=dev))
+    tokens, logits, aux = runner.persistent.forward(ids, torch.tensor([7], device=dev), torch.tensor([0], device=dev),
+                                                    depth if parents else None, mask)
     tol = 2e-3 if CUDA else 1e-4
     assert (logits - want_logits).abs().max() <= tol * want_logits.abs().max()
     assert torch.equal(tokens, want_logits.argmax(-1))
