@@ -170,7 +170,7 @@ def await_words(ptrs1, mask1, ptrs2, mask2, ep, NAP: tl.constexpr):
         while stale > 0:  # the vote in the loop's body: in its condition, Triton 3.6's layout pass fails
             ep, p1, p2 = _reload(ptrs1, mask1, ptrs2, mask2, ep, NAP)
             stale = _agreed(_stale(p1, mask1, ep) + _stale(p2, mask2, ep))
-    else:
+    else:  # the test in the condition: computed in the body as above, 4- and 8-row steps spill 68-88 bytes more
         while _stale(p1, mask1, ep) + _stale(p2, mask2, ep) > 0:
             ep, p1, p2 = _reload(ptrs1, mask1, ptrs2, mask2, ep, NAP)
     return _fresh(p1, ptrs1, mask1, ep), _fresh(p2, ptrs2, mask2, ep)
