@@ -34,8 +34,8 @@ class ExecutionPlan:
     qkv_rotary_rows: int = 2       # rows up to which norm, q/k/v, rotary and cache write run as one kernel;
     # 0: never; at or past the kernel's own row limit: wherever it applies. 4-8 rows were 1-3% slower with it.
     persistent_rows: int = 8       # new tokens up to which a one-sequence pass runs as one persistent kernel
-    # (engine/persistent.py); 0: never. End to end it wins or is level at every row count up to its limit of 8
-    # (docs/kernels.md).
+    # (engine/persistent.py); 0: never. End to end it won at 1, 4, 6 and 8 rows, level for the widest 8-row
+    # tree (docs/kernels.md); 8 is the kernel's limit.
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
