@@ -9,6 +9,7 @@ import eyas.engine.ahead as ahead_mod
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
 from eyas.engine.persistent import MAX_COLUMNS
+from eyas.layers.draft_tree import DraftTree, select_tree
 from eyas.layers.sampling import SamplingParams
 from tests.conftest import on_gpu
 from tests.engine.fake_cuda_graphs import fake_graphs  # noqa: F401 (a fixture)
@@ -90,24 +91,23 @@ def test_serves_short_passes_and_only_what_it_was_built_for(target_dir, monkeypa
     assert _engine(target_dir, "0", monkeypatch).execution_plan_summary["persistent_rows"] == 0
 
 
-def _tree(parents: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(depth [1, T], mask [1, T, T]: each row sees itself and its ancestors) of a draft tree given by parents."""
-    T = len(parents)
-    mask = torch.eye(T, dtype=torch.bool)
-    depth = torch.zeros(T, dtype=torch.long)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            mask[i] |= mask[p]
-            depth[i] = depth[p] + 1
-    return depth[None].to(device), mask[None].to(device)
+def _tree_of_8(device) -> DraftTree:
+    """A drafted tree of 8 nodes with siblings at every depth, as the draft's select_tree builds it from its pool
+    (tokens, parents, depth and each node's ancestor mask), every pool candidate kept."""
+    pool_parents = torch.tensor([[-1, -1, 0, 0, 1, 2, 4]])  # pool indices; -1: a child of the root
+    pool_depth = torch.tensor([[1, 1, 2, 2, 2, 3, 3]])
+    tree = select_tree(torch.tensor([5]), torch.tensor([[11, 7, 20, 1, 30, 12, 9]]), -torch.arange(7.0)[None],
+                       pool_parents, pool_depth, 8)
+    assert tree.parents.tolist() == [[-1, 0, 0, 1, 1, 2, 3, 5]]
+    return DraftTree(*(t.to(device) for t in (tree.tokens, tree.parents, tree.depth, tree.mask)))
 
 
 # The draft's default layers of a 3-layer target (2, 1, 0) read its embeddings, which the engine gathers;
 # (1, 2, 1) the kernel writes itself (a layer may repeat). A chain of 4, and a tree of 8 (siblings at every
 # depth, rotary positions by depth), the kernel's largest pass.
-@pytest.mark.parametrize("layers,parents", [(None, None), ((1, 2, 1), None), ((1, 2, 1), [-1, 0, 0, 1, 1, 2, 3, 5])],
+@pytest.mark.parametrize("layers,tree", [(None, False), ((1, 2, 1), False), ((1, 2, 1), True)],
                          ids=["with-embeddings", "written-by-the-kernel", "tree-of-8"])
-def test_a_verify_pass_gives_the_models_logits_features_and_cache(target_dir, monkeypatch, plan, layers, parents):
+def test_a_verify_pass_gives_the_models_logits_features_and_cache(target_dir, monkeypatch, plan, layers, tree):
     """What a drafted verify reads from the pass: the logits, the EAGLE-3 features of the draft's capture layers
     (which greedy tokens alone would not check: a wrong feature only lowers acceptance) and the cache."""
     plan(persistent_rows=8)
@@ -117,8 +117,11 @@ def test_a_verify_pass_gives_the_models_logits_features_and_cache(target_dir, mo
         engine.target.capture_layers = layers
     assert engine.target.capture_layers == (layers or (2, 1, 0))
     runner.prefill(torch.tensor([[3, 9, 27, 4, 18, 30, 2]], device=dev), [0])
-    ids = torch.tensor([[5, 11, 7, 20, 1, 30, 12, 9][:len(parents or range(4))]], device=dev)
-    depth, mask = _tree(parents, dev) if parents else (torch.arange(4, device=dev)[None], None)
+    if tree:
+        drafted = _tree_of_8(dev)
+        ids, depth, mask = drafted.tokens, drafted.depth, drafted.mask
+    else:
+        ids, depth, mask = torch.tensor([[5, 11, 7, 20]], device=dev), torch.arange(4, device=dev)[None], None
     k0, v0 = runner.kv.k.clone(), runner.kv.v.clone()
     out = runner.forward(ids, 7 + depth, [0], [7], new_mask=mask, graph=False)
     want_logits, want_aux = engine.target.logits(out.hidden), out.aux_hidden
@@ -126,7 +129,7 @@ def test_a_verify_pass_gives_the_models_logits_features_and_cache(target_dir, mo
     runner.kv.k.copy_(k0)
     runner.kv.v.copy_(v0)
     tokens, logits, aux = runner.persistent.forward(ids, torch.tensor([7], device=dev), torch.tensor([0], device=dev),
-                                                    depth if parents else None, mask)
+                                                    depth if tree else None, mask)
     tol = 2e-3 if CUDA else 1e-4
     assert (logits - want_logits).abs().max() <= tol * want_logits.abs().max()
     assert torch.equal(tokens, want_logits.argmax(-1))
