@@ -8,18 +8,17 @@ its inputs, computes and writes its outputs.
 
 What items pass each other is written as eyas.kernels.persistent_words' epoch-tagged words, which the consumer
 polls until all carry this step's epoch (the epoch of the last finished step, kept on the device, plus one; the
-argmax item, last of a step, stores it). With PAIRS (a bf16 target) the residual stream, the attention outputs
-and the activations go two bf16 values to a word, a row's adjacent columns 2j and 2j + 1, so every wide
-boundary stores and polls half the words; a consumer joins each word's values back into column order right
-after its poll (persistent_blocks.awaited_rows), so the rest of its work is the same in both formats. o_proj
-and down round their input rows to bf16 anyway; the stream rounded to bf16 at each write is what the model's
-own bf16 path does. Every such buffer is
-written once per step (the residual stream has one slice per stage: h[2l+1] after layer l's attention, h[2l+2]
-after its MLP; layer 0 reads the embedding rows directly), so there are no write-after-read hazards between
-items. The step's own key and value rows go to the cache (in its dtype, for later steps) and, as words, to
-kv_new for this step's attention; the cache's older rows were written by earlier launches. Each item also bumps
-its schedule counter (relaxed; nobody waits on it), so the tests can check every counter ends at the number of
-items that signal it.
+argmax item, last of a step, stores it). With PAIRS (a bf16 target) the residual stream, the attention outputs and
+the activations go two bf16 values to a word, a row's adjacent columns 2j and 2j + 1, so every wide boundary stores
+and polls half the words; a consumer joins each word's values back into column order right after its poll
+(persistent_blocks.awaited_rows), so the rest of its work is the same in both formats. o_proj and down round their
+input rows to bf16 anyway; the stream rounded to bf16 at each write is what the model's own bf16 path does. Every
+such buffer is written once per step (the residual stream has one slice per stage: h[2l+1] after layer l's
+attention, h[2l+2] after its MLP; layer 0 reads the embedding rows directly), so there are no write-after-read
+hazards between items. The step's own key and value rows go to the cache (in its dtype, for later steps) and, as
+words, to kv_new for this step's attention; the cache's older rows were written by earlier launches. Each item also
+bumps its schedule counter (relaxed; nobody waits on it), so the tests can check every counter ends at the number
+of items that signal it.
 
 Every projection, the LM head's included, is a tensor-core product of the step's rows (BR: R padded to a
 power of two) and the item's weight tile, its columns cut into chunks of CHUNK: one product per chunk, the
