@@ -25,7 +25,24 @@ def random_tree(B, steps, topk, num_nodes, vocab, g):
         frontier, frontier_scores = base + keep, s.gather(1, keep)
         base += n * topk
     return select_tree(root, torch.cat(tokens, 1), torch.cat(scores, 1), torch.cat(parents, 1), torch.cat(depth, 1),
-                       num_nodes)
+                       num_nodes, steps)
+
+
+@pytest.mark.parametrize("steps,topk,num_nodes", [(3, 1, 4), (5, 4, 8), (4, 3, 10), (2, 3, 6), (1, 4, 5)])
+def test_the_tree_mask_names_each_nodes_ancestors(steps, topk, num_nodes):
+    """select_tree's mask, built a generation at a time: row i holds i and every node on its walk up to the root."""
+    g = torch.Generator().manual_seed(steps * 10 + topk)
+    tree = random_tree(32, steps, topk, num_nodes, 12, g)
+    for b in range(32):
+        parents = tree.parents[b].tolist()
+        want = torch.zeros(num_nodes, num_nodes, dtype=torch.bool)
+        for i in range(num_nodes):
+            j = i
+            while j >= 0:
+                want[i, j] = True
+                j = parents[j]
+        assert torch.equal(tree.mask[b], want)
+    assert tree.depth.max().item() == steps  # the deepest nodes were kept, so the walk's length was tested
 
 
 @pytest.mark.parametrize("steps,topk,num_nodes", [(3, 1, 4), (5, 4, 8), (4, 3, 10)])
@@ -39,7 +56,7 @@ def test_device_acceptance_equals_the_hosts(steps, topk, num_nodes):
         for j in range(1, num_nodes):
             if torch.rand((), generator=g) < 0.7:
                 argmax[b, tree.parents[b, j]] = tree.tokens[b, j]
-    sel, accepted, new = accept_greedy_batched(tree.tokens, tree.parents, tree.depth, argmax, steps)
+    sel, accepted, new = accept_greedy_batched(tree.tokens, tree.parents, tree.depth, tree.mask, argmax, steps)
     lengths = set()
     for b in range(B):
         path, bonus = accept_greedy(tree.tokens[b].tolist(), tree.parents[b].tolist(), argmax[b].tolist())

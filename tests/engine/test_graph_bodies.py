@@ -55,12 +55,15 @@ def test_the_commit_body_is_idempotent_on_a_path_that_skips_nodes(tmp_path):
     tokens = torch.tensor([[3, 10, 11, 12, 13, 14, 15, 16]])
     parents = torch.tensor([[-1, 0, 0, 1, 2, 4, 3, 5]])
     depth = torch.tensor([[0, 1, 1, 2, 2, 3, 3, 4]])
+    mask = torch.eye(8, dtype=torch.bool)[None].clone()
+    for i in range(1, 8):
+        mask[0, i] |= mask[0, parents[0, i]]
     argmax = torch.tensor([[11, 0, 13, 0, 14, 30, 0, 0]])  # accepts nodes 2, 4, 5; node 7 (16) != 30
     aux = torch.randn(1, 8, 3 * 64, generator=g)
     c_t, slots = torch.tensor([20]), torch.tensor([0])
 
     def run():
-        out = decoder.commit_body(tokens, parents, depth, argmax, aux, c_t, slots, 256)
+        out = decoder.commit_body(tokens, parents, depth, mask, argmax, aux, c_t, slots, 256)
         caches = [t.clone() for kv in (engine.runner.kv, decoder.kv)
                   for t in ((kv.k, kv.v) if not kv.shared else (kv.k,))]
         return [o.clone() for o in out], caches

@@ -97,7 +97,7 @@ def _tree_of_8(device) -> DraftTree:
     pool_parents = torch.tensor([[-1, -1, 0, 0, 1, 2, 4]])  # pool indices; -1: a child of the root
     pool_depth = torch.tensor([[1, 1, 2, 2, 2, 3, 3]])
     tree = select_tree(torch.tensor([5]), torch.tensor([[11, 7, 20, 1, 30, 12, 9]]), -torch.arange(7.0)[None],
-                       pool_parents, pool_depth, 8)
+                       pool_parents, pool_depth, 8, 3)
     assert tree.parents.tolist() == [[-1, 0, 0, 1, 1, 2, 3, 5]]
     return DraftTree(*(t.to(device) for t in (tree.tokens, tree.parents, tree.depth, tree.mask)))
 

@@ -15,7 +15,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from eyas.kernels import (activation, chain_accept, draft_embed, fused_linear, norm, pdl, qkv_rotary, rotary,
-                          slot_attention)
+                          slot_attention, tree_accept)
 
 BF16, I32, F32, U8 = "*bf16", "i32", "fp32", "*u8"
 
@@ -41,6 +41,10 @@ KERNELS = {
     "draft_embed": (draft_embed._draft_embed_kernel, {"ids_ptr": "*i64", "d2t_ptr": "*i64"}, dict(BLOCK=1024)),
     "chain_accept": (chain_accept._chain_accept_kernel, {"tokens_ptr": "*i64", "argmax_ptr": "*i64", "sel_ptr": "*i64",
                                                          "accepted_ptr": "*i64", "new_ptr": "*i64"}, dict(BLOCK=8)),
+    "tree_accept": (tree_accept._tree_accept_kernel, {"tokens_ptr": "*i64", "parents_ptr": "*i64", "depth_ptr": "*i64",
+                                                      "mask_ptr": U8, "argmax_ptr": "*i64", "sel_ptr": "*i64",
+                                                      "accepted_ptr": "*i64", "new_ptr": "*i64"},
+                    dict(BLOCK_N=8, BLOCK_L=8)),
     "rotary": (rotary._rotary_kernel, {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"},
                dict(HALF_BLOCK=32, QH_BLOCK=16, KH_BLOCK=4)),
     "rotary_store": (rotary._rotary_store_kernel, {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32",

@@ -89,6 +89,6 @@ def test_a_tree_keeps_every_parent_when_scores_tie(monkeypatch, device):
     parents = torch.tensor([[-1, -1, 0, 0, 1, 1]], device=device)
     assert (scores - 1e-6 * depth).unique().numel() == 1  # the penalty rounds away: every key ties
     tree = select_tree(torch.tensor([7], device=device), torch.arange(10, 16, device=device)[None], scores, parents,
-                       depth, num_nodes=4)
+                       depth, num_nodes=4, max_depth=2)
     assert tree.tokens.tolist() == [[7, 10, 11, 12]]
     assert tree.parents.tolist() == [[-1, 0, 0, 1]]

@@ -25,6 +25,13 @@ class Drafter:
             n = spec.draft_tokens
             self.chain_tree = (torch.arange(-1, n - 1, device=device)[None], torch.arange(n, device=device)[None],
                                torch.ones(n, n, dtype=torch.bool, device=device).tril()[None])
+        # What never changes in a tree's pool, made once instead of a launch per cycle in its graph.
+        k = spec.topk
+        self.pool_depth = torch.tensor([1] * k + [d for d in range(2, spec.steps + 1) for _ in range(k * k)],
+                                       device=device)[None]
+        self.first_parents = torch.full((1, k), -1, dtype=torch.long, device=device)   # the root's children
+        self.first_frontier = torch.arange(k, device=device)[None]
+        self.eye = torch.eye(k, dtype=torch.bool, device=device)[None]
 
     def forward(self, embeds, hidden, positions, slots, starts, kv_len, fuse=False, new_mask=None, visible=None):
         batch = AttentionBatch(kv=self.kv, slots=slots, starts=starts, kv_len=kv_len, new_mask=new_mask,
@@ -69,12 +76,10 @@ class Drafter:
         dev, B = root.device, root.shape[0]
         hidden = hidden0[:, None].expand(B, k, -1)
         scores, ids = topk(scores0, k, log_softmax=True)                     # [B, k] log-probs
-        pool_tokens, pool_scores = [ids], [scores]
-        pool_parents = [torch.full((B, k), -1, dtype=torch.long, device=dev)]
-        pool_depth = [torch.ones((B, k), dtype=torch.long, device=dev)]
-        frontier = torch.arange(k, device=dev).expand(B, k)                 # pool index of each frontier node
+        pool_tokens, pool_scores, pool_parents = [ids], [scores], [self.first_parents.expand(B, k)]
+        frontier = self.first_frontier.expand(B, k)                         # pool index of each frontier node
         ancestors = torch.zeros((B, k, 0), dtype=torch.bool, device=dev)    # over drafted columns so far
-        eye = torch.eye(k, dtype=torch.bool, device=dev).expand(B, k, k)
+        eye = self.eye.expand(B, k, k)
         rows = torch.arange(B, device=dev)[:, None]
         for step in range(2, S + 1):
             embeds = self.draft.embed_ids(ids, self.embed)
@@ -87,7 +92,6 @@ class Drafter:
             pool_tokens.append(child_ids.flatten(1))
             pool_scores.append(cum)
             pool_parents.append(frontier[..., None].expand(B, k, k).flatten(1))
-            pool_depth.append(torch.full((B, k * k), step, dtype=torch.long, device=dev))
             scores, best = topk(cum, k)                                    # next frontier
             parent_local = best // k
             ids = child_ids.flatten(1).gather(1, best)
@@ -95,6 +99,6 @@ class Drafter:
             frontier = base + best
             ancestors = torch.cat([ancestors[rows, parent_local], eye[rows, parent_local]], dim=-1)
         tree = select_tree(root, torch.cat(pool_tokens, 1), torch.cat(pool_scores, 1), torch.cat(pool_parents, 1),
-                           torch.cat(pool_depth, 1), N)
+                           self.pool_depth.expand(B, -1), N, S)
         tokens = torch.cat([tree.tokens[:, :1], self.draft.to_target_ids(tree.tokens[:, 1:])], dim=1)
         return tokens, tree.parents, tree.depth, tree.mask

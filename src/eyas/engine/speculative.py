@@ -97,13 +97,13 @@ class SpeculativeDecoder:
         logits = self.target.logits(out.hidden)
         return logits.argmax(-1), logits, out.aux_hidden
 
-    def commit_body(self, tokens, parents, depth, argmax, aux, c_t, slots, kv_len):
+    def commit_body(self, tokens, parents, depth, mask, argmax, aux, c_t, slots, kv_len):
         """Greedy acceptance of a verified tree and the draft run over the accepted pairs (see extend).
         Pure or idempotent, as a graph's body must be: capturing one runs it more than once."""
         if self.spec.topk == 1:
             sel, accepted, new = accept_greedy_chain(tokens, argmax)
         else:
-            sel, accepted, new = accept_greedy_batched(tokens, parents, depth, argmax, self.spec.steps)
+            sel, accepted, new = accept_greedy_batched(tokens, parents, depth, mask, argmax, self.spec.steps)
         feats = aux.gather(1, sel[..., None].expand(-1, -1, aux.shape[-1]))
         h, scores = self.drafter.extend(new, feats, accepted, c_t, slots, kv_len)
         return new, accepted, sel, h, scores
@@ -204,10 +204,10 @@ class SpeculativeDecoder:
         compaction. Returns [rows, steps + 2] (the new tokens, then the accepted count) and the next cycle's
         inputs. `run(name, fn, inputs)` runs a pass: inside the whole-cycle graph ahead of the host (ahead.py)
         a plain call, in step with the host its own graph (_in_step)."""
-        tokens, parents, depth, argmax, _, aux = self._draft_and_verify(x, run, prof)
+        tokens, parents, depth, mask, argmax, _, aux = self._draft_and_verify(x, run, prof)
         with prof.phase("commit"):
             new, accepted, sel, h, scores = run("commit", self.commit_body,
-                                                [tokens, parents, depth, argmax, aux, x.cached, x.slots])
+                                                [tokens, parents, depth, mask, argmax, aux, x.cached, x.slots])
             self.compact_paths(x.slots, x.cached, sel, accepted)
         # Padding rows stay at column 0 of the scratch row.
         following = StepInputs(new.gather(1, accepted[:, None])[:, 0], x.cached + (accepted + 1) * x.active,
@@ -239,7 +239,7 @@ class SpeculativeDecoder:
         B = len(seqs)
         c = [s.cached for s in seqs]
         x = self._cycle_inputs(seqs)
-        tokens, parents, _, argmax, logits, aux = self._draft_and_verify(x, self._in_step(B, max(c)), prof)
+        tokens, parents, _, _, argmax, logits, aux = self._draft_and_verify(x, self._in_step(B, max(c)), prof)
         c_t, slots_t = x.cached[:B], x.slots[:B]
         with prof.phase("accept"):
             host = torch.cat([tokens[:B], parents[:B], argmax[:B]], dim=1).tolist()  # the cycle's one sync
@@ -279,7 +279,7 @@ class SpeculativeDecoder:
             tokens, parents, depth, mask = run("tree", self.draft_fn, [x.scores, x.hidden, x.token, x.cached, x.slots])
         with prof.phase("verify"):
             argmax, logits, aux = run("verify", self.verify_body, [tokens, depth, mask, x.cached, x.slots])
-        return tokens, parents, depth, argmax, logits, aux
+        return tokens, parents, depth, mask, argmax, logits, aux
 
     def _cycle_inputs(self, seqs) -> StepInputs:
         """A cycle's inputs in step with the host, padded to the batch bucket where graphs run its passes."""

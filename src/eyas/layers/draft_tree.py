@@ -26,11 +26,12 @@ class DraftTree:
 
 
 def select_tree(root: torch.Tensor, pool_tokens: torch.Tensor, pool_scores: torch.Tensor,
-                pool_parents: torch.Tensor, pool_depth: torch.Tensor, num_nodes: int) -> DraftTree:
+                pool_parents: torch.Tensor, pool_depth: torch.Tensor, num_nodes: int, max_depth: int) -> DraftTree:
     """Keep the num_nodes-1 candidates with the highest cumulative log-probability.
 
-    pool_*: [B, P]; pool_parents indexes the pool (-1 = child of the root). A tiny depth penalty
-    breaks exact ties toward shallower nodes, so a kept node's parent is always kept too.
+    pool_*: [B, P]; pool_parents indexes the pool (-1 = child of the root); no candidate is deeper than
+    max_depth. A tiny depth penalty breaks exact ties toward shallower nodes, so a kept node's parent is
+    always kept too.
     """
     B = root.shape[0]
     keyed = pool_scores - 1e-6 * pool_depth
@@ -42,11 +43,17 @@ def select_tree(root: torch.Tensor, pool_tokens: torch.Tensor, pool_scores: torc
     parents = torch.cat([torch.full((B, 1), -1, dtype=torch.long, device=root.device), parent_node], dim=1)
     depth = torch.cat([torch.zeros((B, 1), dtype=torch.long, device=root.device), pool_depth.gather(1, chosen)], dim=1)
     tokens = torch.cat([root[:, None], pool_tokens.gather(1, chosen)], dim=1)
-    eye = torch.eye(num_nodes, dtype=torch.bool, device=root.device).expand(B, -1, -1)
-    mask = eye.clone()
-    rows = torch.arange(B, device=root.device)
-    for i in range(1, num_nodes):
-        mask[:, i] |= mask[rows, parents[:, i]]
+    # Each node sees itself, the root, and its ancestors between, a generation per op: max_depth - 1
+    # generations above the deepest node is the root's child (the root is its own parent here, so a walk
+    # from a shallower node that got there stays).
+    up = parents.clamp_min(0)
+    mask = torch.eye(num_nodes, dtype=torch.bool, device=root.device).expand(B, -1, -1).clone()
+    mask[:, :, 0] = True
+    above = up
+    for generation in range(1, max_depth):
+        mask.scatter_(2, above[..., None], True)
+        if generation + 1 < max_depth:
+            above = up.gather(1, above)
     return DraftTree(tokens, parents, depth, mask)
 
 
@@ -73,30 +80,30 @@ def accept_greedy(tokens: list[int], parents: list[int], target_argmax: list[int
         path.append(nxt)
 
 
-def accept_greedy_batched(tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor,
+def accept_greedy_batched(tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, mask: torch.Tensor,
                           target_argmax: torch.Tensor, max_depth: int):
     """accept_greedy for a batch, on the device, in fixed shapes (CUDA-graph capturable, no sync).
 
-    tokens, parents, depth, target_argmax: [B, N]. Returns (sel [B, L], accepted [B], new [B, L]) with
-    L = max_depth + 1: sel holds the path's nodes by depth (root first, 0 past its end); `accepted` counts
-    its drafted nodes; new holds the tokens the path appends, the bonus token last and repeated past it.
-    At most one node per depth can be accepted: siblings are distinct tokens and only one can equal the
-    target's argmax at their parent, so the deepest accepted node is unique."""
+    tokens, parents, depth, target_argmax: [B, N]; mask [B, N, N] the tree's (DraftTree.mask). Returns
+    (sel [B, L], accepted [B], new [B, L]) with L = max_depth + 1: sel holds the path's nodes by depth (root
+    first, 0 past its end); `accepted` counts its drafted nodes; new holds the tokens the path appends, the
+    bonus token last and repeated past it. At most one node per depth can be accepted: siblings are distinct
+    tokens and only one can equal the target's argmax at their parent, so the deepest accepted node is unique.
+    A node is accepted when every node of its mask row matched, and the deepest one's mask row is the path:
+    a fixed handful of ops whatever the depth. With the kernels enabled, one launch
+    (eyas.kernels.tree_accept); the plan's tree_accept_kernel=False keeps the torch ops (execution_plan)."""
+    if execution_plan.current().tree_accept_kernel and enabled(tokens):
+        from eyas.kernels.tree_accept import tree_accept
+
+        return tree_accept(tokens, parents, depth, mask, target_argmax, max_depth)
     B, N = tokens.shape
     L = max_depth + 1
-    up = parents.clamp_min(0)
-    correct = tokens == target_argmax.gather(1, up)
+    correct = tokens == target_argmax.gather(1, parents.clamp_min(0))
     correct[:, 0] = True
-    ok = correct
-    for _ in range(max_depth):  # a node is accepted when it and every ancestor are correct
-        ok = correct & ok.gather(1, up)
+    ok = (mask <= correct[:, None, :]).all(dim=-1)                          # no unmatched node on its way up
     best = torch.where(ok, depth, -1).argmax(dim=1, keepdim=True)          # [B, 1] the deepest accepted node
     accepted = depth.gather(1, best)[:, 0]
-    on_path = torch.zeros_like(ok).scatter_(1, best, True)
-    cur = best
-    for _ in range(max_depth):
-        cur = up.gather(1, cur)
-        on_path.scatter_(1, cur, True)
+    on_path = mask.gather(1, best[..., None].expand(B, 1, N))[:, 0]
     # Node j goes to column depth[j] when on the path; the others to a spare column L, dropped after.
     nodes = torch.arange(N, device=tokens.device).expand(B, N)
     sel = torch.zeros((B, L + 1), dtype=torch.long, device=tokens.device)
