@@ -15,7 +15,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from eyas.kernels import (activation, chain_accept, draft_embed, fused_linear, norm, pdl, qkv_rotary, rotary,
-                          slot_attention, tree_accept)
+                          kv_compact, slot_attention, tree_accept)
 
 BF16, I32, F32, U8 = "*bf16", "i32", "fp32", "*u8"
 
@@ -45,6 +45,8 @@ KERNELS = {
                                                       "mask_ptr": U8, "argmax_ptr": "*i64", "sel_ptr": "*i64",
                                                       "accepted_ptr": "*i64", "new_ptr": "*i64"},
                     dict(BLOCK_N=8, BLOCK_L=8)),
+    "kv_compact": (kv_compact._kv_compact_kernel, {"k_ptr": BF16, "v_ptr": BF16, "slots_ptr": "*i64", "src_ptr": "*i64",
+                                                   "dst_ptr": "*i64"}, dict(BLOCK_L=8, BLOCK_D=64, HAS_V=True)),
     "rotary": (rotary._rotary_kernel, {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"},
                dict(HALF_BLOCK=32, QH_BLOCK=16, KH_BLOCK=4)),
     "rotary_store": (rotary._rotary_store_kernel, {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32",

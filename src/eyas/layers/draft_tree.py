@@ -91,8 +91,8 @@ def accept_greedy_batched(tokens: torch.Tensor, parents: torch.Tensor, depth: to
     tokens and only one can equal the target's argmax at their parent, so the deepest accepted node is unique.
     A node is accepted when every node of its mask row matched, and the deepest one's mask row is the path:
     a fixed handful of ops whatever the depth. With the kernels enabled, one launch
-    (eyas.kernels.tree_accept); the plan's tree_accept_kernel=False keeps the torch ops (execution_plan)."""
-    if execution_plan.current().tree_accept_kernel and enabled(tokens):
+    (eyas.kernels.tree_accept); the plan's tree_commit_kernels=False keeps the torch ops (execution_plan)."""
+    if execution_plan.current().tree_commit_kernels and enabled(tokens):
         from eyas.kernels.tree_accept import tree_accept
 
         return tree_accept(tokens, parents, depth, mask, target_argmax, max_depth)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from eyas import execution_plan
+from eyas.kernels import enabled
+
 
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, max_len: int, kv_heads: int, head_dim: int,
@@ -56,7 +59,14 @@ class KVCache:
 
     def compact(self, slots: torch.Tensor, src: torch.Tensor, dst: torch.Tensor):
         """Move cache columns src[i] to dst[i] of row slots[i] in every layer (accepted tree nodes).
-        slots [n], src and dst [n, L]; a (src, dst) pair may repeat, the copy is gathered before it is written."""
+        slots [n], src and dst [n, L]; a (src, dst) pair may repeat, the copy is gathered before it is written.
+        With the kernels enabled, one launch (eyas.kernels.kv_compact); the plan's tree_commit_kernels=False
+        keeps the torch ops (execution_plan)."""
+        if execution_plan.current().tree_commit_kernels and enabled(self.k):
+            from eyas.kernels.kv_compact import kv_compact
+
+            kv_compact(self.k, None if self.shared else self.v, slots, src, dst)
+            return
         rows = slots[:, None]
         self.k[:, rows, :, dst] = self.k[:, rows, :, src]
         if not self.shared:
