@@ -6,8 +6,9 @@ import torch
 from eyas.layers.draft_tree import accept_greedy, accept_greedy_batched, accept_greedy_chain, select_tree
 
 
-def random_tree(B, steps, topk, num_nodes, vocab, g):
-    """A draft tree as the tree pass builds one: pools of top-k children per frontier node, depth by depth."""
+def random_pool(B, steps, topk, vocab, g):
+    """A draft's candidate pool as the tree pass builds one: top-k children per frontier node, depth by depth.
+    Returns (root, tokens, scores, parents, depth), the last four [B, P]."""
     root = torch.randint(0, vocab, (B,), generator=g)
     tokens, parents, depth, scores = [], [], [], []
     frontier = torch.full((B, 1), -1)
@@ -24,8 +25,12 @@ def random_tree(B, steps, topk, num_nodes, vocab, g):
         keep = s.topk(topk, dim=1).indices
         frontier, frontier_scores = base + keep, s.gather(1, keep)
         base += n * topk
-    return select_tree(root, torch.cat(tokens, 1), torch.cat(scores, 1), torch.cat(parents, 1), torch.cat(depth, 1),
-                       num_nodes, steps)
+    return root, torch.cat(tokens, 1), torch.cat(scores, 1), torch.cat(parents, 1), torch.cat(depth, 1)
+
+
+def random_tree(B, steps, topk, num_nodes, vocab, g):
+    """A draft tree as the tree pass selects one from its pool."""
+    return select_tree(*random_pool(B, steps, topk, vocab, g), num_nodes, steps)
 
 
 @pytest.mark.parametrize("steps,topk,num_nodes", [(3, 1, 4), (5, 4, 8), (4, 3, 10), (2, 3, 6), (1, 4, 5)])

@@ -15,7 +15,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from eyas.kernels import (activation, chain_accept, draft_embed, fused_linear, norm, pdl, qkv_rotary, rotary,
-                          kv_compact, slot_attention, tree_accept)
+                          kv_compact, slot_attention, tree_accept, tree_select)
 
 BF16, I32, F32, U8 = "*bf16", "i32", "fp32", "*u8"
 
@@ -47,6 +47,10 @@ KERNELS = {
                     dict(BLOCK_N=8, BLOCK_L=8)),
     "kv_compact": (kv_compact._kv_compact_kernel, {"k_ptr": BF16, "v_ptr": BF16, "slots_ptr": "*i64", "src_ptr": "*i64",
                                                    "dst_ptr": "*i64"}, dict(BLOCK_L=8, BLOCK_D=64, HAS_V=True)),
+    "tree_select": (tree_select._tree_select_kernel, {"root_ptr": "*i64", "tok_ptr": "*i64", "scores_ptr": "*fp32",
+                                                      "par_ptr": "*i64", "depth_ptr": "*i64", "out_tok": "*i64",
+                                                      "out_par": "*i64", "out_depth": "*i64", "out_mask": U8},
+                    dict(BLOCK_P=128, BLOCK_N=8, CHUNK_P=32)),
     "rotary": (rotary._rotary_kernel, {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"},
                dict(HALF_BLOCK=32, QH_BLOCK=16, KH_BLOCK=4)),
     "rotary_store": (rotary._rotary_store_kernel, {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32",

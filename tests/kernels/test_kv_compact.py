@@ -31,7 +31,7 @@ def test_kv_compact_matches_the_torch_ops(device, monkeypatch, shared, head_dim)
     got, want = _cache(device, shared, head_dim), _cache(device, shared, head_dim)
     before = want.k.clone()
     got.compact(slots, c + sel, c + order)
-    with execution_plan.using(tree_commit_kernels=False):
+    with execution_plan.using(tree_kernels=False):
         want.compact(slots, c + sel, c + order)
     assert not torch.equal(want.k, before)  # columns moved
     assert torch.equal(got.k, want.k) and torch.equal(got.v, want.v)
@@ -46,7 +46,7 @@ def test_the_switch_sends_compaction_to_the_kernel(device, monkeypatch):
     monkeypatch.setenv("EYAS_KERNELS", "force")
     kv = _cache(device, False)
     slots, src, dst = (torch.tensor(x, device=device) for x in ([1], [[4, 6]], [[4, 5]]))
-    with execution_plan.using(tree_commit_kernels=False):
+    with execution_plan.using(tree_kernels=False):
         kv.compact(slots, src, dst)
     assert not calls
     kv.compact(slots, src, dst)

@@ -48,7 +48,7 @@ def test_the_switch_sends_trees_to_the_kernel(device, monkeypatch):
     calls = []
     monkeypatch.setattr(kernel, "tree_accept", lambda *a, _f=kernel.tree_accept: calls.append(1) or _f(*a))
     monkeypatch.setenv("EYAS_KERNELS", "force")
-    with execution_plan.using(tree_commit_kernels=False):
+    with execution_plan.using(tree_kernels=False):
         off = accept_greedy_batched(*inputs, 5)
     assert not calls
     on = accept_greedy_batched(*inputs, 5)

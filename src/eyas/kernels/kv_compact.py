@@ -4,7 +4,7 @@ The torch ops gather the accepted columns of every layer and write them back by 
 handful of launches per cycle in its CUDA graph, and as many again for the values. Here one program per
 (sequence, layer, head) loads its row's source columns, keys and values, before it stores any of them, so
 a path that moves column c+2 to c+1 and c+4 to c+2 reads each column before it is overwritten. The
-execution plan's tree_commit_kernels=False keeps the torch ops.
+execution plan's tree_kernels=False keeps the torch ops.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The torch ops of a tree's acceptance are about twenty launches of ~3 µs on [B, 
 CUDA graph; here one program per row does all of it. It reads the tree's ancestor mask (the one the verify
 pass attended with): a node is accepted when every node its row of the mask names matched the target's
 pick at its parent, and the deepest accepted node's row is the path. The execution plan's
-tree_commit_kernels=False keeps the torch ops.
+tree_kernels=False keeps the torch ops.
 """
 
 from __future__ import annotations

@@ -31,8 +31,13 @@ def select_tree(root: torch.Tensor, pool_tokens: torch.Tensor, pool_scores: torc
 
     pool_*: [B, P]; pool_parents indexes the pool (-1 = child of the root); no candidate is deeper than
     max_depth. A tiny depth penalty breaks exact ties toward shallower nodes, so a kept node's parent is
-    always kept too.
+    always kept too. With the kernels enabled, one launch (eyas.kernels.tree_select); the plan's
+    tree_kernels=False keeps the torch ops (execution_plan).
     """
+    if execution_plan.current().tree_kernels and enabled(pool_scores):
+        from eyas.kernels.tree_select import tree_select
+
+        return DraftTree(*tree_select(root, pool_tokens, pool_scores, pool_parents, pool_depth, num_nodes, max_depth))
     B = root.shape[0]
     keyed = pool_scores - 1e-6 * pool_depth
     chosen = topk(keyed, num_nodes - 1)[1].sort(dim=-1).values                       # [B, N-1] pool order
@@ -91,8 +96,8 @@ def accept_greedy_batched(tokens: torch.Tensor, parents: torch.Tensor, depth: to
     tokens and only one can equal the target's argmax at their parent, so the deepest accepted node is unique.
     A node is accepted when every node of its mask row matched, and the deepest one's mask row is the path:
     a fixed handful of ops whatever the depth. With the kernels enabled, one launch
-    (eyas.kernels.tree_accept); the plan's tree_commit_kernels=False keeps the torch ops (execution_plan)."""
-    if execution_plan.current().tree_commit_kernels and enabled(tokens):
+    (eyas.kernels.tree_accept); the plan's tree_kernels=False keeps the torch ops (execution_plan)."""
+    if execution_plan.current().tree_kernels and enabled(tokens):
         from eyas.kernels.tree_accept import tree_accept
 
         return tree_accept(tokens, parents, depth, mask, target_argmax, max_depth)

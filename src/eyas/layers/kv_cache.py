@@ -60,9 +60,9 @@ class KVCache:
     def compact(self, slots: torch.Tensor, src: torch.Tensor, dst: torch.Tensor):
         """Move cache columns src[i] to dst[i] of row slots[i] in every layer (accepted tree nodes).
         slots [n], src and dst [n, L]; a (src, dst) pair may repeat, the copy is gathered before it is written.
-        With the kernels enabled, one launch (eyas.kernels.kv_compact); the plan's tree_commit_kernels=False
+        With the kernels enabled, one launch (eyas.kernels.kv_compact); the plan's tree_kernels=False
         keeps the torch ops (execution_plan)."""
-        if execution_plan.current().tree_commit_kernels and enabled(self.k):
+        if execution_plan.current().tree_kernels and enabled(self.k):
             from eyas.kernels.kv_compact import kv_compact
 
             kv_compact(self.k, None if self.shared else self.v, slots, src, dst)
