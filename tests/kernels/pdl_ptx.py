@@ -15,7 +15,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from eyas.kernels import (activation, chain_accept, draft_embed, fused_linear, norm, pdl, qkv_rotary, rotary,
-                          kv_compact, slot_attention, tree_accept, tree_select)
+                          kv_compact, slot_attention, tree_accept, tree_frontier, tree_select)
 
 BF16, I32, F32, U8 = "*bf16", "i32", "fp32", "*u8"
 
@@ -51,6 +51,11 @@ KERNELS = {
                                                       "par_ptr": "*i64", "depth_ptr": "*i64", "out_tok": "*i64",
                                                       "out_par": "*i64", "out_depth": "*i64", "out_mask": U8},
                     dict(BLOCK_P=128, BLOCK_N=8, CHUNK_P=32)),
+    "tree_frontier": (tree_frontier._tree_frontier_kernel,
+                      {"scores_ptr": "*fp32", "cs_ptr": "*fp32", "cid_ptr": "*i64", "fr_ptr": "*i64", "out_ptr": BF16,
+                       "mask_ptr": U8, "pool_tok": "*i64", "pool_sc": "*fp32", "pool_par": "*i64",
+                       "next_scores": "*fp32", "next_ids": "*i64", "next_hidden": BF16, "next_fr": "*i64",
+                       "next_mask": U8}, dict(BLOCK_KK=16, BLOCK_K=4, BLOCK_W=8, BLOCK_H=1024)),
     "rotary": (rotary._rotary_kernel, {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"},
                dict(HALF_BLOCK=32, QH_BLOCK=16, KH_BLOCK=4)),
     "rotary_store": (rotary._rotary_store_kernel, {"pos_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32",

@@ -36,7 +36,7 @@ def _ptx_facts(mode: str, *kernels: str) -> dict:
 def test_with_pdl_each_decode_kernel_waits_once_before_its_data_then_signals():
     """One wait, then one signal; only the projections read (their weights) before the wait."""
     facts = _ptx_facts("on")
-    assert len(facts) == 21
+    assert len(facts) == 22
     for name, f in facts.items():
         assert (f["launch_dependents"], f["wait"], f["signal_after_wait"]) == (1, 1, True), f
         if name in WEIGHT_FIRST:

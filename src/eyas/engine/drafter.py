@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from eyas.layers.attention import AttentionBatch
-from eyas.layers.draft_tree import select_tree
+from eyas.layers.draft_tree import DraftPool, expand_frontier, select_tree
 from eyas.layers.topk import argmax, topk
 from eyas.models.eagle3 import step_fusions
 
@@ -29,7 +29,6 @@ class Drafter:
         k = spec.topk
         self.pool_depth = torch.tensor([1] * k + [d for d in range(2, spec.steps + 1) for _ in range(k * k)],
                                        device=device)[None]
-        self.first_parents = torch.full((1, k), -1, dtype=torch.long, device=device)   # the root's children
         self.first_frontier = torch.arange(k, device=device)[None]
         self.eye = torch.eye(k, dtype=torch.bool, device=device)[None]
 
@@ -73,32 +72,22 @@ class Drafter:
     def tree(self, scores0, hidden0, root, c, slots, kv_len):
         """EAGLE-2 dynamic tree: expand the top-k frontier by cumulative log-prob for S steps, then rerank."""
         S, k, N = self.spec.steps, self.spec.topk, self.spec.draft_tokens
-        dev, B = root.device, root.shape[0]
+        dev, B, P = root.device, root.shape[0], self.pool_depth.shape[1]
         hidden = hidden0[:, None].expand(B, k, -1)
         scores, ids = topk(scores0, k, log_softmax=True)                     # [B, k] log-probs
-        pool_tokens, pool_scores, pool_parents = [ids], [scores], [self.first_parents.expand(B, k)]
+        pool = DraftPool(torch.empty((B, P), dtype=torch.long, device=dev),
+                         torch.empty((B, P), dtype=scores.dtype, device=dev),
+                         torch.empty((B, P), dtype=torch.long, device=dev))
+        pool.tokens[:, :k], pool.scores[:, :k], pool.parents[:, :k] = ids, scores, -1
         frontier = self.first_frontier.expand(B, k)                         # pool index of each frontier node
-        ancestors = torch.zeros((B, k, 0), dtype=torch.bool, device=dev)    # over drafted columns so far
-        eye = self.eye.expand(B, k, k)
-        rows = torch.arange(B, device=dev)[:, None]
+        mask = self.eye.expand(B, k, k)                                     # over drafted columns so far
         for step in range(2, S + 1):
             embeds = self.draft.embed_ids(ids, self.embed)
             pos = (c + step - 2)[:, None].expand(B, k)
-            mask = torch.cat([ancestors, eye], dim=-1)
             out = self.forward(embeds, hidden, pos, slots, c + (step - 2) * k, kv_len, new_mask=mask, visible=c)
             child_scores, child_ids = topk(self.draft.head_output(out), k, log_softmax=True)
-            cum = (scores[..., None] + child_scores).flatten(1)            # [B, k*k]
-            base = sum(t.shape[1] for t in pool_tokens)
-            pool_tokens.append(child_ids.flatten(1))
-            pool_scores.append(cum)
-            pool_parents.append(frontier[..., None].expand(B, k, k).flatten(1))
-            scores, best = topk(cum, k)                                    # next frontier
-            parent_local = best // k
-            ids = child_ids.flatten(1).gather(1, best)
-            hidden = out[rows, parent_local]
-            frontier = base + best
-            ancestors = torch.cat([ancestors[rows, parent_local], eye[rows, parent_local]], dim=-1)
-        tree = select_tree(root, torch.cat(pool_tokens, 1), torch.cat(pool_scores, 1), torch.cat(pool_parents, 1),
-                           self.pool_depth.expand(B, -1), N, S)
+            scores, ids, hidden, frontier, mask = expand_frontier(pool, k + (step - 2) * k * k, scores, child_scores,
+                                                                  child_ids, frontier, out, mask)
+        tree = select_tree(root, pool.tokens, pool.scores, pool.parents, self.pool_depth.expand(B, -1), N, S)
         tokens = torch.cat([tree.tokens[:, :1], self.draft.to_target_ids(tree.tokens[:, 1:])], dim=1)
         return tokens, tree.parents, tree.depth, tree.mask

@@ -62,6 +62,44 @@ def select_tree(root: torch.Tensor, pool_tokens: torch.Tensor, pool_scores: torc
     return DraftTree(tokens, parents, depth, mask)
 
 
+@dataclass
+class DraftPool:
+    """The candidates a tree pass drafts, [B, P] each, filled a depth at a time: k children of the root, then
+    k * k per step. parents index the pool (-1 = a child of the root)."""
+    tokens: torch.Tensor
+    scores: torch.Tensor
+    parents: torch.Tensor
+
+
+def expand_frontier(pool: DraftPool, base: int, scores: torch.Tensor, child_scores: torch.Tensor,
+                    child_ids: torch.Tensor, frontier: torch.Tensor, out: torch.Tensor, mask: torch.Tensor):
+    """One step of EAGLE-2's tree after the draft ran over its frontier: pool the frontier's children at
+    columns base.. of `pool`, then keep the k with the highest cumulative log-probability as the next frontier.
+
+    scores [B, k]: the frontier's cumulative log-probs; child_scores, child_ids [B, k, k]: each frontier node's
+    top-k children (log-probs, draft ids); frontier [B, k]: its pool indices; out [B, k, H]: the draft's
+    output at each frontier node; mask [B, k, W]: what each frontier node attended to (its ancestors' columns,
+    then itself). Returns the next frontier's (scores, ids, hidden, pool indices, mask [B, k, W + k]).
+    With the kernels enabled, one launch (eyas.kernels.tree_frontier); the plan's tree_kernels=False keeps
+    the torch ops (execution_plan)."""
+    if execution_plan.current().tree_kernels and enabled(scores):
+        from eyas.kernels.tree_frontier import tree_frontier
+
+        return tree_frontier(pool, base, scores, child_scores, child_ids, frontier, out, mask)
+    B, k = scores.shape
+    cum = (scores[..., None] + child_scores).flatten(1)                    # [B, k*k]
+    pool.tokens[:, base:base + k * k] = child_ids.flatten(1)
+    pool.scores[:, base:base + k * k] = cum
+    pool.parents[:, base:base + k * k] = frontier.repeat_interleave(k, dim=1)
+    next_scores, best = topk(cum, k)
+    parent = best // k
+    rows = torch.arange(B, device=scores.device)[:, None]
+    eye = torch.eye(k, dtype=torch.bool, device=scores.device).expand(B, k, k)
+    # A child sees what its parent saw (the parent's ancestors and the parent), then itself.
+    return (next_scores, child_ids.flatten(1).gather(1, best), out[rows, parent], base + best,
+            torch.cat([mask[rows, parent], eye], dim=-1))
+
+
 def _children(parents: list[int]) -> dict[int, list[int]]:
     """Node -> its children, in node order (the draft's ranking order among siblings)."""
     children: dict[int, list[int]] = {}
