@@ -94,12 +94,12 @@ def test_serves_short_passes_and_only_what_it_was_built_for(target_dir, monkeypa
 def _tree_of_8(device) -> DraftTree:
     """A drafted tree of 8 nodes with siblings at every depth, as the draft's select_tree builds it from its pool
     (tokens, parents, depth and each node's ancestor mask), every pool candidate kept."""
-    pool_parents = torch.tensor([[-1, -1, 0, 0, 1, 2, 4]])  # pool indices; -1: a child of the root
-    pool_depth = torch.tensor([[1, 1, 2, 2, 2, 3, 3]])
-    tree = select_tree(torch.tensor([5]), torch.tensor([[11, 7, 20, 1, 30, 12, 9]]), -torch.arange(7.0)[None],
-                       pool_parents, pool_depth, 8, 3)
+    pool_parents = torch.tensor([[-1, -1, 0, 0, 1, 2, 4]], device=device)  # pool indices; -1: a child of the root
+    pool_depth = torch.tensor([[1, 1, 2, 2, 2, 3, 3]], device=device)
+    tree = select_tree(torch.tensor([5], device=device), torch.tensor([[11, 7, 20, 1, 30, 12, 9]], device=device),
+                       -torch.arange(7.0, device=device)[None], pool_parents, pool_depth, 8, 3)
     assert tree.parents.tolist() == [[-1, 0, 0, 1, 1, 2, 3, 5]]
-    return DraftTree(*(t.to(device) for t in (tree.tokens, tree.parents, tree.depth, tree.mask)))
+    return tree
 
 
 # The draft's default layers of a 3-layer target (2, 1, 0) read its embeddings, which the engine gathers;
