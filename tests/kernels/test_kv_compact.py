@@ -1,4 +1,4 @@
-"""The KV-compaction kernel against KVCache.compact's torch ops (Triton's interpreter on the CPU; on a GPU with
+"""The KV-compaction kernel against KVCache.compact_path's torch ops (Triton's interpreter on the CPU; on a GPU with
 EYAS_TEST_CUDA=1)."""
 
 import pytest
@@ -18,24 +18,33 @@ def _cache(device, shared, head_dim=12):
     return kv
 
 
+def _paths(device):
+    """A path that skips nodes (each move's source is another move's destination), one that keeps its columns
+    and stops early, and two padding rows that move column 0 of the scratch row onto itself."""
+    slots = torch.tensor([2, 0, 3, 3], device=device)
+    starts = torch.tensor([10, 5, 0, 0], device=device)
+    sel = torch.tensor([[0, 2, 4, 5], [0, 1, 2, 0], [0, 0, 0, 0], [0, 0, 0, 0]], device=device)
+    accepted = torch.tensor([3, 2, 0, 0], device=device)
+    return slots, starts, sel, accepted
+
+
 @pytest.mark.parametrize("shared", [False, True], ids=["keys-and-values", "one-latent"])
 @pytest.mark.parametrize("head_dim", [12, 64])
 def test_kv_compact_matches_the_torch_ops(device, monkeypatch, shared, head_dim):
-    """Paths that skip nodes (each move's source is overwritten by a later move's destination), one that keeps
-    its columns, and a padding row that moves column 0 of the scratch row onto itself, twice."""
     monkeypatch.setenv("EYAS_KERNELS", "force")
-    slots = torch.tensor([2, 0, 3, 3], device=device)
-    c = torch.tensor([[10], [5], [0], [0]], device=device)
-    sel = torch.tensor([[0, 2, 4, 5], [0, 1, 2, 0], [0, 0, 0, 0], [0, 0, 0, 0]], device=device)
-    order = torch.tensor([[0, 1, 2, 3], [0, 1, 2, 0], [0, 0, 0, 0], [0, 0, 0, 0]], device=device)
     got, want = _cache(device, shared, head_dim), _cache(device, shared, head_dim)
     before = want.k.clone()
-    got.compact(slots, c + sel, c + order)
+    got.compact_path(*_paths(device))
     with execution_plan.using(tree_kernels=False):
-        want.compact(slots, c + sel, c + order)
-    assert not torch.equal(want.k, before)  # columns moved
+        want.compact_path(*_paths(device))
     assert torch.equal(got.k, want.k) and torch.equal(got.v, want.v)
-    assert torch.equal(got.k[:, 2, :, 11], before[:, 2, :, 12]) and torch.equal(got.k[:, 2, :, 13], before[:, 2, :, 15])
+    moved = [(11, 12), (12, 14), (13, 15)]  # row 2: columns 12, 14, 15 to 11, 12, 13; the rest stay
+    for dst, src in moved:
+        assert torch.equal(got.k[:, 2, :, dst], before[:, 2, :, src])
+    untouched = torch.ones(32, dtype=torch.bool)
+    untouched[[dst for dst, _ in moved]] = False
+    assert torch.equal(got.k[:, 2, :, untouched], before[:, 2, :, untouched])
+    assert torch.equal(got.k[:, [0, 1, 3]], before[:, [0, 1, 3]])  # a path in place and padding change nothing
 
 
 def test_the_switch_sends_compaction_to_the_kernel(device, monkeypatch):
@@ -45,19 +54,17 @@ def test_the_switch_sends_compaction_to_the_kernel(device, monkeypatch):
     monkeypatch.setattr(kernel, "kv_compact", lambda *a, _f=kernel.kv_compact: calls.append(1) or _f(*a))
     monkeypatch.setenv("EYAS_KERNELS", "force")
     kv = _cache(device, False)
-    slots, src, dst = (torch.tensor(x, device=device) for x in ([1], [[4, 6]], [[4, 5]]))
     with execution_plan.using(tree_kernels=False):
-        kv.compact(slots, src, dst)
+        kv.compact_path(*_paths(device))
     assert not calls
-    kv.compact(slots, src, dst)
+    kv.compact_path(*_paths(device))
     assert calls
 
 
 def test_mismatched_inputs_are_refused(device):
     kv = _cache(device, False)
+    slots, starts, sel, accepted = _paths(device)
     with pytest.raises(ValueError, match="int64"):
-        kv_compact(kv.k, kv.v, torch.tensor([0], device=device), torch.tensor([[1, 2]], device=device),
-                   torch.tensor([[1.0, 2.0]], device=device))
+        kv_compact(kv.k, kv.v, slots, starts.float(), sel, accepted)
     with pytest.raises(ValueError, match="contiguous"):
-        kv_compact(kv.k.transpose(3, 4), None, torch.tensor([0], device=device), torch.tensor([[1]], device=device),
-                   torch.tensor([[1]], device=device))
+        kv_compact(kv.k.transpose(3, 4), None, slots, starts, sel, accepted)

@@ -61,7 +61,8 @@ class Drafter:
         hidden, guesses = hidden0[:, None], [ids]
         for step in range(2, self.spec.steps + 1):
             embeds = self.draft.embed_ids(ids, self.embed)
-            out = self.forward(embeds, hidden, (c + step - 2)[:, None], slots, c + step - 2, kv_len)
+            start = c + (step - 2) if step > 2 else c                        # the position and the column
+            out = self.forward(embeds, hidden, start[:, None], slots, start, kv_len)
             ids, hidden = argmax(self.draft.head_output(out)), out
             guesses.append(ids)
         B = root.shape[0]
@@ -83,8 +84,9 @@ class Drafter:
         mask = self.eye.expand(B, k, k)                                     # over drafted columns so far
         for step in range(2, S + 1):
             embeds = self.draft.embed_ids(ids, self.embed)
-            pos = (c + step - 2)[:, None].expand(B, k)
-            out = self.forward(embeds, hidden, pos, slots, c + (step - 2) * k, kv_len, new_mask=mask, visible=c)
+            pos, start = (c + (step - 2), c + (step - 2) * k) if step > 2 else (c, c)
+            out = self.forward(embeds, hidden, pos[:, None].expand(B, k), slots, start, kv_len, new_mask=mask,
+                               visible=c)
             child_scores, child_ids = topk(self.draft.head_output(out), k, log_softmax=True)
             scores, ids, hidden, frontier, mask = expand_frontier(pool, k + (step - 2) * k * k, scores, child_scores,
                                                                   child_ids, frontier, out, mask)

@@ -219,9 +219,7 @@ class SpeculativeDecoder:
         (on the device; past the path, column c onto itself). A chain's path never skips a node."""
         if self.spec.topk == 1:
             return
-        cols = torch.arange(sel.shape[1], device=sel.device)[None]
-        order = torch.where(cols <= accepted[:, None], cols, 0)
-        self.engine.runner.kv.compact(slots_t, c_t[:, None] + sel, c_t[:, None] + order)
+        self.engine.runner.kv.compact_path(slots_t, c_t, sel, accepted)
 
     def advance(self, seqs, new_tokens: list[list[int]], accepted: list[int], logprobs: list | None = None):
         """The host's side of a commit: each sequence takes its accepted tokens and the bonus token (and

@@ -2,7 +2,7 @@
 
 Designed for speculation: a forward appends T tokens at once at positions [start, start+T) of each
 slot; rollback is free (the engine just keeps the shorter length: stale entries past it are masked
-and later overwritten); `compact` moves the accepted nodes of a verified tree to contiguous positions.
+and later overwritten); `compact_path` moves the accepted nodes of a verified tree to contiguous positions.
 With `shared`, keys and values are one tensor (MLA caches one latent per token that serves as both).
 Slot accounting (`allocate`/`free`) lets the scheduler admit requests only while rows are free.
 """
@@ -57,16 +57,20 @@ class KVCache:
         """[B, kv_heads, kv_len, D] views (a gather copy when the slots are not a plain range)."""
         return self.k[layer, slots, :, :kv_len], self.v[layer, slots, :, :kv_len]
 
-    def compact(self, slots: torch.Tensor, src: torch.Tensor, dst: torch.Tensor):
-        """Move cache columns src[i] to dst[i] of row slots[i] in every layer (accepted tree nodes).
-        slots [n], src and dst [n, L]; a (src, dst) pair may repeat, the copy is gathered before it is written.
-        With the kernels enabled, one launch (eyas.kernels.kv_compact); the plan's tree_kernels=False
-        keeps the torch ops (execution_plan)."""
+    def compact_path(self, slots: torch.Tensor, starts: torch.Tensor, sel: torch.Tensor, accepted: torch.Tensor):
+        """Move a verified tree's accepted path to contiguous columns in every layer: row slots[i]'s columns
+        starts[i] + sel[i, j] to starts[i] + j for j <= accepted[i] (past it, column starts[i] onto itself).
+        slots, starts, accepted [n], sel [n, L]; every column is read before any is written, so a path that skips
+        nodes may move a column onto one that moves itself. With the kernels enabled, one launch
+        (eyas.kernels.kv_compact); the plan's tree_kernels=False keeps the torch ops (execution_plan)."""
         if execution_plan.current().tree_kernels and enabled(self.k):
             from eyas.kernels.kv_compact import kv_compact
 
-            kv_compact(self.k, None if self.shared else self.v, slots, src, dst)
+            kv_compact(self.k, None if self.shared else self.v, slots, starts, sel, accepted)
             return
+        cols = torch.arange(sel.shape[1], device=sel.device)[None]
+        src = starts[:, None] + sel
+        dst = starts[:, None] + torch.where(cols <= accepted[:, None], cols, 0)
         rows = slots[:, None]
         self.k[:, rows, :, dst] = self.k[:, rows, :, src]
         if not self.shared:
