@@ -2,7 +2,8 @@
 
 Nodes are numbered root first, then candidates in pool order (pool order is depth order, so every
 parent precedes its children). A chain is the tree with topk = 1. Tensor math only, the torch reference of
-the chain-acceptance and top-k kernels; the speculative engine (engine/drafter.py, engine/speculative.py) runs it.
+the chain-acceptance kernel and the tree's frontier, selection and acceptance kernels; the speculative engine
+(engine/drafter.py, engine/speculative.py) runs it.
 """
 
 from __future__ import annotations
