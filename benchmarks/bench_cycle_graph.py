@@ -1,9 +1,9 @@
 """One speculative cycle at batch 1 on a random-weight SmolLM2-shaped target: what a cycle costs does not depend
-on what the weights say, so no model file has to reach the GPU machine. Per chain 3/1/4 and tree 5/4/8: wall ms per
-cycle as the engine runs it (ahead of the host), CUDA kernels, graph launches and GPU busy time per cycle
-under torch.profiler with the kernels that take the most time, and the eyas profiler's per-phase times
-(those run in step with the host, through the phase graphs). The acceptance of a random target is near 1:
-compare cycles, not tokens/s.
+on what the weights say, so no model file has to reach the GPU machine. Per chain 3/1/4 and tree 5/4/8 (or each
+setting of --specs): wall ms per cycle as the engine runs it (ahead of the host), CUDA kernels, graph launches
+and GPU busy time per cycle under torch.profiler with the kernels that take the most time, and the eyas
+profiler's per-phase times (those run in step with the host, through the phase graphs). The acceptance of a
+random target is near 1: compare cycles, not tokens/s.
 
     python3 benchmarks/bench_cycle_graph.py --draft assets/smollm2-135m-eagle3 --context 300 --out cycle_graph.json
 """
@@ -37,11 +37,14 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--twin", default="", help="also each row with FIELD=VALUE[,FIELD=VALUE...] set: execution "
                     "plan fields (e.g. topk_kernel=0)")
+    ap.add_argument("--specs", default="", help="settings as steps/topk[/draft tokens], comma-separated (default: "
+                    "chain 3/1/4 and tree 5/4/8)")
     ap.add_argument("--out", default="cycle_graph.json")
     args = ap.parse_args()
     if args.context < 1 or args.cycles < 1:
         raise SystemExit("bench_cycle_graph: --context and --cycles must be at least 1")
     twin = bench.parse_twin(args.twin)
+    specs = bench.parse_specs(args.specs)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench_cycle_graph: no CUDA device (the cycle graphs need one; --device cpu times the "
                          "torch reference path)")
@@ -52,7 +55,7 @@ def main():
         model = random_smollm2(Path(tmp))
         draft = bench.draft_arg(args, model)
         prompt = [(7 * i + 11) % 49000 + 100 for i in range(args.context)]
-        rows = bench.cycle_profiles(model, prompt, draft, cycles=args.cycles, report=report, twin=twin)
+        rows = bench.cycle_profiles(model, prompt, draft, cycles=args.cycles, report=report, twin=twin, specs=specs)
     result = dict(gpu=torch.cuda.get_device_name() if args.device == "cuda" else "cpu", torch=torch.__version__,
                   context=args.context, cycles=args.cycles, draft=args.draft, rows=rows)
     with open(args.out, "w") as f:

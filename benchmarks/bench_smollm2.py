@@ -323,12 +323,13 @@ def cycle_profile(model_path, prompt, draft, spec, cycles=20):
                 phase_ms_per_cycle=phases, kernels_by_name=kernels_by_name(kernels, cycles))
 
 
-def cycle_profiles(model_path, prompt, draft, cycles=20, report=None, twin=None) -> dict:
-    """cycle_profile of the chain and the tree as they run (a cycle ahead of the host is one CUDA graph) and,
-    given a `twin` (parse_twin's), of each with those settings. `report(name, row)` is called as each row
-    is measured."""
+def cycle_profiles(model_path, prompt, draft, cycles=20, report=None, twin=None, specs=None) -> dict:
+    """cycle_profile of the chain and the tree as they run (a cycle ahead of the host is one CUDA graph), or of
+    each of `specs` (rows named steps/topk/draft tokens), and, given a `twin` (parse_twin's), of each with those
+    settings. `report(name, row)` is called as each row is measured."""
     rows = {}
-    for name, spec in (("chain", CHAIN), ("tree", TREE)):
+    settings = [(spec_name(s), s) for s in specs] if specs else [("chain", CHAIN), ("tree", TREE)]
+    for name, spec in settings:
         for row_name, env in [(name, None)] + ([(f"{name} {twin_name(twin)}", twin)] if twin else []):
             with ablated(*env) if env else contextlib.nullcontext():
                 rows[row_name] = cycle_profile(model_path, prompt, draft, spec, cycles=cycles)

@@ -189,6 +189,9 @@ def test_cycle_profiles_time_each_setting_as_it_runs_and_with_its_twin(monkeypat
     assert list(rows) == ["chain", "chain qkv_rotary_rows=7", "tree", "tree qkv_rotary_rows=7"]
     assert [c[1] for c in calls] == [None, "7", None, "7"]
     assert execution_plan.current() == execution_plan.DEFAULT
+    calls.clear()
+    rows = bench.cycle_profiles("model", [1, 2, 3], "draft", specs=bench.parse_specs("4/2/8,3/1"))
+    assert list(rows) == ["4/2/8", "3/1/4"] and calls == [("4/2/8", None), ("3/1/4", None)]
 
 
 def test_a_cycle_profile_times_the_phases_of_steady_cycles(monkeypatch, tmp_path):
