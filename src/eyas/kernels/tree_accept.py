@@ -53,9 +53,9 @@ def tree_accept(tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor
                 target_argmax: torch.Tensor, max_depth: int):
     """(sel [B, L], accepted [B], new [B, L]) with L = max_depth + 1, as accept_greedy_batched returns them;
     tokens, parents, depth, target_argmax int64 [B, N], mask bool [B, N, N]."""
-    B, N = tokens.shape
     longs = (tokens, parents, depth, target_argmax)
-    if tokens.dim() != 2 or any(t.shape != (B, N) or t.dtype != torch.long for t in longs) \
+    B, N = tokens.shape if tokens.dim() == 2 else (-1, -1)
+    if B < 0 or any(t.shape != (B, N) or t.dtype != torch.long for t in longs) \
             or mask.shape != (B, N, N) or mask.dtype != torch.bool:
         raise ValueError(f"tree_accept: tokens, parents, depth and target_argmax must be int64 [B, N] alike and the "
                          f"mask bool [B, N, N]; got {[tuple(t.shape) for t in longs]}, mask {tuple(mask.shape)} "

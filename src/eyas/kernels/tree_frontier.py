@@ -72,8 +72,9 @@ def tree_frontier(pool, base: int, scores: torch.Tensor, child_scores: torch.Ten
             or pool.parents.dtype != torch.long or base + K * K > P:
         raise ValueError(f"tree_frontier: scores fp32 [B, k], child scores fp32 and ids int64 [B, k, k], frontier "
                          f"int64 [B, k], out [B, k, H], mask bool [B, k, W] with rows of unit stride, a contiguous "
-                         f"[B, P] pool (int64 tokens and parents, fp32 scores) with room from column {base}; got scores {tuple(scores.shape)} {scores.dtype}, "
-                         f"children {tuple(child_scores.shape)} {tuple(child_ids.shape)}, frontier "
+                         f"[B, P] pool (int64 tokens and parents, fp32 scores) with room from column {base}; got "
+                         f"scores {tuple(scores.shape)} {scores.dtype}, children {tuple(child_scores.shape)} "
+                         f"{tuple(child_ids.shape)}, frontier "
                          f"{tuple(frontier.shape)}, out {tuple(out.shape)}, mask {tuple(mask.shape)} {mask.dtype}, "
                          f"pool {tuple(pool.tokens.shape)}")
     dev = scores.device

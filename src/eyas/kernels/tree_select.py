@@ -82,7 +82,7 @@ def tree_select(root: torch.Tensor, pool_tokens: torch.Tensor, pool_scores: torc
     fp32 [B, P]; the pool holds at least num_nodes - 1 candidates."""
     B, P = pool_scores.shape
     pools = (pool_tokens, pool_parents, pool_depth)
-    if root.shape != (B,) or any(t.shape != (B, P) or t.dtype != torch.long for t in (*pools,)) \
+    if root.shape != (B,) or any(t.shape != (B, P) or t.dtype != torch.long for t in pools) \
             or root.dtype != torch.long or pool_scores.dtype != torch.float32 or not 1 <= num_nodes <= P + 1 \
             or any(t.stride(1) != 1 for t in (*pools, pool_scores)):
         raise ValueError(f"tree_select: root int64 [B], the pool's tokens, parents and depths int64 [B, P] and scores "
