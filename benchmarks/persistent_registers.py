@@ -1,7 +1,7 @@
 """Registers, spills, barriers and instructions of the persistent decoder step, compiled for sm_90a without a GPU.
 
 Usage: python benchmarks/persistent_registers.py [--rows 1,4,8] [--warps 4,8] [--tiles 16,16,16,16,384] [--trace]
-       [--block-t 128] [--pairs 0,1]
+       [--block-t 128] [--pairs 0,1] [--draft]
 
 Compiles eyas.kernels.persistent_decode's kernel for SmolLM2-135M's shape in bf16 with the three EAGLE-3 features
 written (the constexprs PersistentStep passes, and the divisibility the JIT infers from an engine launch's
@@ -13,8 +13,9 @@ per op, the barriers (BAR.SYNC in the SASS, from Triton's nvdisasm) and the inst
 poll load and its end, in branches taken or not and loop bodies once: every cross-warp reduction and layout change
 through shared memory costs one or two barriers, and the item's work after its inputs arrive waits on each in
 turn; the last says whether the step passes bf16 word pairs (by default as the engine's steps do,
-persistent_step.pairs_by_default; --pairs compiles each row count in the formats named). These are the
-compiler's counts, not timings.
+persistent_step.pairs_by_default; --pairs compiles each row count in the formats named). --draft compiles the
+draft form instead, for the bundled SmolLM2 draft's midlayer (its tiles by default as the engine takes them,
+engine.persistent_draft.draft_tiles). These are the compiler's counts, not timings.
 Exits non-zero if a kernel does not compile (Triton's interpreter, which the CPU tests run,
 accepts some programs the compiler rejects).
 """
@@ -45,9 +46,12 @@ from eyas.kernels.persistent_step import kernel_constants, pairs_by_default  # n
 from eyas.kernels.persistent_words import WARP_REDUCED  # noqa: E402
 
 SMOLLM2 = DecoderShape(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536, layers=30, vocab=49152)
+# The bundled draft's midlayer (assets/smollm2-135m-eagle3), its tiles as engine.persistent_draft.draft_tiles gives
+DRAFT = DecoderShape(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=2816, layers=1, vocab=8192)
+DRAFT_TILES = "8,16,16,8,64"
 FP32 = {"logits", "cos", "sin", "eps", "scale"}
 I32_POINTERS = {"table", "counters", "epoch", "capture"}
-I64_POINTERS = {"ids", "tokens", "start", "slot_of", "depth", "trace",  # and the words items pass each other
+I64_POINTERS = {"ids", "d2t", "tokens", "start", "slot_of", "depth", "trace",  # and the words items pass each other
                 "h_buf", "q_buf", "kv_new", "attn_buf", "act_buf", "tile_max", "tile_arg"}
 
 
@@ -62,8 +66,8 @@ def signature(kernel, constexprs: dict) -> dict:
             sig[p.name] = "*i32" if p.name in I32_POINTERS else "*i64"
         elif p.name == "row_mask":
             sig[p.name] = "*i1"
-        elif p.name in ("embed", "attn_norm_w", "wqkv", "wo", "mlp_norm_w", "wgu", "wd", "final_norm_w", "lm_head",
-                        "k_cache", "v_cache", "features"):
+        elif p.name in ("embed", "hidden_in", "hidden_norm_w", "attn_norm_w", "wqkv", "wo", "mlp_norm_w", "wgu",
+                        "wd", "final_norm_w", "lm_head", "k_cache", "v_cache", "features"):
             sig[p.name] = "*bf16"
         else:
             sig[p.name] = "i32"
@@ -83,10 +87,12 @@ def divisibility(sig: dict) -> dict:
 
 
 def compile_step(rows: int, warps: int, tiles: Tiles, trace: bool, block_t: int = 128,
-                 pairs: bool | None = None) -> dict:
+                 pairs: bool | None = None, draft: bool = False) -> dict:
+    shape = DRAFT if draft else SMOLLM2
     if pairs is None:  # as the engine's steps take them
-        pairs = pairs_by_default(SMOLLM2, torch.bfloat16, rows, tiles)
-    constexprs = kernel_constants(SMOLLM2, rows, tiles, 3, 32, block_t, torch.bfloat16, trace, pairs)
+        pairs = pairs_by_default(shape, torch.bfloat16, rows, tiles)
+    captured = 1 if draft else 3  # a draft's step writes its output state; a target's the three features
+    constexprs = kernel_constants(shape, rows, tiles, captured, 32, block_t, torch.bfloat16, trace, pairs, draft)
     kernel = persistent_decode.persistent_step_kernel
     sig = signature(kernel, constexprs)
     t0 = time.time()
@@ -175,7 +181,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="1,4,8")
     ap.add_argument("--warps", default="8")
-    ap.add_argument("--tiles", default="16,16,16,16,384", help="qkv, o_proj, gate_up, down, lm_head")
+    ap.add_argument("--tiles", default="", help="qkv, o_proj, gate_up, down, lm_head (default 16,16,16,16,384; "
+                    f"with --draft {DRAFT_TILES})")
+    ap.add_argument("--draft", action="store_true", help="the draft form, for the bundled draft's shape")
     ap.add_argument("--trace", action="store_true")
     ap.add_argument("--block-t", type=int, default=128, help="cache columns per attention block (the engine's 128)")
     ap.add_argument("--pairs", default="", help="comma-separated 0 / 1: one value a word, bf16 word pairs "
@@ -185,7 +193,7 @@ def main(argv=None) -> int:
         formats = [{"0": False, "1": True}[p] for p in args.pairs.split(",")] if args.pairs else [None]
         rows = [int(r) for r in args.rows.split(",")]
         warps = [int(w) for w in args.warps.split(",")]
-        sizes = [int(t) for t in args.tiles.split(",")]
+        sizes = [int(t) for t in (args.tiles or (DRAFT_TILES if args.draft else "16,16,16,16,384")).split(",")]
         if len(sizes) != 5:
             raise ValueError
         tiles = Tiles(*sizes)
@@ -199,7 +207,7 @@ def main(argv=None) -> int:
           f"| instructions after the poll ({ops}) | word pairs |")
     print("| ---: | ---: | --- | ---: | ---: | --- | ---: | ---: | --- | ---: | --- | --- | --- |")
     for r, w, pairs in ((r, w, p) for r in rows for w in warps for p in formats):
-        c = compile_step(r, w, tiles, args.trace, args.block_t, pairs)
+        c = compile_step(r, w, tiles, args.trace, args.block_t, pairs, args.draft)
         fits = w * 32 * (c["registers"] or 0) <= 65536
         bars = ins = "not found"
         if c["after_poll"]:

@@ -34,9 +34,10 @@ def wide_target_dir(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def per_op_kernels(plan):
-    """These tests are about today's per-op kernels: one-sequence passes do not go through the persistent kernel
-    (execution_plan's persistent_rows; its own tests are test_persistent_path's)."""
-    plan(persistent_rows=0)
+    """These tests are about today's per-op kernels: one-sequence passes and chain draft steps do not go through
+    the persistent kernel (execution_plan's persistent_rows and persistent_draft; its own tests are
+    test_persistent_path's)."""
+    plan(persistent_rows=0, persistent_draft=False)
 
 
 WIDE = dict(hidden=128, tokens=(4, 6))  # the wide target's width, and fewer tokens: its attention kernels

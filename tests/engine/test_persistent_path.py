@@ -56,6 +56,22 @@ def test_persistent_passes_give_the_reference_tokens(target_dir, monkeypatch, pl
     assert want in ran and ran[want].counters_complete()
 
 
+def test_persistent_chain_draft_steps_give_the_reference_tokens(target_dir, monkeypatch, plan):
+    """A chain's draft steps go through the kernel too (execution_plan's persistent_draft, on by default): the
+    same tokens, and each draft step of a cycle ran its own launch to the end. Off, the draft keeps its path."""
+    reference = _generate(_engine(target_dir, "0", monkeypatch))
+    spec = SpecConfig(3, 1, adaptive=False)
+    engine = _engine(target_dir, "force", monkeypatch, spec)
+    assert engine.execution_plan_summary["persistent_draft"] is True
+    assert _generate(engine) == reference
+    ran = engine.decoder.drafter.persistent.steps
+    assert sorted(ran) == [2, 3] and all(step.counters_complete() for step in ran.values())
+    plan(persistent_draft=False)
+    engine = _engine(target_dir, "force", monkeypatch, spec)
+    assert engine.execution_plan_summary["persistent_draft"] is False
+    assert not engine.decoder.drafter.persistent.serves(1, 64)
+
+
 @pytest.mark.skipif(CUDA, reason="CUDA graphs faked on the CPU")
 def test_plain_persistent_steps_ahead_of_the_host(target_dir, monkeypatch, plan, fake_graphs):
     """Inside the graphed plain step that runs ahead of the host (CUDA graphs faked, each body run twice per

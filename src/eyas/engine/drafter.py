@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from eyas.engine.persistent_draft import PersistentDraft
 from eyas.layers.attention import AttentionBatch
 from eyas.layers.draft_tree import DraftPool, expand_frontier, select_tree
 from eyas.layers.topk import argmax, topk
@@ -21,6 +22,7 @@ class Drafter:
     def __init__(self, draft, embedding, kv, spec, device):
         """embedding: the target's token embedding module (target ids -> rows)."""
         self.draft, self.embed, self.kv, self.spec = draft, embedding, kv, spec
+        self.persistent = PersistentDraft(draft, embedding, kv, device) if spec.topk == 1 else None
         if spec.topk == 1:  # a chain's tree never changes: the root, then one node per step, each its parent's child
             n = spec.draft_tokens
             self.chain_tree = (torch.arange(-1, n - 1, device=device)[None], torch.arange(n, device=device)[None],
@@ -59,13 +61,16 @@ class Drafter:
         without the small kernels of its scores, frontier and reranking."""
         ids = argmax(scores0)[:, None]                                       # [B, 1] draft ids
         hidden, guesses = hidden0[:, None], [ids]
-        for step in range(2, self.spec.steps + 1):
-            embeds = self.draft.embed_ids(ids, self.embed)
-            start = c + (step - 2) if step > 2 else c                        # the position and the column
-            out = self.forward(embeds, hidden, start[:, None], slots, start, kv_len)
-            ids, hidden = argmax(self.draft.head_output(out)), out
-            guesses.append(ids)
         B = root.shape[0]
+        persistent = self.persistent.serves(B, kv_len)
+        for step in range(2, self.spec.steps + 1):
+            start = c + (step - 2) if step > 2 else c                        # the position and the column
+            if persistent:  # the whole step as one launch (persistent_draft.py)
+                ids, hidden = self.persistent.step(step, ids, hidden, start, slots)
+            else:
+                out = self.forward(self.draft.embed_ids(ids, self.embed), hidden, start[:, None], slots, start, kv_len)
+                ids, hidden = argmax(self.draft.head_output(out)), out
+            guesses.append(ids)
         tokens = torch.cat([root[:, None], self.draft.to_target_ids(torch.cat(guesses, dim=1))], dim=1)
         parents, depth, mask = self.chain_tree
         return tokens, parents.expand(B, -1), depth.expand(B, -1), mask.expand(B, -1, -1)

@@ -50,6 +50,15 @@ def plan_summary(engine) -> dict:
         "qkv_rotary_rows": qkv_rotary_rows,
         # a one-sequence pass of up to this many new tokens runs as one persistent kernel (engine/persistent.py)
         "persistent_rows": plan.persistent_rows if engine.runner.persistent.eligible else 0,
+        # a one-sequence chain's draft steps run as one persistent kernel each (engine/persistent_draft.py)
+        "persistent_draft": persistent_draft(engine, plan),
         "attention": {"kernel": kernels, "merge_in_kernel": kernels and plan.merge_in_kernel,
                       "short_row_splits": kernels and plan.short_row_splits},
     }
+
+
+def persistent_draft(engine, plan) -> bool:
+    """Whether this engine's chain draft steps may run as persistent launches: the plan asks and its draft
+    qualifies (engine/persistent_draft.py)."""
+    persistent = engine.decoder.drafter.persistent if engine.decoder is not None else None
+    return bool(plan.persistent_draft and persistent is not None and persistent.eligible)

@@ -130,13 +130,23 @@ def halves(x, BR: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
-def _embedding_rows(embed, ids, rows, rm, H, H1: tl.constexpr, H2: tl.constexpr, HC: tl.constexpr):
-    """The step's tokens' embedding rows, as awaited_rows' blocks."""
-    offs = tl.load(ids + rows, mask=rm, other=0).to(tl.int64) * H
-    p1, m1, p2, m2 = _row_blocks(embed, offs, rm, H, H1, H2, HC)
+def plain_rows(src, offs, rm, K, K1: tl.constexpr, K2: tl.constexpr, KC: tl.constexpr):
+    """Rows src[offs[i] : offs[i] + K], written before the launch (nothing to poll), as awaited_rows' blocks."""
+    p1, m1, p2, m2 = _row_blocks(src, offs, rm, K, K1, K2, KC)
     x1 = tl.load(p1, mask=m1, other=0.0)
     x2 = tl.load(p2, mask=m2, other=0.0)
     return x1.to(tl.float32), x2.to(tl.float32)
+
+
+@triton.jit
+def token_rows(embed, d2t, ids, rows, rm, H, H1: tl.constexpr, H2: tl.constexpr, HC: tl.constexpr,
+               DRAFT: tl.constexpr):
+    """The step's tokens' embedding rows, as awaited_rows' blocks. A draft's ids are its own vocabulary's:
+    id + d2t[id] is the target's, whose embedding the draft reads."""
+    tok = tl.load(ids + rows, mask=rm, other=0).to(tl.int64)
+    if DRAFT:
+        tok = tok + tl.load(d2t + tok, mask=rm, other=0).to(tl.int64)
+    return plain_rows(embed, tok * H, rm, H, H1, H2, HC)
 
 
 @triton.jit
@@ -191,7 +201,7 @@ def stream_rows(h_in, embed, ids, rows, rm, layer, nw1, nw2, eps, H, H1: tl.cons
                 HC: tl.constexpr, ep, NAP: tl.constexpr, PAIRS: tl.constexpr):
     """The step's rows of the stream entering `layer`, normalized: at layer 0 the tokens' embedding rows."""
     if layer == 0:
-        x1, x2 = _embedding_rows(embed, ids, rows, rm, H, H1, H2, HC)
+        x1, x2 = token_rows(embed, embed, ids, rows, rm, H, H1, H2, HC, False)
     else:
         x1, x2 = awaited_rows(h_in, rows, rm, H, H1, H2, HC, ep, NAP, PAIRS)
     return normed(x1, x2, nw1, nw2, eps, H)

@@ -28,6 +28,12 @@ time on the CUDA cores costs a cross-warp reduction per row.) The rows are round
 first, as a dense layer's input is; an fp32 target multiplies in full fp32. Activations are fp32 (but see
 PAIRS); weights stay in the target's dtype.
 
+With DRAFT the step is an EAGLE-3 draft's (L = 1, eyas.models.eagle3's midlayer): a qkv item reads the target's
+embedding of the draft ids (id + d2t[id]) normed by the layer's input norm and the hidden input normed by
+hidden_norm, as two products over the 2H-wide weight rows; o_proj's residual is the hidden input; the down items
+write the layer's output to `features` (the next step's hidden input), and the LM head covers the draft
+vocabulary. Its inputs were written before the launch: its qkv items poll nothing.
+
 In a traced step each item records three %globaltimer stamps (start, inputs arrived, done), from which
 eyas.kernels.persistent_trace tells where the step's time went. In Triton's interpreter (CPU tests) the
 programs of a grid run one after another, so a poll on another program's output would never end: CPU
@@ -40,8 +46,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import globaltimer
 
-from eyas.kernels.persistent_blocks import (awaited_rows, embedding_tile, halves, norm_weights, normed, product,
-                                           settled_tile, store_tile, stream_rows, weight_tile, weight_tile_pair)
+from eyas.kernels.persistent_blocks import (awaited_rows, embedding_tile, halves, norm_weights, normed, plain_rows,
+                                           product, settled_tile, store_tile, stream_rows, token_rows, weight_tile,
+                                           weight_tile_pair)
 from eyas.kernels.persistent_words import await_both, await_three, pack, packed
 
 CHUNK = 128  # columns per chunk of a product: each chunk is one tensor-core product, the warps split the chunks
@@ -66,7 +73,7 @@ def _stamp(trace, it, k, TRACE: tl.constexpr):
 @triton.jit
 def persistent_step_kernel(
         table, n_items, counters, epoch, ids, start, slot_of, depth, row_mask, m_row, m_col,
-        embed, attn_norm_w, wqkv, wo, mlp_norm_w, wgu, wd, final_norm_w, lm_head,
+        embed, d2t, hidden_in, hidden_norm_w, attn_norm_w, wqkv, wo, mlp_norm_w, wgu, wd, final_norm_w, lm_head,
         cos, sin, k_cache, v_cache, c_layer, c_slot, c_head, c_pos,
         h_buf, q_buf, kv_new, attn_buf, act_buf, logits, tile_max, tile_arg, tokens, features,
         capture, trace,
@@ -76,7 +83,7 @@ def persistent_step_kernel(
         I2: tl.constexpr, TQ: tl.constexpr, BQ: tl.constexpr, BO: tl.constexpr, BG: tl.constexpr,
         BD: tl.constexpr, HC: tl.constexpr, QC: tl.constexpr, IC: tl.constexpr, BL: tl.constexpr,
         BT: tl.constexpr, BTILES: tl.constexpr, PAIRS: tl.constexpr, PREC: tl.constexpr,
-        NAP: tl.constexpr, TRACE: tl.constexpr):
+        NAP: tl.constexpr, TRACE: tl.constexpr, DRAFT: tl.constexpr):
     pid = tl.program_id(0)
     W = tl.num_programs(0)
     REP: tl.constexpr = NH // KV
@@ -106,8 +113,13 @@ def persistent_step_kernel(
         _stamp(trace, it, 0, TRACE)
         h_in = h_buf + 2 * layer * R * HS         # h[2l]: the stream entering layer l (unused at layer 0)
         if op == 0:  # qkv: rows a..a+TQ of a fused head and their partners HALF on, rotated, to q or the cache
-            wl = wqkv + layer.to(tl.int64) * QKVW * H
-            lh1, lh2 = weight_tile_pair(wl, H, a, a + HALF, TQ, H, BQ, H1, H2, HC)
+            if DRAFT:  # the midlayer's q/k/v read [input_norm(embedding), hidden_norm(hidden)]: 2H columns
+                lh1, lh2 = weight_tile_pair(wqkv, 2 * H, a, a + HALF, TQ, H, BQ, H1, H2, HC)
+                lg1, lg2 = weight_tile_pair(wqkv + H, 2 * H, a, a + HALF, TQ, H, BQ, H1, H2, HC)
+                ng1, ng2 = norm_weights(hidden_norm_w, H, H1, H2, HC)
+            else:
+                wl = wqkv + layer.to(tl.int64) * QKVW * H
+                lh1, lh2 = weight_tile_pair(wl, H, a, a + HALF, TQ, H, BQ, H1, H2, HC)
             nw1, nw2 = norm_weights(attn_norm_w + layer * H, H, H1, H2, HC)
             c = a - part * D + tl.arange(0, BQ)   # the pair's first columns within the head
             cm = tl.arange(0, BQ) < TQ
@@ -120,9 +132,17 @@ def persistent_step_kernel(
             sl = tl.load(sin + p + c[None, :], mask=rm, other=0.0)
             ch = tl.load(cos + p + HALF + c[None, :], mask=rm, other=0.0)
             sh = tl.load(sin + p + HALF + c[None, :], mask=rm, other=0.0)
-            x1, x2 = stream_rows(h_in, embed, ids, rows, rmask, layer, nw1, nw2, eps, H, H1, H2, HC, ep, NAP, PAIRS)
-            _stamp(trace, it, 1, TRACE)
-            lo, hi = halves(product(x1, x2, lh1, lh2, PREC), BR, 2 * BQ)
+            if DRAFT:  # both inputs were written before the launch: nothing to poll
+                x1, x2 = normed(*token_rows(embed, d2t, ids, rows, rmask, H, H1, H2, HC, DRAFT), nw1, nw2, eps, H)
+                g1, g2 = normed(*plain_rows(hidden_in, rows * H, rmask, H, H1, H2, HC), ng1, ng2, eps, H)
+                _stamp(trace, it, 1, TRACE)
+                y = product(x1, x2, lh1, lh2, PREC) + product(g1, g2, lg1, lg2, PREC)
+            else:
+                x1, x2 = stream_rows(h_in, embed, ids, rows, rmask, layer, nw1, nw2, eps, H, H1, H2, HC, ep, NAP,
+                                     PAIRS)
+                _stamp(trace, it, 1, TRACE)
+                y = product(x1, x2, lh1, lh2, PREC)
+            lo, hi = halves(y, BR, 2 * BQ)
             if part < NH + KV:
                 lo, hi = lo * cl - hi * sl, hi * ch + lo * sh
             both = tl.join(lo, hi)  # [BR, BQ, 2]: the pair's halves, stored at once (_store_halves)
@@ -182,9 +202,13 @@ def persistent_step_kernel(
             store_tile(attn_buf + layer * R * QS, rows, rmask, part * D, part * D + D, QW, out, ep, BR, D, PAIRS)
         elif op == 2:  # o_proj tile [a, b): h[2l+1] = h[2l] + attn Wo^T
             w1, w2 = weight_tile(wo + layer.to(tl.int64) * H * QW, QW, a, b, QW, BO, Q1, Q2, QC)
-            if layer == 0:  # the residual is the tokens' embedding rows
+            if layer == 0:  # the residual is the tokens' embedding rows, or a draft midlayer's hidden input
                 cols = a + tl.arange(0, BO)
-                res = embedding_tile(embed, ids, rows, rmask, cols, rmask[:, None] & (cols < b)[None, :], H)
+                m = rmask[:, None] & (cols < b)[None, :]
+                if DRAFT:
+                    res = tl.load(hidden_in + rows[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
+                else:
+                    res = embedding_tile(embed, ids, rows, rmask, cols, m, H)
                 x1, x2 = awaited_rows(attn_buf, rows, rmask, QW, Q1, Q2, QC, ep, NAP, PAIRS)
             else:
                 x1, x2 = awaited_rows(attn_buf + layer * R * QS, rows, rmask, QW, Q1, Q2, QC, ep, NAP, PAIRS)

@@ -1,6 +1,6 @@
 """The launch of a persistent decoder step (eyas.kernels.persistent_decode): the target's weights stacked per
 kind, the item table and counters of its schedule, the step's buffers, allocated once so that a CUDA graph
-can capture the launch."""
+can capture the launch. An EAGLE-3 draft's step runs the same kernel as a one-layer decoder (pack_eagle3)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,14 @@ class PackedDecoder:
     sin: torch.Tensor
     eps: float
     scale: float
+    # An EAGLE-3 draft's midlayer (pack_eagle3): its q/k/v read [input_norm(embedding), hidden_norm(hidden)],
+    # wqkv [1, (NH + 2 KV) D, 2 H]; ids are draft ids, d2t [draft vocab] maps them to the target's.
+    hidden_norm: torch.Tensor | None = None  # [H]
+    d2t: torch.Tensor | None = None
+
+    @property
+    def draft(self) -> bool:
+        return self.hidden_norm is not None
 
 
 def shape_error(head_dim: int, hidden: int) -> str | None:
@@ -89,8 +97,40 @@ def pack_llama(model) -> PackedDecoder:
         scale=cfg.head_dim ** -0.5)
 
 
+def draft_unsupported(draft, embedding) -> str | None:
+    """Why the persistent step does not cover an EAGLE-3 draft (eyas.models.eagle3) and the target embedding it
+    reads, or None: a Llama midlayer whose residual is its raw hidden input and whose output is not normed, with
+    fused projections, unquantized, on one rank, of widths shape_error takes."""
+    cfg, layer = draft.config, draft.midlayer
+    if (cfg.mla or cfg.norm_before_residual or cfg.norm_output or layer.self_attn.qkv_weight is None
+            or layer.mlp.gate_up_weight is None or embedding.tp.size != 1):
+        return ("the persistent step covers a Llama midlayer with fused projections on one rank, its residual the "
+                "raw hidden input and its output not normed")
+    return shape_error(cfg.head_dim, cfg.hidden_size)
+
+
+def pack_eagle3(draft, embedding) -> PackedDecoder:
+    """An EAGLE-3 draft's weights as a one-layer PackedDecoder (views: no copy), with the target's embedding."""
+    reason = draft_unsupported(draft, embedding)
+    if reason:
+        raise ValueError(reason)
+    cfg, layer = draft.config, draft.midlayer
+    attn, mlp = layer.self_attn, layer.mlp
+    shape = DecoderShape(hidden=cfg.hidden_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
+                         head_dim=cfg.head_dim, intermediate=cfg.intermediate_size, layers=1,
+                         vocab=cfg.draft_vocab_size)
+    one = lambda w: w.detach()[None]  # noqa: E731  [1, ...]: the layer stack of one layer
+    return PackedDecoder(
+        shape=shape, embed=embedding.weight.detach(), attn_norm=one(layer.input_layernorm.weight),
+        wqkv=one(attn.qkv_weight), wo=one(attn.o_proj.weight), mlp_norm=one(layer.post_attention_layernorm.weight),
+        w_gate_up=one(mlp.gate_up_weight), w_down=one(mlp.down_proj.weight), final_norm=draft.norm.weight.detach(),
+        lm_head=draft.lm_head.weight.detach(), cos=draft.rotary.cos.float().contiguous(),
+        sin=draft.rotary.sin.float().contiguous(), eps=cfg.rms_norm_eps, scale=attn.scale,
+        hidden_norm=layer.hidden_norm.weight.detach(), d2t=draft.d2t)
+
+
 def kernel_constants(s: DecoderShape, rows: int, tiles: Tiles, captured: int, block_l: int, block_t: int,
-                     dtype: torch.dtype, trace: bool, pairs: bool) -> dict:
+                     dtype: torch.dtype, trace: bool, pairs: bool, draft: bool = False) -> dict:
     """The kernel's compile-time constants for this shape, row count and tiling. A 1-row step's polls nap
     between rounds (NAP): 2.5% faster on an H200, while at 4 rows the nap cost 0.5% (docs/kernels.md)."""
     (h1, h2), (q1, q2), (i1, i2) = split_pow2(s.hidden), split_pow2(s.heads * s.head_dim), split_pow2(s.intermediate)
@@ -102,7 +142,7 @@ def kernel_constants(s: DecoderShape, rows: int, tiles: Tiles, captured: int, bl
         TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down),
         HC=chunk(h2), QC=chunk(q2), IC=chunk(i2),
         BL=block_l, BT=block_t, BTILES=block(-(-s.vocab // tiles.lm_head)),
-        PAIRS=pairs, PREC="ieee" if dtype == torch.float32 else "tf32", NAP=rows == 1, TRACE=trace)
+        PAIRS=pairs, PREC="ieee" if dtype == torch.float32 else "tf32", NAP=rows == 1, TRACE=trace, DRAFT=draft)
 
 
 PAIRS_FROM_ROWS = 4  # bf16 word pairs lost at 1 and 2 rows and won at 4 and 8 (one H100, docs/kernels.md)
@@ -176,7 +216,10 @@ class PersistentStep:
         self.tile_arg = torch.zeros(rows, self.n_lm_tiles, **words)
         self.tokens = torch.zeros(rows, dtype=torch.int64, device=dev)
         # The EAGLE-3 features: feature j is the stream entering layer capture[j] (1..L-1; a layer may repeat).
-        if any(not 1 <= i < s.layers for i in capture):
+        # A draft's step writes its one layer's output there instead: the next step's hidden input.
+        if packed.draft:
+            capture = (s.layers,)
+        elif any(not 1 <= i < s.layers for i in capture):
             raise ValueError(f"captured layers {capture} must lie in 1..{s.layers - 1}: the kernel writes each "
                              "from the layer before it")
         self.features = torch.zeros(rows, max(len(capture), 1) * s.hidden, dtype=packed.embed.dtype, device=dev)
@@ -186,14 +229,16 @@ class PersistentStep:
         self.capture = torch.tensor(bits, dtype=torch.int32, device=dev)
         self.trace = torch.zeros(len(self.schedule.items), 3, dtype=torch.int64, device=dev) if trace else None
         self.meta = dict(kernel_constants(s, rows, tiles, len(capture), block_l, block_t, packed.embed.dtype,
-                                          trace, pairs), num_warps=num_warps)
+                                          trace, pairs, packed.draft), num_warps=num_warps)
 
     def __call__(self, ids: torch.Tensor, pos: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int = 0,
-                 positions: torch.Tensor | None = None, row_mask: torch.Tensor | None = None):
+                 positions: torch.Tensor | None = None, row_mask: torch.Tensor | None = None,
+                 hidden: torch.Tensor | None = None):
         """Run the step for tokens `ids` [rows] written to cache positions pos..pos+rows-1 of `slot` of eyas's
         KV cache (k_cache, v_cache [L, slots, KV, max_len, D]). positions (default pos + row) feed rotary;
         row_mask [rows, rows] says which new rows each row sees (default causal; a draft tree passes its
-        ancestor mask). Returns (logits, tokens)."""
+        ancestor mask); a draft's step takes its hidden input [rows, H] (its output is self.features).
+        Returns (logits, tokens)."""
         R, dev = self.rows, self.tokens.device
         if ids.shape != (R,):
             raise ValueError(f"expected {R} token ids, got shape {tuple(ids.shape)}")
@@ -202,21 +247,30 @@ class PersistentStep:
         depth = torch.arange(R) if positions is None else positions.cpu() - pos
         row_mask = torch.ones(R, R, dtype=torch.bool).tril() if row_mask is None else row_mask
         where = torch.tensor([pos, slot], device=dev)
-        self.launch(ids, where[0:1], where[1:2], depth.to(dev), row_mask.to(dev), k_cache, v_cache)
+        self.launch(ids, where[0:1], where[1:2], depth.to(dev), row_mask.to(dev), k_cache, v_cache, hidden)
         return self.logits, self.tokens
 
-    def launch(self, ids, start, slot, depth, row_mask, k_cache, v_cache) -> None:
+    def launch(self, ids, start, slot, depth, row_mask, k_cache, v_cache, hidden=None) -> None:
         """One step, every input a device tensor that a CUDA graph can capture by address: ids [rows], start
         and slot [1] (the cache positions start..start+rows-1 of that slot), depth [rows] (rotary positions
-        start + depth), row_mask [rows, rows] bool (the new rows each row sees)."""
+        start + depth), row_mask [rows, rows] bool (the new rows each row sees); a draft's hidden input
+        [rows, H], contiguous, in its dtype."""
         p, s = self.packed, self.packed.shape
         assert k_cache.stride() == v_cache.stride() and k_cache.stride(4) == 1
         assert ids.is_contiguous() and depth.is_contiguous()
+        if p.draft != (hidden is not None):
+            raise ValueError("a draft's step takes its hidden input, a target's none")
+        if hidden is not None and (hidden.shape != (self.rows, s.hidden) or not hidden.is_contiguous()):
+            raise ValueError(f"a draft's hidden input must be contiguous [{self.rows}, {s.hidden}], not "
+                             f"{tuple(hidden.shape)}")
         self.counters.zero_()
+        unused = p.final_norm  # a target's step reads no d2t, hidden input or hidden norm
         persistent_step_kernel[(self.programs,)](
             self.table, len(self.schedule.items), self.counters, self.epoch, ids, start, slot, depth, row_mask,
             row_mask.stride(0), row_mask.stride(1),
-            p.embed, p.attn_norm, p.wqkv, p.wo, p.mlp_norm, p.w_gate_up, p.w_down, p.final_norm, p.lm_head,
+            p.embed, unused if p.d2t is None else p.d2t, unused if hidden is None else hidden,
+            unused if p.hidden_norm is None else p.hidden_norm,
+            p.attn_norm, p.wqkv, p.wo, p.mlp_norm, p.w_gate_up, p.w_down, p.final_norm, p.lm_head,
             p.cos, p.sin, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             k_cache.stride(3),
             self.h, self.q, self.kv_new, self.attn, self.act, self.logits, self.tile_max,

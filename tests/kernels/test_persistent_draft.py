@@ -1,0 +1,92 @@
+"""An EAGLE-3 draft's step as one persistent launch (W=1: in Triton's interpreter, or compiled on a GPU with
+EYAS_TEST_CUDA=1) equals eyas's draft forward: logits, argmax, the output hidden state (the next step's input)
+and the draft cache's new rows, over a cache the draft itself filled."""
+
+import pytest
+import torch
+
+from eyas.kernels.persistent_schedule import Tiles
+from eyas.kernels.persistent_step import PersistentStep, draft_unsupported, expected_counts, pack_eagle3
+from eyas.layers.attention import AttentionBatch
+from eyas.layers.kv_cache import KVCache
+from eyas.models.loader import load_model
+from tests.helpers import random_draft, tiny_llama
+
+TILES = Tiles(qkv=4, o_proj=16, gate_up=32, down=16, lm_head=32)  # several tiles per op at this size
+CACHED, SLOT = 11, 1
+TF32_TOL, FP32_TOL = 2e-3, 1e-4  # tl.dot takes fp32 as TF32 on a GPU; the interpreter multiplies in fp32
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, device):
+    path = tmp_path_factory.mktemp("target")
+    tiny_llama(path, vocab=256, layers=2, hidden=64)
+    target = load_model(path, "fp32", device)
+    draft = random_draft(64, 256, draft_vocab=96, seed=3).fuse_projections().to(device).eval()
+    return target.model.embed_tokens, draft
+
+
+def draft_pass(draft, embed, kv, ids, hidden, start):
+    """eyas's draft forward over draft ids [1, T] at columns start.. of SLOT (causal): its output [1, T, H]."""
+    T, dev = ids.shape[1], ids.device
+    batch = AttentionBatch(kv=kv, slots=torch.tensor([SLOT], device=dev), starts=torch.tensor([start], device=dev),
+                           kv_len=kv.max_len)
+    positions = start + torch.arange(T, device=dev)[None]
+    with torch.no_grad():
+        return draft(draft.embed_ids(ids, embed), hidden, positions, batch)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_draft_step_equals_eyas_draft_forward(pair, device, rows):
+    embed, draft = pair
+    cfg = draft.config
+    assert draft_unsupported(draft, embed) is None
+    g = torch.Generator().manual_seed(rows)
+    kv = KVCache(1, 2, 32, cfg.num_kv_heads, cfg.head_dim, torch.float32, device)
+    prompt = torch.randint(0, cfg.draft_vocab_size, (1, CACHED), generator=g).to(device)
+    draft_pass(draft, embed, kv, prompt, torch.randn(1, CACHED, cfg.hidden_size, generator=g).to(device), 0)
+    k, v = kv.k.clone(), kv.v.clone()
+    ids = torch.randint(0, cfg.draft_vocab_size, (1, rows), generator=g).to(device)
+    hidden = torch.randn(1, rows, cfg.hidden_size, generator=g).to(device)
+    out = draft_pass(draft, embed, kv, ids, hidden, CACHED)
+    want = draft.logits(out)[0]
+
+    step = PersistentStep(pack_eagle3(draft, embed), rows, programs=1, tiles=TILES, block_l=16, block_t=16)
+    logits, tokens = step(ids[0], CACHED, k, v, slot=SLOT, hidden=hidden[0])
+    tol = (TF32_TOL if device == "cuda" else FP32_TOL) * want.abs().max()
+    assert (logits - want).abs().max() <= tol
+    assert torch.equal(tokens, want.argmax(-1))
+    assert (step.features - out[0]).abs().max() <= (TF32_TOL if device == "cuda" else FP32_TOL) * out.abs().max()
+    assert (k - kv.k).abs().max() <= 1e-5 and (v - kv.v).abs().max() <= 1e-5  # the step's rows, and no others
+    assert not torch.equal(k[0, SLOT, :, CACHED:CACHED + rows], torch.zeros_like(k[0, SLOT, :, CACHED:CACHED + rows]))
+    assert step.counters.tolist() == expected_counts(step.schedule)
+
+
+def test_the_draft_ids_reach_the_targets_embedding_through_d2t(pair, device):
+    """With d2t withheld (every draft id read as the target's own), the step's output moves: the kernel maps ids."""
+    embed, draft = pair
+    cfg = draft.config
+    kv = KVCache(1, 2, 32, cfg.num_kv_heads, cfg.head_dim, torch.float32, device)
+    ids = torch.tensor([[5]], device=device)
+    hidden = torch.randn(1, 1, cfg.hidden_size, generator=torch.Generator().manual_seed(0)).to(device)
+    packed = pack_eagle3(draft, embed)
+    assert int(packed.d2t[5]) != 0
+    mapped = PersistentStep(packed, 1, programs=1, tiles=TILES, block_l=16, block_t=16)
+    got, _ = mapped(ids[0], 0, kv.k.clone(), kv.v.clone(), slot=SLOT, hidden=hidden[0])
+    packed.d2t = torch.zeros_like(packed.d2t)
+    unmapped = PersistentStep(packed, 1, programs=1, tiles=TILES, block_l=16, block_t=16)
+    other, _ = unmapped(ids[0], 0, kv.k.clone(), kv.v.clone(), slot=SLOT, hidden=hidden[0])
+    want = draft.logits(draft_pass(draft, embed, kv, ids, hidden, 0))[0]
+    assert (got - want).abs().max() <= 2e-3 * want.abs().max() < (other - want).abs().max()
+
+
+def test_a_draft_step_needs_its_hidden_input_and_a_target_step_none(pair, device):
+    embed, draft = pair
+    cfg = draft.config
+    kv = KVCache(1, 2, 32, cfg.num_kv_heads, cfg.head_dim, torch.float32, device)
+    step = PersistentStep(pack_eagle3(draft, embed), 1, programs=1, tiles=TILES, block_l=16, block_t=16)
+    ids = torch.tensor([3], device=device)
+    with pytest.raises(ValueError, match="hidden input"):
+        step(ids, 0, kv.k, kv.v, slot=SLOT)
+    with pytest.raises(ValueError, match="hidden input must be contiguous"):
+        step(ids, 0, kv.k, kv.v, slot=SLOT, hidden=torch.zeros(2, cfg.hidden_size, device=device))
