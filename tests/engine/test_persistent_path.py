@@ -56,11 +56,14 @@ def test_persistent_passes_give_the_reference_tokens(target_dir, monkeypatch, pl
     assert want in ran and ran[want].counters_complete()
 
 
-def test_persistent_chain_draft_steps_give_the_reference_tokens(target_dir, monkeypatch, plan):
-    """A chain's draft steps go through the kernel too (execution_plan's persistent_draft, on by default): the
-    same tokens, and each draft step of a cycle ran its own launch to the end. Off, the draft keeps its path."""
+@pytest.mark.parametrize("spec", [SpecConfig(3, 1, adaptive=False), SpecConfig(3, 2, 5, adaptive=False)],
+                         ids=["chain", "tree"])
+def test_persistent_draft_steps_give_the_reference_tokens(target_dir, monkeypatch, plan, spec):
+    """A draft's steps go through the kernel too (execution_plan's persistent_draft, on by default; a tree's
+    with persistent_draft_tree), a chain's row or a tree's frontier: the same tokens, and each draft step of a
+    cycle ran its own launch to the end. Off, the draft keeps its path."""
     reference = _generate(_engine(target_dir, "0", monkeypatch))
-    spec = SpecConfig(3, 1, adaptive=False)
+    plan(persistent_draft_tree=True)
     engine = _engine(target_dir, "force", monkeypatch, spec)
     assert engine.execution_plan_summary["persistent_draft"] is True
     assert _generate(engine) == reference
