@@ -1,10 +1,14 @@
 """An EAGLE-3 draft's step as one persistent launch (W=1: in Triton's interpreter, or compiled on a GPU with
 EYAS_TEST_CUDA=1) equals eyas's draft forward: logits, argmax, the output hidden state (the next step's input)
-and the draft cache's new rows, over a cache the draft itself filled."""
+and the draft cache's new rows, over a cache the draft itself filled; a draft tree's step sees the drafted
+columns its mask names. The engine's tiles for a draft fit what an item holds in registers."""
 
 import pytest
 import torch
 
+from eyas.draft_config import DraftConfig
+from eyas.engine.persistent import REGISTER_TILE_BYTES
+from eyas.engine.persistent_draft import draft_tiles
 from eyas.kernels.persistent_schedule import Tiles
 from eyas.kernels.persistent_step import PersistentStep, draft_unsupported, expected_counts, pack_eagle3
 from eyas.layers.attention import AttentionBatch
@@ -137,3 +141,20 @@ def test_a_tree_step_sees_the_drafted_columns_its_mask_names(pair, device):
     hidden_parents = mask.clone()
     hidden_parents[:, 0] = False
     assert (kernel(hidden_parents)[0] - want).abs().max() > 10 * tol
+
+
+def test_draft_tiles_are_the_largest_that_fit_an_items_registers():
+    """The bundled draft's shape: q/k/v read 2H = 1,152 columns and the MLP is 2,816 wide, so q/k/v and down
+    take 8 rows in bf16 (16 would overflow), 4 in fp32; the 8,192-row head is cut into 128 tiles. A draft too
+    wide for 2-row tiles is not taken."""
+    cfg = DraftConfig(hidden_size=576, intermediate_size=2816, num_heads=9, num_kv_heads=3, head_dim=64,
+                      vocab_size=49152, draft_vocab_size=8192, target_hidden_size=576)
+    assert draft_tiles(cfg, 2) == Tiles(qkv=8, o_proj=16, gate_up=16, down=8, lm_head=64)
+    assert draft_tiles(cfg, 4) == Tiles(qkv=4, o_proj=16, gate_up=8, down=4, lm_head=64)
+    for e in (2, 4):
+        t = draft_tiles(cfg, e)
+        assert 4 * t.qkv * 576 * e <= REGISTER_TILE_BYTES < 8 * t.qkv * 576 * e
+        assert t.down * 2816 * e <= REGISTER_TILE_BYTES < 2 * t.down * 2816 * e
+    wide = DraftConfig(hidden_size=8192, intermediate_size=28672, num_heads=64, num_kv_heads=8, head_dim=128,
+                       vocab_size=128256, draft_vocab_size=32000, target_hidden_size=8192)
+    assert draft_tiles(wide, 2) is None
