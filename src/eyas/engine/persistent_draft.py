@@ -62,13 +62,12 @@ class PersistentDraft:
             from eyas.kernels.persistent_step import pack_eagle3
 
             self.packed = pack_eagle3(draft, embedding)
-            self.depth = torch.zeros(1, dtype=torch.long, device=device)
             self.causal = torch.ones(1, 1, dtype=torch.bool, device=device)
             k = spec.topk
-            # a tree step's k rows share one rotary position: step s writes columns c + (s-2) k.. at position
-            # c + s - 2, so each row's offset from its column is (s - 2)(1 - k)
-            self.tree_depth = {s: torch.full((k,), (s - 2) * (1 - k), dtype=torch.long, device=device)
-                               for s in range(2, spec.steps + 1)}
+            # a step's k rows share one rotary position: step s writes columns c + (s-2) k.. at position
+            # c + s - 2, so each row's offset from its column is (s - 2)(1 - k): 0 for a chain's one row
+            self.depth = {s: torch.full((k,), (s - 2) * (1 - k), dtype=torch.long, device=device)
+                          for s in range(2, spec.steps + 1)}
 
     def serves(self, rows: int, kv_len: int) -> bool:
         """Whether a draft step of `rows` sequences (padded to its graph bucket) over a draft cache of up to
@@ -96,8 +95,8 @@ class PersistentDraft:
         buffers, valid until this step's next launch."""
         step = self._step(index)
         H = self.packed.shape.hidden
-        step.launch(ids.reshape(1).contiguous(), start[:1], slots[:1], self.depth, self.causal, self.kv.k, self.kv.v,
-                    hidden.reshape(1, H).contiguous())
+        step.launch(ids.reshape(1).contiguous(), start[:1], slots[:1], self.depth[index], self.causal, self.kv.k,
+                    self.kv.v, hidden.reshape(1, H))
         return step.tokens.view(1, 1), step.features.view(1, 1, H)
 
     def tree_step(self, index: int, ids: torch.Tensor, hidden: torch.Tensor, start: torch.Tensor, c: torch.Tensor,
@@ -108,6 +107,6 @@ class PersistentDraft:
         states [1, k, H]): the step's own buffers, valid until this step's next launch."""
         step, k = self._step(index), self.spec.topk
         H = self.packed.shape.hidden
-        step.launch(ids[0].contiguous(), start[:1], slots[:1], self.tree_depth[index], mask[0], self.kv.k,
+        step.launch(ids[0].contiguous(), start[:1], slots[:1], self.depth[index], mask[0], self.kv.k,
                     self.kv.v, hidden[0], c[:1])
         return step.logits.view(1, k, -1), step.features.view(1, k, H)
