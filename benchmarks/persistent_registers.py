@@ -51,7 +51,7 @@ DRAFT = DecoderShape(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=
 DRAFT_TILES = "8,16,16,8,64"
 FP32 = {"logits", "cos", "sin", "eps", "scale"}
 I32_POINTERS = {"table", "counters", "epoch", "capture"}
-I64_POINTERS = {"ids", "d2t", "tokens", "start", "visible", "slot_of", "depth", "trace",  # and the words items pass each other
+I64_POINTERS = {"ids", "d2t", "tokens", "start", "slot_of", "depth", "trace",  # and the words items pass each other
                 "h_buf", "q_buf", "kv_new", "attn_buf", "act_buf", "tile_max", "tile_arg"}
 
 

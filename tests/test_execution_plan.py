@@ -11,10 +11,8 @@ from eyas.execution_plan import ExecutionPlan
 def test_the_default_plan_turns_every_optimisation_on():
     plan = execution_plan.current()
     assert plan == execution_plan.DEFAULT == ExecutionPlan()
-    assert all(v is True for k, v in plan.to_dict().items()
-               if k not in ("qkv_rotary_rows", "persistent_rows", "persistent_draft_tree"))
+    assert all(v is True for k, v in plan.to_dict().items() if k not in ("qkv_rotary_rows", "persistent_rows"))
     assert plan.qkv_rotary_rows == 2 and plan.persistent_rows == 8
-    assert plan.persistent_draft_tree is False  # an open experiment (docs/kernels.md)
 
 
 def test_using_changes_the_plan_for_its_block_and_restores_it():

@@ -40,7 +40,6 @@ class ExecutionPlan:
     # tree (docs/kernels.md); 8 is the kernel's limit.
     persistent_draft: bool = True  # a one-sequence chain's draft steps as one persistent kernel launch each
     # (engine/persistent_draft.py); end to end chain 5/1/6 3.1% faster, 3/1/4 level (docs/kernels.md).
-    persistent_draft_tree: bool = False  # a tree's draft steps too (an open experiment: not yet timed on a GPU)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):

@@ -42,11 +42,10 @@ def _generate(engine, tokens=6):
 @pytest.mark.parametrize("spec", [None, SpecConfig(3, 1, adaptive=False), SpecConfig(3, 2, 5, adaptive=False)],
                          ids=["plain", "chain", "tree"])
 def test_persistent_passes_give_the_reference_tokens(target_dir, monkeypatch, plan, spec):
-    """Plain steps, verify passes and the draft's steps (a chain's row, a tree's frontier: execution_plan's
-    persistent_draft, and persistent_draft_tree for the tree) through the kernel: the same tokens, and each
-    pass's launches ran to the end."""
+    """Plain steps, verify passes and a chain's draft steps (execution_plan's persistent_draft) through the
+    kernel: the same tokens, and each pass's launches ran to the end."""
     reference = _generate(_engine(target_dir, "0", monkeypatch))  # plain greedy, torch paths
-    plan(persistent_rows=8, persistent_draft_tree=True)
+    plan(persistent_rows=8)
     engine = _engine(target_dir, "force", monkeypatch, spec)
     assert engine.execution_plan_summary["persistent_rows"] == 8
     # The engine's CUDA graphs hold the addresses of the target's weights: the kernel's stacked copies replace
@@ -57,18 +56,17 @@ def test_persistent_passes_give_the_reference_tokens(target_dir, monkeypatch, pl
     ran = engine.runner.persistent.steps
     want = 1 if spec is None else spec.draft_tokens  # plain steps, or the verify passes
     assert want in ran and ran[want].counters_complete()
-    if spec is not None:  # each draft step of a cycle has its own launch
+    if spec is not None and spec.topk == 1:  # each draft step of a chain's cycle has its own launch
         assert engine.execution_plan_summary["persistent_draft"] is True
         drafted = engine.decoder.drafter.persistent.steps
         assert sorted(drafted) == [2, 3] and all(step.counters_complete() for step in drafted.values())
 
 
 def test_the_draft_keeps_its_path_where_the_plan_says(target_dir, monkeypatch, plan):
-    """persistent_draft off: no draft step through the kernel; a tree's only with persistent_draft_tree (an open
-    experiment, off by default)."""
+    """persistent_draft off: no draft step through the kernel; a tree's draft steps never go through it."""
     chain, tree = SpecConfig(3, 1, adaptive=False), SpecConfig(3, 2, 5, adaptive=False)
-    assert _engine(target_dir, "force", monkeypatch, chain).decoder.drafter.persistent.serves(1, 64)
-    assert not _engine(target_dir, "force", monkeypatch, tree).decoder.drafter.persistent.serves(1, 64)
+    assert _engine(target_dir, "force", monkeypatch, chain).decoder.drafter.persistent is not None
+    assert _engine(target_dir, "force", monkeypatch, tree).decoder.drafter.persistent is None
     plan(persistent_draft=False)
     engine = _engine(target_dir, "force", monkeypatch, chain)
     assert engine.execution_plan_summary["persistent_draft"] is False

@@ -22,7 +22,7 @@ class Drafter:
     def __init__(self, draft, embedding, kv, spec, device):
         """embedding: the target's token embedding module (target ids -> rows)."""
         self.draft, self.embed, self.kv, self.spec = draft, embedding, kv, spec
-        self.persistent = PersistentDraft(draft, embedding, kv, spec, device)
+        self.persistent = PersistentDraft(draft, embedding, kv, device) if spec.topk == 1 else None
         if spec.topk == 1:  # a chain's tree never changes: the root, then one node per step, each its parent's child
             n = spec.draft_tokens
             self.chain_tree = (torch.arange(-1, n - 1, device=device)[None], torch.arange(n, device=device)[None],
@@ -87,17 +87,12 @@ class Drafter:
         pool.tokens[:, :k], pool.scores[:, :k], pool.parents[:, :k] = ids, scores, -1
         frontier = self.first_frontier.expand(B, k)                         # pool index of each frontier node
         mask = self.eye.expand(B, k, k)                                     # over drafted columns so far
-        persistent = self.persistent.serves(B, kv_len)
         for step in range(2, S + 1):
-            start = c + (step - 2) * k if step > 2 else c                    # the step's first column
-            if persistent:  # the whole step as one launch (persistent_draft.py)
-                logits, out = self.persistent.tree_step(step, ids, hidden, start, c, mask, slots)
-            else:
-                pos = c + (step - 2) if step > 2 else c                      # every row's rotary position
-                out = self.forward(self.draft.embed_ids(ids, self.embed), hidden, pos[:, None].expand(B, k), slots,
-                                   start, kv_len, new_mask=mask, visible=c)
-                logits = self.draft.head_output(out)
-            child_scores, child_ids = topk(logits, k, log_softmax=True)
+            embeds = self.draft.embed_ids(ids, self.embed)
+            pos, start = (c + (step - 2), c + (step - 2) * k) if step > 2 else (c, c)
+            out = self.forward(embeds, hidden, pos[:, None].expand(B, k), slots, start, kv_len, new_mask=mask,
+                               visible=c)
+            child_scores, child_ids = topk(self.draft.head_output(out), k, log_softmax=True)
             scores, ids, hidden, frontier, mask = expand_frontier(pool, k + (step - 2) * k * k, scores, child_scores,
                                                                   child_ids, frontier, out, mask)
         tree = select_tree(root, pool.tokens, pool.scores, pool.parents, self.pool_depth.expand(B, -1), N, S)

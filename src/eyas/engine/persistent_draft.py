@@ -1,14 +1,12 @@
-"""A draft's steps as one persistent kernel launch each (eyas.kernels.persistent_decode's draft form), where the
-plan asks.
+"""A chain draft's steps as one persistent kernel launch each (eyas.kernels.persistent_decode's draft form),
+where the plan asks.
 
-A draft step of one sequence runs the midlayer (two input norms, q/k/v, rotary, attention over the draft cache,
-o_proj, the MLP), the draft's norm and LM head and, for a chain, the argmax over its vocabulary: about ten small
-kernels become one launch. The ids it reads are draft ids, mapped to the target's embedding inside the kernel;
-it writes the step's output state (the next step's hidden input), its logits and argmax. A chain (topk 1)
-drafts one row a step; a tree's step drafts its frontier's k rows at one rotary position, each row seeing the
-cache before the tree and the columns its mask row names (its ancestors, drafted by earlier steps). Each step
-of a cycle has a PersistentStep of its own, so one step's outputs stay valid while the next reads them, with no
-copy. Other drafts, batches and longer caches keep the draft's own path.
+A chain (topk 1) drafts one token a step from one sequence: the midlayer (two input norms, q/k/v, rotary,
+attention over the draft cache, o_proj, the MLP), the draft's norm and LM head and the argmax over its
+vocabulary, about ten small kernels, become one launch. The ids it reads are draft ids, mapped to the target's
+embedding inside the kernel; it writes the step's output state (the next step's hidden input) and its argmax.
+Each step of a cycle has a PersistentStep of its own, so one step's outputs stay valid while the next reads
+them, with no copy. Other drafts, batches, trees and longer caches keep the draft's own path.
 """
 
 from __future__ import annotations
@@ -18,12 +16,11 @@ import torch
 from eyas import execution_plan
 from eyas.engine.persistent import MAX_COLUMNS, REGISTER_TILE_BYTES
 from eyas.kernels import switched_on
-from eyas.kernels.persistent_schedule import MAX_ROWS, Tiles
+from eyas.kernels.persistent_schedule import Tiles
 
 
 LM_HEAD_ITEMS = 128  # a draft's LM-head tiles: about one per SM of an H100 (132), not a few long ones
 LM_BLOCK = 32        # rows an LM-head item multiplies at a time (PersistentStep's block_l)
-BLOCK_T = 128        # cache columns an attention item reads at a time: a tree's drafted columns must fit one
 
 
 def draft_tiles(cfg, element_size: int) -> Tiles | None:
@@ -46,11 +43,10 @@ def draft_tiles(cfg, element_size: int) -> Tiles | None:
 
 
 class PersistentDraft:
-    """One launch per draft step of one sequence, a PersistentStep per step of the cycle, built on demand. spec:
-    the cycle's SpecConfig (a tree's steps take topk rows)."""
+    """One launch per chain draft step of one sequence, a PersistentStep per step of the cycle, built on demand."""
 
-    def __init__(self, draft, embedding, kv, spec, device):
-        self.kv, self.spec, self.device = kv, spec, torch.device(device)
+    def __init__(self, draft, embedding, kv, device):
+        self.kv, self.device = kv, torch.device(device)
         self.packed, self.tiles, self.steps = None, None, {}
         if switched_on(torch.empty(0, device=device)):  # CUDA, or the interpreter in tests
             from eyas.kernels.persistent_step import draft_unsupported  # imports Triton
@@ -62,30 +58,22 @@ class PersistentDraft:
             from eyas.kernels.persistent_step import pack_eagle3
 
             self.packed = pack_eagle3(draft, embedding)
+            self.depth = torch.zeros(1, dtype=torch.long, device=device)
             self.causal = torch.ones(1, 1, dtype=torch.bool, device=device)
-            k = spec.topk
-            # a step's k rows share one rotary position: step s writes columns c + (s-2) k.. at position
-            # c + s - 2, so each row's offset from its column is (s - 2)(1 - k): 0 for a chain's one row
-            self.depth = {s: torch.full((k,), (s - 2) * (1 - k), dtype=torch.long, device=device)
-                          for s in range(2, spec.steps + 1)}
 
     def serves(self, rows: int, kv_len: int) -> bool:
-        """Whether a draft step of `rows` sequences (padded to its graph bucket) over a draft cache of up to
-        kv_len columns runs here: one sequence; a tree where the plan's persistent_draft_tree asks, its frontier
-        within the kernel's rows and what it drafted within one attention block."""
-        k, steps = self.spec.topk, self.spec.steps
-        tree = k <= MAX_ROWS and (steps - 2) * k <= BLOCK_T and execution_plan.current().persistent_draft_tree
-        return self.packed is not None and rows == 1 and kv_len <= MAX_COLUMNS and (k == 1 or tree)
+        """Whether a chain step of `rows` sequences (padded to its graph bucket) over a draft cache of up to
+        kv_len columns runs here."""
+        return self.packed is not None and rows == 1 and kv_len <= MAX_COLUMNS
 
     def _step(self, index: int):
         from eyas.kernels.persistent_step import PersistentStep
 
         step = self.steps.get(index)
         if step is None:
-            dev, k = self.device, self.spec.topk
+            dev = self.device
             programs = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
-            step = self.steps[index] = PersistentStep(self.packed, k, programs, self.tiles, block_l=LM_BLOCK,
-                                                      block_t=BLOCK_T, drafted=(index - 2) * k if k > 1 else 0)
+            step = self.steps[index] = PersistentStep(self.packed, 1, programs, self.tiles, block_l=LM_BLOCK)
         return step
 
     def step(self, index: int, ids: torch.Tensor, hidden: torch.Tensor, start: torch.Tensor,
@@ -95,18 +83,6 @@ class PersistentDraft:
         buffers, valid until this step's next launch."""
         step = self._step(index)
         H = self.packed.shape.hidden
-        step.launch(ids.reshape(1).contiguous(), start[:1], slots[:1], self.depth[index], self.causal, self.kv.k,
-                    self.kv.v, hidden.reshape(1, H))
+        step.launch(ids.reshape(1).contiguous(), start[:1], slots[:1], self.depth, self.causal, self.kv.k, self.kv.v,
+                    hidden.reshape(1, H).contiguous())
         return step.tokens.view(1, 1), step.features.view(1, 1, H)
-
-    def tree_step(self, index: int, ids: torch.Tensor, hidden: torch.Tensor, start: torch.Tensor, c: torch.Tensor,
-                  mask: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tree step `index` of a cycle: the frontier's draft ids [1, k] and hidden inputs [1, k, H] (rows may
-        repeat one, stride 0) at columns start[0].. of slots[0], seeing the cache before c[0] and the columns
-        from c[0] on that mask [1, k, start - c + k] names. Returns (logits [1, k, draft vocab] fp32, the output
-        states [1, k, H]): the step's own buffers, valid until this step's next launch."""
-        step, k = self._step(index), self.spec.topk
-        H = self.packed.shape.hidden
-        step.launch(ids[0].contiguous(), start[:1], slots[:1], self.depth[index], mask[0], self.kv.k,
-                    self.kv.v, hidden[0], c[:1])
-        return step.logits.view(1, k, -1), step.features.view(1, k, H)

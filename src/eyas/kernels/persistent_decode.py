@@ -72,8 +72,8 @@ def _stamp(trace, it, k, TRACE: tl.constexpr):
 
 @triton.jit
 def persistent_step_kernel(
-        table, n_items, counters, epoch, ids, start, slot_of, depth, row_mask, m_row, m_col, visible,
-        embed, d2t, hidden_in, hid_stride, hidden_norm_w, attn_norm_w, wqkv, wo, mlp_norm_w, wgu, wd, final_norm_w, lm_head,
+        table, n_items, counters, epoch, ids, start, slot_of, depth, row_mask, m_row, m_col,
+        embed, d2t, hidden_in, hidden_norm_w, attn_norm_w, wqkv, wo, mlp_norm_w, wgu, wd, final_norm_w, lm_head,
         cos, sin, k_cache, v_cache, c_layer, c_slot, c_head, c_pos,
         h_buf, q_buf, kv_new, attn_buf, act_buf, logits, tile_max, tile_arg, tokens, features,
         capture, trace,
@@ -83,7 +83,7 @@ def persistent_step_kernel(
         I2: tl.constexpr, TQ: tl.constexpr, BQ: tl.constexpr, BO: tl.constexpr, BG: tl.constexpr,
         BD: tl.constexpr, HC: tl.constexpr, QC: tl.constexpr, IC: tl.constexpr, BL: tl.constexpr,
         BT: tl.constexpr, BTILES: tl.constexpr, PAIRS: tl.constexpr, PREC: tl.constexpr,
-        NAP: tl.constexpr, TRACE: tl.constexpr, DRAFT: tl.constexpr, BDR: tl.constexpr):
+        NAP: tl.constexpr, TRACE: tl.constexpr, DRAFT: tl.constexpr):
     pid = tl.program_id(0)
     W = tl.num_programs(0)
     REP: tl.constexpr = NH // KV
@@ -101,13 +101,6 @@ def persistent_step_kernel(
     rmask = rows < R
     dcol = tl.arange(0, D)
     pos = tl.load(start).to(tl.int32)  # the step's rows go to cache positions pos..pos+R-1 of slot `slot`
-    if BDR > 0:  # a draft tree's step: the columns from `visible` to pos were drafted, each row sees those its
-        # mask row names (row_mask [R, pos - vis + R]: the drafted columns, then the new rows)
-        vis = tl.load(visible).to(tl.int32)
-        drafted = pos - vis
-    else:  # every column before pos is seen by every row (row_mask [R, R]: the new rows)
-        vis = pos
-        drafted = 0
     slot = tl.load(slot_of).to(tl.int64)
     ep = tl.load(epoch) + 1  # this step's epoch: every word written this step carries it (the argmax item stores it)
     for it in range(pid, n_items, W):
@@ -141,7 +134,7 @@ def persistent_step_kernel(
             sh = tl.load(sin + p + HALF + c[None, :], mask=rm, other=0.0)
             if DRAFT:  # both inputs were written before the launch: nothing to poll
                 x1, x2 = normed(*token_rows(embed, d2t, ids, rows, rmask, H, H1, H2, HC, DRAFT), nw1, nw2, eps, H)
-                g1, g2 = normed(*plain_rows(hidden_in, rows * hid_stride, rmask, H, H1, H2, HC), ng1, ng2, eps, H)
+                g1, g2 = normed(*plain_rows(hidden_in, rows * H, rmask, H, H1, H2, HC), ng1, ng2, eps, H)
                 _stamp(trace, it, 1, TRACE)
                 y = product(x1, x2, lh1, lh2, PREC) + product(g1, g2, lg1, lg2, PREC)
             else:
@@ -166,8 +159,8 @@ def persistent_step_kernel(
                 _store_halves(dst, kv, m, HALF)
                 new_dst = kv_new + ((layer * 2 * KV + part - NH) * NEW_ROWS + rows[:, None]) * D + c[None, :]
                 _store_halves(new_dst, packed(kv.to(tl.float32), ep), m, HALF)
-        elif op == 1:  # attend: query head `part` over the cache's columns before vis, then over the drafted
-            # columns and the new rows each row sees; its normalized output, to attn
+        elif op == 1:  # attend: query head `part` over the cache's columns before pos, then over the new rows each
+            # row sees; its normalized output, to attn
             g = part // REP
             m = rmask[:, None] & (dcol[None, :] < D)
             j = tl.arange(0, NEW_ROWS)  # the new rows, from kv_new: row r sees new row j where row_mask[r, j]
@@ -175,7 +168,7 @@ def persistent_step_kernel(
             at = ((layer * 2 * KV + g) * NEW_ROWS + j[:, None]) * D + dcol[None, :]
             kc = k_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
             vc = v_cache + layer.to(tl.int64) * c_layer + slot * c_slot + g * c_head
-            k, v, tm = _cache_block(kc, vc, 0, vis, c_pos, BT, D)  # the cache, written by earlier steps, before the poll
+            k, v, tm = _cache_block(kc, vc, 0, pos, c_pos, BT, D)  # the cache, written by earlier steps, before the poll
             q_at = q_buf + layer * R * QW + rows[:, None] * QW + part * D + dcol[None, :]
             if R == 1:  # the row sees one new row, itself: its score and value start the running softmax, which
                 # spares a product, two cross-warp reductions and three trips through shared memory
@@ -188,27 +181,18 @@ def persistent_step_kernel(
                 acc = v_new
             else:
                 # the tree mask does not depend on this step's words: loaded before the poll
-                sees = tl.load(row_mask + rows[:, None] * m_row + (drafted + j)[None, :] * m_col,
+                sees = tl.load(row_mask + rows[:, None] * m_row + j[None, :] * m_col,
                                mask=rmask[:, None] & (j < R)[None, :], other=0)
-                if BDR > 0:  # the drafted columns, from the cache (earlier launches wrote them), and who sees them
-                    kd, vd, _ = _cache_block(kc, vc, vis, pos, c_pos, BDR, D)
-                    td = tl.arange(0, BDR)
-                    seen = tl.load(row_mask + rows[:, None] * m_row + td[None, :] * m_col,
-                                   mask=rmask[:, None] & (td < drafted)[None, :], other=0)
                 q, k_new, v_new = await_three(q_at, m, kv_new + at, jm, kv_new + at + KV * NEW_ROWS * D, jm, ep, NAP)
                 _stamp(trace, it, 1, TRACE)
                 q = q.to(k_cache.dtype.element_ty)
                 best = tl.full((BR,), -1.0e30, tl.float32)
                 total = tl.zeros((BR,), tl.float32)
                 acc = tl.zeros((BR, D), tl.float32)
-            for t0 in range(0, vis, BT):  # the next block's loads in flight while this one is folded in
-                k_next, v_next, tm_next = _cache_block(kc, vc, t0 + BT, vis, c_pos, BT, D)
+            for t0 in range(0, pos, BT):  # the next block's loads in flight while this one is folded in
+                k_next, v_next, tm_next = _cache_block(kc, vc, t0 + BT, pos, c_pos, BT, D)
                 best, total, acc = _fold_cache_block(q, k, v, tm, scale, best, total, acc, PREC)
                 k, v, tm = k_next, v_next, tm_next
-            if BDR > 0:
-                s = tl.dot(q, tl.trans(kd), out_dtype=tl.float32, input_precision=PREC)
-                s = tl.where(seen != 0, s * scale, -1.0e30)
-                best, total, acc = _online_softmax(s, vd, best, total, acc, PREC)
             if R > 1:  # the new rows each row sees
                 s = tl.dot(q, tl.trans(k_new.to(k_cache.dtype.element_ty)), out_dtype=tl.float32,
                            input_precision=PREC)
@@ -222,8 +206,7 @@ def persistent_step_kernel(
                 cols = a + tl.arange(0, BO)
                 m = rmask[:, None] & (cols < b)[None, :]
                 if DRAFT:
-                    res = tl.load(hidden_in + rows[:, None] * hid_stride + cols[None, :], mask=m,
-                                  other=0.0).to(tl.float32)
+                    res = tl.load(hidden_in + rows[:, None] * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
                 else:
                     res = embedding_tile(embed, ids, rows, rmask, cols, m, H)
                 x1, x2 = awaited_rows(attn_buf, rows, rmask, QW, Q1, Q2, QC, ep, NAP, PAIRS)

@@ -130,10 +130,9 @@ def pack_eagle3(draft, embedding) -> PackedDecoder:
 
 
 def kernel_constants(s: DecoderShape, rows: int, tiles: Tiles, captured: int, block_l: int, block_t: int,
-                     dtype: torch.dtype, trace: bool, pairs: bool, draft: bool = False, drafted: int = 0) -> dict:
+                     dtype: torch.dtype, trace: bool, pairs: bool, draft: bool = False) -> dict:
     """The kernel's compile-time constants for this shape, row count and tiling. A 1-row step's polls nap
-    between rounds (NAP): 2.5% faster on an H200, while at 4 rows the nap cost 0.5% (docs/kernels.md). A draft
-    tree's step that sees `drafted` columns drafted before it reads them as one block of BDR."""
+    between rounds (NAP): 2.5% faster on an H200, while at 4 rows the nap cost 0.5% (docs/kernels.md)."""
     (h1, h2), (q1, q2), (i1, i2) = split_pow2(s.hidden), split_pow2(s.heads * s.head_dim), split_pow2(s.intermediate)
     block = lambda n: max(16, triton.next_power_of_2(n))  # noqa: E731
     chunk = lambda k2: min(CHUNK, k2)  # noqa: E731  divides both blocks (powers of two, the second no wider)
@@ -143,8 +142,7 @@ def kernel_constants(s: DecoderShape, rows: int, tiles: Tiles, captured: int, bl
         TQ=tiles.qkv, BQ=block(tiles.qkv), BO=block(tiles.o_proj), BG=block(tiles.gate_up), BD=block(tiles.down),
         HC=chunk(h2), QC=chunk(q2), IC=chunk(i2),
         BL=block_l, BT=block_t, BTILES=block(-(-s.vocab // tiles.lm_head)),
-        PAIRS=pairs, PREC="ieee" if dtype == torch.float32 else "tf32", NAP=rows == 1, TRACE=trace, DRAFT=draft,
-        BDR=max(16, triton.next_power_of_2(drafted)) if drafted else 0)
+        PAIRS=pairs, PREC="ieee" if dtype == torch.float32 else "tf32", NAP=rows == 1, TRACE=trace, DRAFT=draft)
 
 
 PAIRS_FROM_ROWS = 4  # bf16 word pairs lost at 1 and 2 rows and won at 4 and 8 (one H100, docs/kernels.md)
@@ -170,13 +168,11 @@ def pair_tiles_error(s: DecoderShape, tiles: Tiles) -> str | None:
 class PersistentStep:
     """The launch of one persistent step of `rows` rows with its item table, counters and step buffers,
     allocated once so that the launch can be captured in a CUDA graph. pairs: whether its words carry two bf16
-    values (default pairs_by_default); an fp32 target may take them too, rounding to bf16 (the CPU tests do).
-    drafted: the columns a draft tree's step sees, besides the cache before them and its own rows, that earlier
-    steps of its tree drafted (each row those its mask row names)."""
+    values (default pairs_by_default); an fp32 target may take them too, rounding to bf16 (the CPU tests do)."""
 
     def __init__(self, packed: PackedDecoder, rows: int, programs: int, tiles: Tiles = Tiles(),
                  block_l: int = 32, block_t: int = 128, num_warps: int = 8,
-                 trace: bool = False, capture: tuple[int, ...] = (), pairs: bool | None = None, drafted: int = 0):
+                 trace: bool = False, capture: tuple[int, ...] = (), pairs: bool | None = None):
         if not 1 <= rows <= MAX_ROWS:
             raise ValueError(f"a persistent step takes 1..{MAX_ROWS} rows, not {rows}")
         s, dev = packed.shape, packed.embed.device
@@ -195,9 +191,6 @@ class PersistentStep:
             raise ValueError(f"block_t {block_t}: the attention's tl.dot takes at least 16 columns on a GPU")
         if trace and dev.type != "cuda":
             raise ValueError("a traced step reads %globaltimer: it needs a GPU")
-        if drafted and (not packed.draft or rows < 2 or drafted > block_t):
-            raise ValueError(f"drafted columns ({drafted}) are a draft tree's: a draft step of 2 or more rows, at "
-                             f"most block_t ({block_t}) of them")
         self.packed, self.rows, self.programs, self.tiles, self.pairs = packed, rows, programs, tiles, pairs
         self.schedule = build_schedule(s, tiles)
         self.table = item_table(self.schedule, dev)
@@ -236,16 +229,15 @@ class PersistentStep:
         self.capture = torch.tensor(bits, dtype=torch.int32, device=dev)
         self.trace = torch.zeros(len(self.schedule.items), 3, dtype=torch.int64, device=dev) if trace else None
         self.meta = dict(kernel_constants(s, rows, tiles, len(capture), block_l, block_t, packed.embed.dtype,
-                                          trace, pairs, packed.draft, drafted), num_warps=num_warps)
+                                          trace, pairs, packed.draft), num_warps=num_warps)
 
     def __call__(self, ids: torch.Tensor, pos: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int = 0,
                  positions: torch.Tensor | None = None, row_mask: torch.Tensor | None = None,
-                 hidden: torch.Tensor | None = None, visible: int | None = None):
+                 hidden: torch.Tensor | None = None):
         """Run the step for tokens `ids` [rows] written to cache positions pos..pos+rows-1 of `slot` of eyas's
         KV cache (k_cache, v_cache [L, slots, KV, max_len, D]). positions (default pos + row) feed rotary;
         row_mask [rows, rows] says which new rows each row sees (default causal; a draft tree passes its
-        ancestor mask); a draft's step takes its hidden input [rows, H] (its output is self.features); a draft
-        tree's step sees columns visible..pos-1 as row_mask [rows, pos - visible + rows] says, then its own rows.
+        ancestor mask); a draft's step takes its hidden input [rows, H] (its output is self.features).
         Returns (logits, tokens)."""
         R, dev = self.rows, self.tokens.device
         if ids.shape != (R,):
@@ -254,31 +246,29 @@ class PersistentStep:
             raise ValueError(f"positions {pos}..{pos + R - 1} of slot {slot} exceed the cache or rotary table")
         depth = torch.arange(R) if positions is None else positions.cpu() - pos
         row_mask = torch.ones(R, R, dtype=torch.bool).tril() if row_mask is None else row_mask
-        where = torch.tensor([pos, slot, pos if visible is None else visible], device=dev)
-        self.launch(ids, where[0:1], where[1:2], depth.to(dev), row_mask.to(dev), k_cache, v_cache, hidden, where[2:3])
+        where = torch.tensor([pos, slot], device=dev)
+        self.launch(ids, where[0:1], where[1:2], depth.to(dev), row_mask.to(dev), k_cache, v_cache, hidden)
         return self.logits, self.tokens
 
-    def launch(self, ids, start, slot, depth, row_mask, k_cache, v_cache, hidden=None, visible=None) -> None:
+    def launch(self, ids, start, slot, depth, row_mask, k_cache, v_cache, hidden=None) -> None:
         """One step, every input a device tensor that a CUDA graph can capture by address: ids [rows], start
         and slot [1] (the cache positions start..start+rows-1 of that slot), depth [rows] (rotary positions
         start + depth), row_mask [rows, rows] bool (the new rows each row sees); a draft's hidden input
-        [rows, H] in its dtype (rows may repeat one row: stride 0); a draft tree's step, visible [1] (its drafted
-        columns visible..start-1, row_mask [rows, start - visible + rows] bool)."""
+        [rows, H], contiguous, in its dtype."""
         p, s = self.packed, self.packed.shape
         assert k_cache.stride() == v_cache.stride() and k_cache.stride(4) == 1
         assert ids.is_contiguous() and depth.is_contiguous()
         if p.draft != (hidden is not None):
             raise ValueError("a draft's step takes its hidden input, a target's none")
-        if hidden is not None and (hidden.shape != (self.rows, s.hidden) or hidden.stride(1) != 1):
-            raise ValueError(f"a draft's hidden input must be [{self.rows}, {s.hidden}] with contiguous rows, not "
-                             f"{tuple(hidden.shape)} with strides {hidden.stride()}")
+        if hidden is not None and (hidden.shape != (self.rows, s.hidden) or not hidden.is_contiguous()):
+            raise ValueError(f"a draft's hidden input must be contiguous [{self.rows}, {s.hidden}], not "
+                             f"{tuple(hidden.shape)}")
         self.counters.zero_()
         unused = p.final_norm  # a target's step reads no d2t, hidden input or hidden norm
         persistent_step_kernel[(self.programs,)](
             self.table, len(self.schedule.items), self.counters, self.epoch, ids, start, slot, depth, row_mask,
-            row_mask.stride(0), row_mask.stride(1), start if visible is None else visible,
+            row_mask.stride(0), row_mask.stride(1),
             p.embed, unused if p.d2t is None else p.d2t, unused if hidden is None else hidden,
-            0 if hidden is None else hidden.stride(0),
             unused if p.hidden_norm is None else p.hidden_norm,
             p.attn_norm, p.wqkv, p.wo, p.mlp_norm, p.w_gate_up, p.w_down, p.final_norm, p.lm_head,
             p.cos, p.sin, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
