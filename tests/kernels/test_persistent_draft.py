@@ -1,7 +1,7 @@
 """An EAGLE-3 draft's step as one persistent launch (W=1: in Triton's interpreter, or compiled on a GPU with
 EYAS_TEST_CUDA=1) equals eyas's draft forward: logits, argmax, the output hidden state (the next step's input)
-and the draft cache's new rows, over a cache the draft itself filled; a draft tree's step sees the drafted
-columns its mask names. The engine's tiles for a draft fit what an item holds in registers."""
+and the draft cache's new rows, over a cache the draft itself filled. The engine's tiles for a draft fit what
+an item holds in registers."""
 
 import pytest
 import torch
