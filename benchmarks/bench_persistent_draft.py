@@ -1,0 +1,195 @@
+"""A chain's draft step as one persistent launch (eyas.engine.persistent_draft) against the per-op draft step it
+replaces, on SmolLM2's shape (random target weights) with an EAGLE-3 draft.
+
+Usage: python3 benchmarks/bench_persistent_draft.py [--draft assets/smollm2-135m-eagle3|random] [--context 100,300]
+       [--reps 200] [--trace] [--device cpu --tiny]
+
+In one child process (killed after --timeout seconds, so a deadlocked kernel ends with a message):
+  (a) correctness: over a draft cache the draft itself filled, one draft step both ways from the same cache:
+      the argmax, the output state (the next step's hidden input) and the cache's new row;
+  (b) timing (CUDA events, median of --reps, each path captured in a CUDA graph as the engine runs it): the
+      draft step at each --context cached columns, both ways;
+  (c) with --trace, one traced launch at each --context: per op, how long items waited, worked and took to
+      notice their inputs, and the step's critical path summed per op (eyas.kernels.persistent_trace).
+--device cpu --tiny --draft random smoke-tests the script (one program, Triton's interpreter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+
+
+def run(args) -> None:
+    import torch
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [here, os.path.dirname(here)]  # benchmarks/ and the repository (tests.helpers)
+    from timing import median_ms  # benchmarks/timing.py
+
+    from eyas.config import ModelConfig, SpecConfig
+    from eyas.engine.engine import Engine
+    from eyas.engine.persistent_draft import LM_BLOCK
+    from eyas.kernels.persistent_step import PersistentStep
+    from eyas.kernels.persistent_trace import critical_path, trace_summary
+    from eyas.layers.topk import argmax
+    from tests.helpers import random_draft, smollm2_shaped_llama, tiny_llama
+
+    cuda = args.device == "cuda"
+    path = tempfile.mkdtemp(prefix="eyas-bench-persistent-draft-")
+    if args.tiny:  # three layers: a draft reads the target's layers 2, L//2 and L-3
+        tiny_llama(path, vocab=256, layers=3, hidden=64)
+    else:
+        smollm2_shaped_llama(path)
+    cfg = ModelConfig.from_dir(path)
+    draft = args.draft
+    if draft == "random":
+        draft = random_draft(cfg.hidden_size, cfg.vocab_size, draft_vocab=min(8192, cfg.vocab_size), seed=0,
+                             head_dim=cfg.head_dim)
+    cached = max(args.context)
+    eng = Engine(path, dtype="bf16" if cuda else "fp32", device=args.device, max_batch=1, max_len=cached + 8,
+                 draft=draft, spec=SpecConfig(3, 1, adaptive=False))
+    drafter = eng.decoder.drafter
+    pd = drafter.persistent
+    if pd is None or pd.packed is None:
+        raise SystemExit("bench_persistent_draft: the engine takes no draft step through the kernel here (the draft's "
+                         "shape, or the plan's persistent_draft)")
+    dev, H, kv = torch.device(args.device), drafter.draft.config.hidden_size, drafter.kv
+    g = torch.Generator().manual_seed(0)
+    slots, kv_len = torch.zeros(1, dtype=torch.long, device=dev), kv.max_len
+    vocab = drafter.draft.config.draft_vocab_size
+    with torch.no_grad():  # the draft fills its own cache's first `cached` columns
+        ids = torch.randint(0, vocab, (1, cached), generator=g).to(dev)
+        hidden = torch.randn(1, cached, H, generator=g).to(dev, kv.k.dtype)
+        drafter.forward(drafter.draft.embed_ids(ids, drafter.embed), hidden, torch.arange(cached, device=dev)[None],
+                        slots, torch.zeros(1, dtype=torch.long, device=dev), kv_len)
+    print(f"target {path}, draft {args.draft} (tiles {pd.tiles}), {cached} columns cached", flush=True)
+
+    ids = torch.randint(0, vocab, (1, 1), generator=g).to(dev)
+    hidden = torch.randn(1, 1, H, generator=g).to(dev, kv.k.dtype)
+    starts = {at: torch.tensor([at], device=dev) for at in args.context}
+
+    def per_op(at):
+        start = starts[at]
+        out = drafter.forward(drafter.draft.embed_ids(ids, drafter.embed), hidden, start[:, None], slots, start,
+                              kv_len)
+        return argmax(drafter.draft.head_output(out)), out
+
+    def kernel(at):
+        return pd.step(2, ids, hidden, starts[at], slots)
+
+    # (a) correctness, from the same cache
+    at = args.context[0]
+    k0, v0 = kv.k.clone(), kv.v.clone()
+    with torch.no_grad():
+        want_ids, want_out = (t.clone() for t in per_op(at))
+        k_want, v_want = kv.k.clone(), kv.v.clone()
+        kv.k.copy_(k0)
+        kv.v.copy_(v0)
+        got_ids, got_out = (t.clone() for t in kernel(at))
+    out_diff = (got_out.float() - want_out.float()).abs().max().item()
+    cache_diff = max((kv.k - k_want).abs().max().item(), (kv.v - v_want).abs().max().item())
+    print(f"argmax equal {bool(torch.equal(got_ids, want_ids))}, max |output diff| {out_diff:.3e} (max |output| "
+          f"{want_out.float().abs().max().item():.2f}), cache diff {cache_diff:.3e}, counters complete "
+          f"{pd.steps[2].counters_complete()}", flush=True)
+
+    # (b) timing, each path graphed as the engine captures it
+    def timed(fn):
+        if not cuda:
+            return median_ms(fn, reps=args.reps, cuda=False)
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return median_ms(graph.replay, reps=args.reps, cuda=True)
+
+    table = []
+    with torch.no_grad():
+        for at in args.context:
+            ours, theirs = timed(lambda: kernel(at)), timed(lambda: per_op(at))
+            table.append((at, ours, theirs))
+            print(f"{at} cached columns: persistent {ours:.4f} ms, per-op {theirs:.4f} ms", flush=True)
+    print("\n| cached columns | persistent draft step ms | per-op draft step ms | per-op / persistent |\n"
+          "| ---: | ---: | ---: | ---: |")
+    for at, ours, theirs in table:
+        print(f"| {at} | {ours:.4f} | {theirs:.4f} | {theirs / ours:.2f}x |")
+
+    if args.trace:  # (c)
+        traced = PersistentStep(pd.packed, 1, pd.steps[2].programs, pd.tiles, block_l=LM_BLOCK, trace=True)
+        print("\n| cached columns | op | items | median wait us | median work us | median notice us | last done us |\n"
+              "| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+        paths = []
+        for at in args.context:
+            for _ in range(3):  # the first launch compiles; the last one is read
+                traced(ids[0].to(torch.int32), at, kv.k, kv.v, slot=0, hidden=hidden[0].contiguous())
+                torch.cuda.synchronize()
+            for op in trace_summary(traced.schedule, traced.trace):
+                print(f"| {at} | {op['op']} | {op['items']} | {op['wait_us']:.2f} | {op['work_us']:.2f} | "
+                      f"{op['notice_us']:.2f} | {op['last_done_us']:.1f} |")
+            paths.append((at, critical_path(traced.schedule, traced.trace, traced.programs)))
+        print("\n| cached columns | op on the critical path | items | waited for data | waited for its program | "
+              "notice us | poll us | gap us | work us |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for at, path in paths:
+            for op in path:
+                length = f" (path {op['length_us']:.1f} us)" if "length_us" in op else ""
+                print(f"| {at} | {op['op']}{length} | {op['items']} | {op['data']} | {op['program']} | "
+                      f"{op['notice_us']:.1f} | {op['poll_us']:.1f} | {op['gap_us']:.1f} | {op['work_us']:.1f} |")
+
+
+def fail(message: str):
+    print(f"bench_persistent_draft: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--draft", default="assets/smollm2-135m-eagle3", help="an EAGLE-3 draft for SmolLM2's shape, "
+                    "or 'random'")
+    ap.add_argument("--tiny", action="store_true", help="a tiny random target (with --draft random; CPU smoke test)")
+    ap.add_argument("--context", default="100,300", help="cached draft columns before each timed step, "
+                    "comma-separated")
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--trace", action="store_true", help="time each item's wait and work with %%globaltimer (GPU)")
+    ap.add_argument("--timeout", type=float, default=280.0, help="seconds before the child is killed")
+    args = ap.parse_args()
+    try:
+        args.context = [int(c) for c in args.context.split(",")]
+    except ValueError:
+        fail("--context takes comma-separated integers")
+    longest = 448 if args.tiny else 504  # the kernel's draft steps read at most 512 columns
+    if not all(1 <= c <= longest for c in args.context):
+        fail(f"--context: 1 to {longest} cached columns")
+    if args.reps < 1:
+        fail("--reps must be at least 1")
+    if args.tiny and args.draft != "random":
+        fail("--tiny takes --draft random (a trained draft has SmolLM2's shape)")
+    if args.draft != "random" and not os.path.isdir(args.draft):
+        fail(f"no draft directory {args.draft}")
+    if args.device == "cpu":
+        if args.trace:
+            fail("--trace reads the GPU's %globaltimer: it needs --device cuda")
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        os.environ.setdefault("EYAS_KERNELS", "force")
+        args.reps = min(args.reps, 3)
+    child = mp.get_context("spawn").Process(target=run, args=(args,))
+    t0 = time.time()
+    child.start()
+    child.join(args.timeout)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        print(f"HANG: the benchmark did not finish within {args.timeout:.0f} s; killed it", flush=True)
+        sys.exit(3)
+    print(f"done in {time.time() - t0:.0f} s", flush=True)
+    sys.exit(child.exitcode)
+
+
+if __name__ == "__main__":
+    main()
