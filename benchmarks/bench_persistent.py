@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import multiprocessing as mp
 import os
 import sys
 import tempfile
 import threading
 import time
+
+from child_run import run_in_child  # benchmarks/child_run.py
 
 PROMPT = 100
 
@@ -368,18 +369,7 @@ def main():
             ap.error("--trace reads the GPU's %globaltimer: it needs --device cuda")
         os.environ.setdefault("TRITON_INTERPRET", "1")
         args.reps = min(args.reps, 3)
-    ctx = mp.get_context("spawn")
-    child = ctx.Process(target=run, args=(args,))
-    t0 = time.time()
-    child.start()
-    child.join(args.timeout)
-    if child.is_alive():
-        child.kill()
-        child.join()
-        print(f"HANG: the benchmark did not finish within {args.timeout:.0f} s; killed it", flush=True)
-        sys.exit(3)
-    print(f"done in {time.time() - t0:.0f} s", flush=True)
-    sys.exit(child.exitcode)
+    run_in_child(run, args, args.timeout)
 
 
 if __name__ == "__main__":

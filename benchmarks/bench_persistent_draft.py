@@ -17,11 +17,11 @@ In one child process (killed after --timeout seconds, so a deadlocked kernel end
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import sys
 import tempfile
-import time
+
+from child_run import run_in_child  # benchmarks/child_run.py
 
 
 def run(args) -> None:
@@ -178,17 +178,7 @@ def main():
         os.environ.setdefault("TRITON_INTERPRET", "1")
         os.environ.setdefault("EYAS_KERNELS", "force")
         args.reps = min(args.reps, 3)
-    child = mp.get_context("spawn").Process(target=run, args=(args,))
-    t0 = time.time()
-    child.start()
-    child.join(args.timeout)
-    if child.is_alive():
-        child.kill()
-        child.join()
-        print(f"HANG: the benchmark did not finish within {args.timeout:.0f} s; killed it", flush=True)
-        sys.exit(3)
-    print(f"done in {time.time() - t0:.0f} s", flush=True)
-    sys.exit(child.exitcode)
+    run_in_child(run, args, args.timeout)
 
 
 if __name__ == "__main__":
