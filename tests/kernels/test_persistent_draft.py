@@ -111,3 +111,21 @@ def test_draft_tiles_are_the_largest_that_fit_an_items_registers():
     wide = DraftConfig(hidden_size=8192, intermediate_size=28672, num_heads=64, num_kv_heads=8, head_dim=128,
                        vocab_size=128256, draft_vocab_size=32000, target_hidden_size=8192)
     assert draft_tiles(wide, 2) is None
+
+
+def test_the_draft_form_compiles_for_sm90_without_spills():
+    """The bundled draft's one-row step, compiled for sm_90 with the engine's tiles: no spill, one program per SM,
+    and every op's item reduces across its warps."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "persistent_registers.py"
+    p = subprocess.run([sys.executable, str(script), "--draft", "--rows", "1", "--warps", "8"], capture_output=True,
+                       text=True, env={**os.environ, "TRITON_INTERPRET": "0"}, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in p.stdout.splitlines() if line[2:3].isdigit()]
+    assert len(rows) == 1 and int(rows[0][0]) == 1, rows
+    assert int(rows[0][4]) == 0 and rows[0][5].strip() == "True", rows  # no spill; one program per SM
+    assert all(int(n) > 0 for n in rows[0][10].split("/")), rows

@@ -177,12 +177,32 @@ def normed(x1, x2, nw1, nw2, eps, K):
 
 
 @triton.jit
+def normed_pair(x1, x2, nw1, nw2, g1, g2, mw1, mw2, eps, K):
+    """normed(x, nw) and normed(g, mw) over blocks of the same widths (a draft's q/k/v reads two normed inputs),
+    their sums of squares reduced together, so the warps' shares are summed once."""
+    squares1 = tl.sum(tl.join(x1 * x1, g1 * g1), axis=2)  # [chunks, BR, 2]
+    squares2 = tl.sum(tl.join(x2 * x2, g2 * g2), axis=2)
+    tx, tg = tl.split(tl.sum(squares1, axis=0) + tl.sum(squares2, axis=0))
+    rx = (1.0 / tl.sqrt(tx / K + eps))[None, :, None]
+    rg = (1.0 / tl.sqrt(tg / K + eps))[None, :, None]
+    return x1 * rx * nw1, x2 * rx * nw2, g1 * rg * mw1, g2 * rg * mw2
+
+
+@triton.jit
 def product(x1, x2, w1, w2, PREC: tl.constexpr):
     """[BR, BN] fp32: rows (awaited_rows' blocks) times a weight tile (weight_tile's blocks) on the tensor cores, one
     product per chunk of columns (so the warps split the sum), then summed over the chunks. The rows are
     rounded to the weights' dtype, as a dense layer's input is; fp32 weights multiply in full fp32 (PREC
     "ieee")."""
     return _block_product(x1, w1, PREC) + _block_product(x2, w2, PREC)
+
+
+@triton.jit
+def product_pair(x1, x2, w1, w2, g1, g2, v1, v2, PREC: tl.constexpr):
+    """product(x, w) + product(g, v) over blocks of the same widths (a draft's q/k/v reads two normed inputs):
+    the two products' chunks are added before the one sum over them, so the warps' shares are summed once."""
+    return (tl.sum(_chunk_products(x1, w1, PREC) + _chunk_products(g1, v1, PREC), axis=0)
+            + tl.sum(_chunk_products(x2, w2, PREC) + _chunk_products(g2, v2, PREC), axis=0))
 
 
 @triton.jit

@@ -46,9 +46,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import globaltimer
 
-from eyas.kernels.persistent_blocks import (awaited_rows, embedding_tile, halves, norm_weights, normed, plain_rows,
-                                           product, settled_tile, store_tile, stream_rows, token_rows, weight_tile,
-                                           weight_tile_pair)
+from eyas.kernels.persistent_blocks import (awaited_rows, embedding_tile, halves, norm_weights, normed, normed_pair,
+                                           plain_rows, product, product_pair, settled_tile, store_tile, stream_rows,
+                                           token_rows, weight_tile, weight_tile_pair)
 from eyas.kernels.persistent_words import await_both, await_three, pack, packed
 
 CHUNK = 128  # columns per chunk of a product: each chunk is one tensor-core product, the warps split the chunks
@@ -133,10 +133,10 @@ def persistent_step_kernel(
             ch = tl.load(cos + p + HALF + c[None, :], mask=rm, other=0.0)
             sh = tl.load(sin + p + HALF + c[None, :], mask=rm, other=0.0)
             if DRAFT:  # both inputs were written before the launch: nothing to poll
-                x1, x2 = normed(*token_rows(embed, d2t, ids, rows, rmask, H, H1, H2, HC, DRAFT), nw1, nw2, eps, H)
-                g1, g2 = normed(*plain_rows(hidden_in, rows * H, rmask, H, H1, H2, HC), ng1, ng2, eps, H)
+                x1, x2, g1, g2 = normed_pair(*token_rows(embed, d2t, ids, rows, rmask, H, H1, H2, HC, DRAFT), nw1, nw2,
+                                             *plain_rows(hidden_in, rows * H, rmask, H, H1, H2, HC), ng1, ng2, eps, H)
                 _stamp(trace, it, 1, TRACE)
-                y = product(x1, x2, lh1, lh2, PREC) + product(g1, g2, lg1, lg2, PREC)
+                y = product_pair(x1, x2, lh1, lh2, g1, g2, lg1, lg2, PREC)
             else:
                 x1, x2 = stream_rows(h_in, embed, ids, rows, rmask, layer, nw1, nw2, eps, H, H1, H2, HC, ep, NAP,
                                      PAIRS)
