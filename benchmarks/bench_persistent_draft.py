@@ -2,13 +2,14 @@
 replaces, on SmolLM2's shape (random target weights) with an EAGLE-3 draft.
 
 Usage: python3 benchmarks/bench_persistent_draft.py [--draft assets/smollm2-135m-eagle3|random] [--context 100,300]
-       [--reps 200] [--trace] [--device cpu --tiny]
+       [--tiles "engine;8,16,32,8,64"] [--reps 200] [--trace] [--device cpu --tiny]
 
 In one child process (killed after --timeout seconds, so a deadlocked kernel ends with a message):
-  (a) correctness: over a draft cache the draft itself filled, one draft step both ways from the same cache:
-      the argmax, the output state (the next step's hidden input) and the cache's new row;
+  (a) correctness: over a draft cache the draft itself filled, one draft step both ways from the same cache
+      (the kernel's with each --tiles set): the argmax, the output state (the next step's hidden input) and
+      the cache's new row;
   (b) timing (CUDA events, median of --reps, each path captured in a CUDA graph as the engine runs it): the
-      draft step at each --context cached columns, both ways;
+      draft step at each --context cached columns, the kernel's with each tile set, and the per-op step;
   (c) with --trace, one traced launch at each --context: per op, how long items waited, worked and took to
       notice their inputs, and the step's critical path summed per op (eyas.kernels.persistent_trace).
 --device cpu --tiny --draft random smoke-tests the script (one program, Triton's interpreter).
@@ -34,6 +35,7 @@ def run(args) -> None:
     from eyas.config import ModelConfig, SpecConfig
     from eyas.engine.engine import Engine
     from eyas.engine.persistent_draft import LM_BLOCK
+    from eyas.kernels.persistent_schedule import Tiles
     from eyas.kernels.persistent_step import PersistentStep
     from eyas.kernels.persistent_trace import critical_path, trace_summary
     from eyas.layers.topk import argmax
@@ -67,7 +69,12 @@ def run(args) -> None:
         hidden = torch.randn(1, cached, H, generator=g).to(dev, kv.k.dtype)
         drafter.forward(drafter.draft.embed_ids(ids, drafter.embed), hidden, torch.arange(cached, device=dev)[None],
                         slots, torch.zeros(1, dtype=torch.long, device=dev), kv_len)
-    print(f"target {path}, draft {args.draft} (tiles {pd.tiles}), {cached} columns cached", flush=True)
+    programs = torch.cuda.get_device_properties(dev).multi_processor_count if cuda else 1
+    variants = [pd.tiles if t is None else Tiles(*t) for t in args.tiles]
+    steps = [PersistentStep(pd.packed, 1, programs, t, block_l=LM_BLOCK) for t in variants]
+    name = lambda t: ",".join(map(str, (t.qkv, t.o_proj, t.gate_up, t.down, t.lm_head)))  # noqa: E731
+    print(f"target {path}, draft {args.draft} (the engine's tiles {name(pd.tiles)}), {cached} columns cached, "
+          f"{programs} programs", flush=True)
 
     ids = torch.randint(0, vocab, (1, 1), generator=g).to(dev)
     hidden = torch.randn(1, 1, H, generator=g).to(dev, kv.k.dtype)
@@ -79,8 +86,9 @@ def run(args) -> None:
                               kv_len)
         return argmax(drafter.draft.head_output(out)), out
 
-    def kernel(at):
-        return pd.step(2, ids, hidden, starts[at], slots)
+    def kernel(step, at):  # as PersistentDraft.step launches a chain's step
+        step.launch(ids.reshape(1), starts[at], slots, pd.depth, pd.causal, kv.k, kv.v, hidden.reshape(1, H))
+        return step.tokens.view(1, 1), step.features.view(1, 1, H)
 
     # (a) correctness, from the same cache
     at = args.context[0]
@@ -88,14 +96,15 @@ def run(args) -> None:
     with torch.no_grad():
         want_ids, want_out = (t.clone() for t in per_op(at))
         k_want, v_want = kv.k.clone(), kv.v.clone()
-        kv.k.copy_(k0)
-        kv.v.copy_(v0)
-        got_ids, got_out = (t.clone() for t in kernel(at))
-    out_diff = (got_out.float() - want_out.float()).abs().max().item()
-    cache_diff = max((kv.k - k_want).abs().max().item(), (kv.v - v_want).abs().max().item())
-    print(f"argmax equal {bool(torch.equal(got_ids, want_ids))}, max |output diff| {out_diff:.3e} (max |output| "
-          f"{want_out.float().abs().max().item():.2f}), cache diff {cache_diff:.3e}, counters complete "
-          f"{pd.steps[2].counters_complete()}", flush=True)
+        for tiles, step in zip(variants, steps):
+            kv.k.copy_(k0)
+            kv.v.copy_(v0)
+            got_ids, got_out = (t.clone() for t in kernel(step, at))
+            out_diff = (got_out.float() - want_out.float()).abs().max().item()
+            cache_diff = max((kv.k - k_want).abs().max().item(), (kv.v - v_want).abs().max().item())
+            print(f"tiles {name(tiles)}: argmax equal {bool(torch.equal(got_ids, want_ids))}, max |output diff| "
+                  f"{out_diff:.3e} (max |output| {want_out.float().abs().max().item():.2f}), cache diff "
+                  f"{cache_diff:.3e}, counters complete {step.counters_complete()}", flush=True)
 
     # (b) timing, each path graphed as the engine captures it
     def timed(fn):
@@ -111,34 +120,40 @@ def run(args) -> None:
     table = []
     with torch.no_grad():
         for at in args.context:
-            ours, theirs = timed(lambda: kernel(at)), timed(lambda: per_op(at))
+            ours = [timed(lambda: kernel(step, at)) for step in steps]
+            theirs = timed(lambda: per_op(at))
             table.append((at, ours, theirs))
-            print(f"{at} cached columns: persistent {ours:.4f} ms, per-op {theirs:.4f} ms", flush=True)
-    print("\n| cached columns | persistent draft step ms | per-op draft step ms | per-op / persistent |\n"
-          "| ---: | ---: | ---: | ---: |")
+            print(f"{at} cached columns: persistent {', '.join(f'{t:.4f}' for t in ours)} ms, per-op {theirs:.4f} ms",
+                  flush=True)
+    print("\n| cached columns | tiles | persistent draft step ms | per-op draft step ms | per-op / persistent |\n"
+          "| ---: | --- | ---: | ---: | ---: |")
     for at, ours, theirs in table:
-        print(f"| {at} | {ours:.4f} | {theirs:.4f} | {theirs / ours:.2f}x |")
+        for tiles, t in zip(variants, ours):
+            print(f"| {at} | {name(tiles)} | {t:.4f} | {theirs:.4f} | {theirs / t:.2f}x |")
 
     if args.trace:  # (c)
-        traced = PersistentStep(pd.packed, 1, pd.steps[2].programs, pd.tiles, block_l=LM_BLOCK, trace=True)
-        print("\n| cached columns | op | items | median wait us | median work us | median notice us | last done us |\n"
-              "| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+        print("\n| cached columns | tiles | op | items | median wait us | median work us | median notice us "
+              "| last done us |\n| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
         paths = []
-        for at in args.context:
-            for _ in range(3):  # the first launch compiles; the last one is read
-                traced(ids[0].to(torch.int32), at, kv.k, kv.v, slot=0, hidden=hidden[0].contiguous())
-                torch.cuda.synchronize()
-            for op in trace_summary(traced.schedule, traced.trace):
-                print(f"| {at} | {op['op']} | {op['items']} | {op['wait_us']:.2f} | {op['work_us']:.2f} | "
-                      f"{op['notice_us']:.2f} | {op['last_done_us']:.1f} |")
-            paths.append((at, critical_path(traced.schedule, traced.trace, traced.programs)))
-        print("\n| cached columns | op on the critical path | items | waited for data | waited for its program | "
-              "notice us | poll us | gap us | work us |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for at, path in paths:
+        for tiles in variants:
+            traced = PersistentStep(pd.packed, 1, programs, tiles, block_l=LM_BLOCK, trace=True)
+            for at in args.context:
+                for _ in range(3):  # the first launch compiles; the last one is read
+                    traced(ids[0].to(torch.int32), at, kv.k, kv.v, slot=0, hidden=hidden[0].contiguous())
+                    torch.cuda.synchronize()
+                for op in trace_summary(traced.schedule, traced.trace):
+                    print(f"| {at} | {name(tiles)} | {op['op']} | {op['items']} | {op['wait_us']:.2f} | "
+                          f"{op['work_us']:.2f} | {op['notice_us']:.2f} | {op['last_done_us']:.1f} |")
+                paths.append((at, tiles, critical_path(traced.schedule, traced.trace, traced.programs)))
+        print("\n| cached columns | tiles | op on the critical path | items | waited for data | waited for its program "
+              "| notice us | poll us | gap us | work us |\n"
+              "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for at, tiles, path in paths:
             for op in path:
                 length = f" (path {op['length_us']:.1f} us)" if "length_us" in op else ""
-                print(f"| {at} | {op['op']}{length} | {op['items']} | {op['data']} | {op['program']} | "
-                      f"{op['notice_us']:.1f} | {op['poll_us']:.1f} | {op['gap_us']:.1f} | {op['work_us']:.1f} |")
+                print(f"| {at} | {name(tiles)} | {op['op']}{length} | {op['items']} | {op['data']} | "
+                      f"{op['program']} | {op['notice_us']:.1f} | {op['poll_us']:.1f} | {op['gap_us']:.1f} | "
+                      f"{op['work_us']:.1f} |")
 
 
 def fail(message: str):
@@ -155,6 +170,8 @@ def main():
     ap.add_argument("--tiny", action="store_true", help="a tiny random target (with --draft random; CPU smoke test)")
     ap.add_argument("--context", default="100,300", help="cached draft columns before each timed step, "
                     "comma-separated")
+    ap.add_argument("--tiles", default="engine", help="';'-separated tile sets, each the rows per item of qkv, "
+                    "o_proj, gate_up, down and lm_head, or 'engine' (persistent_draft.draft_tiles' choice)")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--trace", action="store_true", help="time each item's wait and work with %%globaltimer (GPU)")
     ap.add_argument("--timeout", type=float, default=280.0, help="seconds before the child is killed")
@@ -168,6 +185,12 @@ def main():
         fail(f"--context: 1 to {longest} cached columns")
     if args.reps < 1:
         fail("--reps must be at least 1")
+    try:
+        args.tiles = [None if ts == "engine" else tuple(int(t) for t in ts.split(",")) for ts in args.tiles.split(";")]
+    except ValueError:
+        fail(f"--tiles takes 'engine' or ';'-separated sets of comma-separated integers, got {args.tiles!r}")
+    if any(t is not None and (len(t) != 5 or min(t) < 1) for t in args.tiles):
+        fail("each --tiles set is five positive integers: qkv,o_proj,gate_up,down,lm_head")
     if args.tiny and args.draft != "random":
         fail("--tiny takes --draft random (a trained draft has SmolLM2's shape)")
     if args.draft != "random" and not os.path.isdir(args.draft):

@@ -16,15 +16,16 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_persistent_
 
 def test_both_draft_steps_agree_and_are_timed_on_the_cpu():
     p = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--draft", "random", "--context",
-                        "8"], capture_output=True, text=True, timeout=300)
+                        "8", "--tiles", "engine;4,16,32,16,32"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "argmax equal True" in p.stdout and "counters complete True" in p.stdout
+    assert p.stdout.count("argmax equal True") == 2 and p.stdout.count("counters complete True") == 2, p.stdout
     rows = [line.split(" | ") for line in p.stdout.splitlines() if line.startswith("| 8 |")]
-    assert len(rows) == 1 and all(float(x.rstrip(" |x")) > 0 for x in rows[0][1:])
+    assert len(rows) == 2 and rows[1][1] == "4,16,32,16,32", rows  # the engine's tiles, then the given set
+    assert all(float(x.rstrip(" |x")) > 0 for r in rows for x in r[2:]), rows
 
 
 def test_bad_input_is_one_line_and_exit_2():
-    for args in (["--context", "a"], ["--context", "0"], ["--reps", "0"], ["--tiny"], ["--draft", "/nonexistent"],
+    for args in (["--context", "a"], ["--context", "0"], ["--reps", "0"], ["--tiles", "1,2"], ["--tiles", "a"], ["--tiny"], ["--draft", "/nonexistent"],
                  ["--device", "cpu", "--trace", "--draft", "random"]):
         p = run_script(SCRIPT, *args)
         assert p.returncode == 2, (args, p.stderr)
