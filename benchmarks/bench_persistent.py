@@ -33,6 +33,7 @@ import threading
 import time
 
 from child_run import run_in_child  # benchmarks/child_run.py
+from trace_cells import OP_HEADER, OP_RULE, PATH_HEADER, PATH_RULE, op_cells, path_cells  # benchmarks/
 
 PROMPT = 100
 
@@ -286,8 +287,7 @@ def run(args) -> None:
     for (R, v), r in rows_out.items():
         print(f"| {R} | {name(v)} | {r['diff']:.3e} | {r['argmax']} |")
     if args.trace:
-        print("\n| cached tokens | rows | variant | op | items | median wait us | median work us | median notice us "
-              "| last done us |\n| ---: | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print(f"\n| cached tokens | rows | variant | {OP_HEADER} |\n| ---: | --- | --- | {OP_RULE} |")
         paths = []
         for R in args.rows:
             ids = torch.randint(0, vocab, (1, R), generator=g).to(dev)
@@ -299,18 +299,12 @@ def run(args) -> None:
                             traced(ids[0].to(torch.int32), at, kv.k, kv.v)
                             sync()
                     for op in trace_summary(traced.schedule, traced.trace):
-                        print(f"| {at} | {R} | {name(v)} | {op['op']} | {op['items']} | {op['wait_us']:.2f} | "
-                              f"{op['work_us']:.2f} | {op['notice_us']:.2f} | {op['last_done_us']:.1f} |")
+                        print(f"| {at} | {R} | {name(v)} | {op_cells(op)} |")
                     paths.append((at, R, v, critical_path(traced.schedule, traced.trace, traced.programs)))
-        print("\n| cached tokens | rows | variant | op on the critical path | items | waited for data | "
-              "waited for its program | notice us | poll us | gap us | work us |\n"
-              "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print(f"\n| cached tokens | rows | variant | {PATH_HEADER} |\n| ---: | --- | --- | {PATH_RULE} |")
         for at, R, v, path in paths:
             for op in path:
-                length = f" (path {op['length_us']:.1f} us)" if "length_us" in op else ""
-                print(f"| {at} | {R} | {name(v)} | {op['op']}{length} | {op['items']} | {op['data']} | "
-                      f"{op['program']} | {op['notice_us']:.1f} | {op['poll_us']:.1f} | {op['gap_us']:.1f} | "
-                      f"{op['work_us']:.1f} |")
+                print(f"| {at} | {R} | {name(v)} | {path_cells(op)} |")
 
 
 def main():

@@ -23,6 +23,7 @@ import sys
 import tempfile
 
 from child_run import run_in_child  # benchmarks/child_run.py
+from trace_cells import OP_HEADER, OP_RULE, PATH_HEADER, PATH_RULE, op_cells, path_cells  # benchmarks/
 
 
 def run(args) -> None:
@@ -132,8 +133,7 @@ def run(args) -> None:
             print(f"| {at} | {name(tiles)} | {t:.4f} | {theirs:.4f} | {theirs / t:.2f}x |")
 
     if args.trace:  # (c)
-        print("\n| cached columns | tiles | op | items | median wait us | median work us | median notice us "
-              "| last done us |\n| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+        print(f"\n| cached columns | tiles | {OP_HEADER} |\n| ---: | --- | {OP_RULE} |")
         paths = []
         for tiles in variants:
             traced = PersistentStep(pd.packed, 1, programs, tiles, block_l=LM_BLOCK, trace=True)
@@ -142,18 +142,12 @@ def run(args) -> None:
                     traced(ids[0].to(torch.int32), at, kv.k, kv.v, slot=0, hidden=hidden[0].contiguous())
                     torch.cuda.synchronize()
                 for op in trace_summary(traced.schedule, traced.trace):
-                    print(f"| {at} | {name(tiles)} | {op['op']} | {op['items']} | {op['wait_us']:.2f} | "
-                          f"{op['work_us']:.2f} | {op['notice_us']:.2f} | {op['last_done_us']:.1f} |")
+                    print(f"| {at} | {name(tiles)} | {op_cells(op)} |")
                 paths.append((at, tiles, critical_path(traced.schedule, traced.trace, traced.programs)))
-        print("\n| cached columns | tiles | op on the critical path | items | waited for data | waited for its program "
-              "| notice us | poll us | gap us | work us |\n"
-              "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print(f"\n| cached columns | tiles | {PATH_HEADER} |\n| ---: | --- | {PATH_RULE} |")
         for at, tiles, path in paths:
             for op in path:
-                length = f" (path {op['length_us']:.1f} us)" if "length_us" in op else ""
-                print(f"| {at} | {name(tiles)} | {op['op']}{length} | {op['items']} | {op['data']} | "
-                      f"{op['program']} | {op['notice_us']:.1f} | {op['poll_us']:.1f} | {op['gap_us']:.1f} | "
-                      f"{op['work_us']:.1f} |")
+                print(f"| {at} | {name(tiles)} | {path_cells(op)} |")
 
 
 def fail(message: str):

@@ -25,8 +25,8 @@ def test_both_draft_steps_agree_and_are_timed_on_the_cpu():
 
 
 def test_bad_input_is_one_line_and_exit_2():
-    for args in (["--context", "a"], ["--context", "0"], ["--reps", "0"], ["--tiles", "1,2"], ["--tiles", "a"], ["--tiny"], ["--draft", "/nonexistent"],
-                 ["--device", "cpu", "--trace", "--draft", "random"]):
+    for args in (["--context", "a"], ["--context", "0"], ["--reps", "0"], ["--tiles", "1,2"], ["--tiles", "a"],
+                 ["--tiny"], ["--draft", "/nonexistent"], ["--device", "cpu", "--trace", "--draft", "random"]):
         p = run_script(SCRIPT, *args)
         assert p.returncode == 2, (args, p.stderr)
         assert p.stderr.strip().count("\n") == 0 and p.stderr.startswith("bench_persistent_draft: error:")
