@@ -87,9 +87,8 @@ def run(args) -> None:
                               kv_len)
         return argmax(drafter.draft.head_output(out)), out
 
-    def kernel(step, at):  # as PersistentDraft.step launches a chain's step
-        step.launch(ids.reshape(1), starts[at], slots, pd.depth, pd.causal, kv.k, kv.v, hidden.reshape(1, H))
-        return step.tokens.view(1, 1), step.features.view(1, 1, H)
+    def kernel(step, at):  # as the engine's chain launches a draft step
+        return pd.launch(step, ids, hidden, starts[at], slots)
 
     # (a) correctness, from the same cache
     at = args.context[0]

@@ -81,7 +81,12 @@ class PersistentDraft:
         """Chain step `index` of a cycle: draft ids [1, 1] and the hidden input [1, 1, H] at column start[0] of
         slots[0] (device tensors). Returns (the argmax [1, 1], the output state [1, 1, H]): the step's own
         buffers, valid until this step's next launch."""
-        step = self._step(index)
+        return self.launch(self._step(index), ids, hidden, start, slots)
+
+    def launch(self, step, ids: torch.Tensor, hidden: torch.Tensor, start: torch.Tensor,
+               slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chain step through `step`, a PersistentStep of this draft's packed weights (step()'s, or one with
+        other tiles: benchmarks/bench_persistent_draft.py), with step()'s arguments and returns."""
         H = self.packed.shape.hidden
         step.launch(ids.reshape(1).contiguous(), start[:1], slots[:1], self.depth, self.causal, self.kv.k, self.kv.v,
                     hidden.reshape(1, H).contiguous())
