@@ -2,13 +2,16 @@
 through Triton's interpreter, EYAS_KERNELS=force): the same greedy tokens as the torch reference paths,
 plain, chain and tree, and the passes did run there."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 import eyas.engine.ahead as ahead_mod
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.persistent import MAX_COLUMNS
+from eyas.engine.persistent import MAX_COLUMNS, REGISTER_TILE_BYTES, target_tiles
+from eyas.kernels.persistent_schedule import Tiles
 from eyas.layers.draft_tree import DraftTree, select_tree
 from eyas.layers.sampling import SamplingParams
 from tests.conftest import on_gpu
@@ -152,3 +155,17 @@ def test_a_verify_pass_gives_the_models_logits_features_and_cache(target_dir, mo
     assert torch.equal(tokens, want_logits.argmax(-1))
     assert aux.shape == want_aux.shape and (aux - want_aux).abs().max() <= tol * want_aux.abs().max()
     assert (runner.kv.k - k_want).abs().max() <= 1e-4 and (runner.kv.v - v_want).abs().max() <= 1e-4
+
+
+def test_target_tiles_hold_a_bf16_tiles_bytes_in_fp32():
+    """SmolLM2's widths: bf16 takes 16-row tiles everywhere (a rotation pair's half within a 64-wide head);
+    fp32 halves the rows of q/k/v, gate/up and down, whose 16-row tiles would overflow an item's registers,
+    and keeps o_proj's. A target whose bf16 tiles would not fit is not taken in any dtype."""
+    cfg = SimpleNamespace(hidden_size=576, intermediate_size=1536, num_heads=9, head_dim=64)
+    assert target_tiles(cfg, 2) == Tiles(qkv=16, o_proj=16, gate_up=16, down=16)
+    fp32 = target_tiles(cfg, 4)
+    assert fp32 == Tiles(qkv=8, o_proj=16, gate_up=8, down=8)
+    assert fp32.down * 1536 * 4 <= REGISTER_TILE_BYTES < 2 * fp32.down * 1536 * 4
+    assert target_tiles(SimpleNamespace(hidden_size=2048, intermediate_size=8192, num_heads=32, head_dim=64), 2) is None
+    assert target_tiles(SimpleNamespace(hidden_size=2048, intermediate_size=8192, num_heads=32, head_dim=64), 4) is None
+    assert target_tiles(SimpleNamespace(hidden_size=64, intermediate_size=128, num_heads=4, head_dim=16), 4).qkv == 8

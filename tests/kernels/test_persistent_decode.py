@@ -9,6 +9,7 @@ import pytest
 import torch
 import transformers
 
+from eyas.engine.persistent import target_tiles
 from eyas.engine.runner import ModelRunner
 from eyas.kernels.persistent_decode import OPS
 from eyas.kernels.persistent_step import PersistentStep, expected_counts, item_table, pack_llama
@@ -77,6 +78,27 @@ def test_step_equals_eyas_and_hf_logits_and_cache(tiny, rows, block_t):
     assert not torch.equal(k[:, 0, :, PROMPT:PROMPT + rows], torch.zeros_like(k[:, 0, :, PROMPT:PROMPT + rows]))
     assert step.counters_complete()
     assert step.counters.tolist() == expected_counts(step.schedule)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_fp32_at_smollm2s_widths_with_the_engines_tiles(tmp_path, device, rows):
+    """An fp32 target of SmolLM2's widths (one layer of them): its q/k/v, gate/up and down tiles take 8 rows
+    (target_tiles), so that each holds what a bf16 one does, and the step still equals eyas's model."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=576, intermediate_size=1536, num_hidden_layers=1,
+                                   num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=128,
+                                   rope_theta=ROPE_THETA, tie_word_embeddings=True)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    model = load_model(tmp_path, "fp32", device)
+    tiles = target_tiles(model.config, 4)
+    assert (tiles.qkv, tiles.o_proj, tiles.gate_up, tiles.down) == (8, 16, 8, 8)
+    ids = torch.randint(0, 256, (1, PROMPT + 8), generator=torch.Generator().manual_seed(1)).to(device)
+    logits, tokens, (k, v), want, (k_want, v_want), step = run_both(model, ids, rows, tiles)
+    gpu = ids.device.type == "cuda"
+    assert (logits - want).abs().max() <= (TF32_TOL if gpu else FP32_TOL) * want.abs().max()
+    assert torch.equal(tokens, want.argmax(-1))
+    assert (k - k_want).abs().max() <= (TF32_TOL * k_want.abs().max() if gpu else 1e-5)
+    assert step.counters_complete()
 
 
 def emulate_pairs(hf, ids, rows, k, v, cos, sin):

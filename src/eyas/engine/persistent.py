@@ -29,20 +29,37 @@ MAX_COLUMNS = 512  # cache columns up to which a pass runs here (a graph's kv_le
 REGISTER_TILE_BYTES = 48 * 1024  # the largest weight tile an item holds in registers (SmolLM2's down tile)
 
 
+def largest_tile(row_bytes: int, limit: int = 16) -> int:
+    """The most rows, a power of two up to `limit`, whose weights (row_bytes each) fit REGISTER_TILE_BYTES;
+    0 where one row does not."""
+    t = limit
+    while t > 1 and t * row_bytes > REGISTER_TILE_BYTES:
+        t //= 2
+    return t if t * row_bytes <= REGISTER_TILE_BYTES else 0
+
+
+def target_tiles(cfg, element_size: int) -> Tiles | None:
+    """The target's tiles: the largest (powers of two up to Tiles' 16 rows, a rotation pair within a head) whose
+    weights fit what one program holds in registers, so an fp32 target of a 16-bit one's widths holds as many
+    bytes in fewer rows. None for widths whose 16-bit, 16-row tiles do not fit: shapes the kernel is not made for
+    (each item would stream a thin slice of a wide matrix)."""
+    h, qkv = cfg.hidden_size, min(Tiles.qkv, cfg.head_dim // 2)
+    row_bytes = dict(qkv=2 * h, o_proj=cfg.num_heads * cfg.head_dim, gate_up=2 * h, down=cfg.intermediate_size)
+    limits = dict(qkv=qkv, o_proj=Tiles.o_proj, gate_up=Tiles.gate_up, down=Tiles.down)
+    if any(limits[k] * row_bytes[k] * 2 > REGISTER_TILE_BYTES for k in row_bytes):
+        return None
+    return Tiles(**{k: largest_tile(row_bytes[k] * element_size, limits[k]) for k in row_bytes})
+
+
 def supports(model) -> bool:
     """Whether the kernel covers this target (persistent_step.unsupported: dense Llama-family layers on one
-    rank, widths it takes) and every item's weight tile fits what one program holds in registers. Imports
+    rank, widths it takes) with tiles that fit what one program holds in registers (target_tiles). Imports
     Triton: ask only where kernels may run."""
     from eyas.kernels.persistent_step import unsupported
 
     if unsupported(model):
         return False
-    cfg = model.config
-    elsize = next(model.parameters()).element_size()
-    t = Tiles()
-    widest = max(2 * t.gate_up * cfg.hidden_size, t.down * cfg.intermediate_size, 2 * t.qkv * cfg.hidden_size,
-                 t.o_proj * cfg.num_heads * cfg.head_dim)
-    return widest * elsize <= REGISTER_TILE_BYTES
+    return target_tiles(model.config, next(model.parameters()).element_size()) is not None
 
 
 class PersistentTarget:
@@ -77,7 +94,7 @@ class PersistentTarget:
         if step is None:
             dev = self.runner.device
             programs = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
-            tiles = Tiles(qkv=min(Tiles.qkv, self.packed.shape.head_dim // 2))  # a rotation pair within a head
+            tiles = target_tiles(self.model.config, self.packed.embed.element_size())
             step = self.steps[tokens] = PersistentStep(self.packed, tokens, programs, tiles,
                                                        capture=self._kernel_capture())
         return step

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from eyas import execution_plan
-from eyas.engine.persistent import MAX_COLUMNS, REGISTER_TILE_BYTES
+from eyas.engine.persistent import MAX_COLUMNS, largest_tile
 from eyas.kernels import switched_on
 from eyas.kernels.persistent_schedule import Tiles
 
@@ -28,16 +28,10 @@ def draft_tiles(cfg, element_size: int) -> Tiles | None:
     registers: a draft's q/k/v tile reads 2H columns, and its MLP is often wider than its target's. Its small
     vocabulary is cut into about LM_HEAD_ITEMS tiles, so every program shares the head. None where even 2-row
     tiles do not fit."""
-    def largest(row_bytes: int, limit: int = 16) -> int:
-        t = limit
-        while t > 1 and t * row_bytes > REGISTER_TILE_BYTES:
-            t //= 2
-        return t if t * row_bytes <= REGISTER_TILE_BYTES else 0
-
     h, e = cfg.hidden_size, element_size
-    qkv = largest(4 * h * e, min(16, cfg.head_dim // 2))  # a rotation pair's two rows, each 2H wide
-    tiles = Tiles(qkv=qkv, o_proj=largest(cfg.num_heads * cfg.head_dim * e), gate_up=largest(2 * h * e),
-                  down=largest(cfg.intermediate_size * e),
+    qkv = largest_tile(4 * h * e, min(16, cfg.head_dim // 2))  # a rotation pair's two rows, each 2H wide
+    tiles = Tiles(qkv=qkv, o_proj=largest_tile(cfg.num_heads * cfg.head_dim * e), gate_up=largest_tile(2 * h * e),
+                  down=largest_tile(cfg.intermediate_size * e),
                   lm_head=-(-cfg.draft_vocab_size // (LM_HEAD_ITEMS * LM_BLOCK)) * LM_BLOCK)
     return tiles if min(tiles.qkv, tiles.o_proj, tiles.gate_up, tiles.down) >= 2 else None
 
