@@ -51,15 +51,15 @@ def target_tiles(cfg, element_size: int) -> Tiles | None:
     return Tiles(**{k: largest_tile(row_bytes[k] * element_size, limits[k]) for k in row_bytes})
 
 
-def supports(model) -> bool:
-    """Whether the kernel covers this target (persistent_step.unsupported: dense Llama-family layers on one
-    rank, widths it takes) with tiles that fit what one program holds in registers (target_tiles). Imports
-    Triton: ask only where kernels may run."""
+def supported_tiles(model) -> Tiles | None:
+    """The kernel's tiles for this target (target_tiles), or None where the kernel does not cover it
+    (persistent_step.unsupported: dense Llama-family layers on one rank, widths it takes) or no tiles fit.
+    Imports Triton: ask only where kernels may run."""
     from eyas.kernels.persistent_step import unsupported
 
     if unsupported(model):
-        return False
-    return target_tiles(model.config, next(model.parameters()).element_size()) is not None
+        return None
+    return target_tiles(model.config, next(model.parameters()).element_size())
 
 
 class PersistentTarget:
@@ -69,7 +69,8 @@ class PersistentTarget:
         self.runner = runner
         self.model = runner.model
         probe = torch.empty(0, device=runner.device)
-        self.eligible = switched_on(probe) and supports(self.model)  # CUDA, or the interpreter in tests
+        self.tiles = supported_tiles(self.model) if switched_on(probe) else None  # CUDA, or the interpreter in tests
+        self.eligible = self.tiles is not None
         self.packed = None
         self.steps = {}
         dev = runner.device
@@ -94,8 +95,7 @@ class PersistentTarget:
         if step is None:
             dev = self.runner.device
             programs = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
-            tiles = target_tiles(self.model.config, self.packed.embed.element_size())
-            step = self.steps[tokens] = PersistentStep(self.packed, tokens, programs, tiles,
+            step = self.steps[tokens] = PersistentStep(self.packed, tokens, programs, self.tiles,
                                                        capture=self._kernel_capture())
         return step
 
