@@ -1,7 +1,7 @@
 """The persistent decoder step (eyas.kernels.persistent_decode) vs eyas's CUDA-graph plain step, on SmolLM2-135M.
 
-Usage: python benchmarks/bench_persistent.py [--random] [--programs N] [--rows 1,2,4,8] [--context 100,500]
-       [--tiles "qkv,o,gu,down,lm;..."] [--warps 4,8] [--block-t 64,128] [--trace]
+Usage: python benchmarks/bench_persistent.py [--random] [--dtype bf16|fp32] [--programs N] [--rows 1,2,4,8]
+       [--context 100,500] [--tiles "engine;qkv,o,gu,down,lm;..."] [--warps 4,8] [--block-t 64,128] [--trace]
        [--device cpu --tiny]
 
 In one child process (killed after --timeout seconds, so a deadlocked kernel ends with a message instead of
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 import tempfile
@@ -129,6 +130,7 @@ def run(args) -> None:
     import torch
 
     from eyas.engine.engine import Engine
+    from eyas.engine.persistent import target_tiles
     from eyas.kernels.persistent_schedule import Tiles
     from eyas.kernels.persistent_step import PersistentStep, pack_llama
     from eyas.kernels.persistent_trace import critical_path, trace_summary
@@ -142,7 +144,7 @@ def run(args) -> None:
     else:
         from eyas.models.demo import demo_model_path
         path = str(demo_model_path())
-    dtype = "bf16" if cuda else "fp32"
+    dtype = args.dtype
     cached = max(PROMPT, *args.context)  # the prompt prefilled: each timed step reads its first `context` columns
     t0 = time.time()
     eng = Engine(path, dtype=dtype, device=args.device, max_batch=1, max_len=cached + 64)
@@ -156,6 +158,13 @@ def run(args) -> None:
     prompt = torch.randint(0, vocab, (1, cached), generator=g).to(dev)
     runner.prefill(prompt, [0])
     packed = pack_llama(model)
+    engine_tiles = target_tiles(model.config, next(model.parameters()).element_size())
+    if None in args.tiles and engine_tiles is None:
+        raise SystemExit(f"bench_persistent: the engine takes no {dtype} pass of {path} through the kernel "
+                         "(engine.persistent.target_tiles); name tiles with --tiles")
+    args.tiles = [tuple(dataclasses.astuple(engine_tiles)[:5]) if t is None else t for t in args.tiles]
+    if args.tiny:  # head_dim 16, vocabulary 256
+        args.tiles = [(min(t[0], 8), *t[1:4], min(t[4], 64)) for t in args.tiles]
     programs = args.programs or (torch.cuda.get_device_properties(0).multi_processor_count if cuda else 1)
     print(f"model {path} ({dtype}), prompt {PROMPT} tokens, programs {programs}", flush=True)
     variants = [(t, w, bt, p) for t in args.tiles for w in args.warps for bt in args.block_t for p in args.pairs]
@@ -311,13 +320,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--random", action="store_true", help="random weights of SmolLM2's shape")
+    ap.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
+                    help="the target's dtype (default: bf16 on cuda; the CPU runs fp32 only)")
     ap.add_argument("--tiny", action="store_true", help="a tiny random model (with --random; CPU smoke test)")
     ap.add_argument("--programs", type=int, default=0, help="persistent programs (default: the SM count; 1 on cpu)")
     ap.add_argument("--rows", default="1,2,4,8")
     ap.add_argument("--context", default=str(PROMPT), help="cached tokens before each timed step, comma-separated")
-    ap.add_argument("--tiles", default="16,16,16,16,384",
-                    help="';'-separated tile sets, each the rows per item of qkv (each half of a rotation pair), "
-                         "o_proj, gate_up, down and lm_head (small tiles spread each stage over every SM)")
+    ap.add_argument("--tiles", default="engine",
+                    help="';'-separated tile sets, each 'engine' (engine.persistent.target_tiles' choice for the "
+                         "dtype) or the rows per item of qkv (each half of a rotation pair), o_proj, gate_up, down "
+                         "and lm_head (small tiles spread each stage over every SM)")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--warps", default="8", help="warps per program")
     ap.add_argument("--pairs", default="", help="comma-separated 0 / 1: one value a word, or bf16 pairs "
@@ -341,11 +353,15 @@ def main():
     if not all(1 <= c <= longest for c in args.context):
         ap.error(f"--context: 1 to {longest} cached tokens")
     try:
-        args.tiles = [tuple(int(t) for t in ts.split(",")) for ts in args.tiles.split(";")]
+        args.tiles = [None if ts == "engine" else tuple(int(t) for t in ts.split(",")) for ts in args.tiles.split(";")]
     except ValueError:
-        ap.error(f"--tiles takes ';'-separated sets of comma-separated integers, got {args.tiles!r}")
-    if any(len(t) != 5 for t in args.tiles):
-        ap.error("each --tiles set is qkv,o_proj,gate_up,down,lm_head")
+        ap.error(f"--tiles takes 'engine' or ';'-separated sets of comma-separated integers, got {args.tiles!r}")
+    if any(t is not None and (len(t) != 5 or min(t) < 1) for t in args.tiles):
+        ap.error("each --tiles set is 'engine' or five positive integers: qkv,o_proj,gate_up,down,lm_head")
+    if args.dtype is None:
+        args.dtype = "bf16" if args.device == "cuda" else "fp32"
+    if args.device == "cpu" and args.dtype != "fp32":
+        ap.error("--device cpu runs --dtype fp32 only")
     args.warps = [int(w) for w in args.warps.split(",")]
     if args.pairs and not set(args.pairs.split(",")) <= {"0", "1"}:
         ap.error("--pairs takes comma-separated 0 and 1")
@@ -356,8 +372,6 @@ def main():
         ap.error("--block-t takes comma-separated integers")
     if not all(b >= 16 and b & (b - 1) == 0 for b in args.block_t):
         ap.error("--block-t: powers of two of at least 16 (a tensor-core product's depth)")
-    if args.tiny:  # head_dim 16, vocabulary 256
-        args.tiles = [(min(t[0], 8), *t[1:4], min(t[4], 64)) for t in args.tiles]
     if args.device == "cpu":
         if args.trace:
             ap.error("--trace reads the GPU's %globaltimer: it needs --device cuda")
