@@ -2,7 +2,7 @@
 replaces, on SmolLM2's shape (random target weights) with an EAGLE-3 draft.
 
 Usage: python3 benchmarks/bench_persistent_draft.py [--draft assets/smollm2-135m-eagle3|random] [--context 100,300]
-       [--tiles "engine;8,16,32,8,64"] [--reps 200] [--trace] [--device cpu --tiny]
+       [--tiles "engine;8,16,32,8,64"] [--warps 4,8] [--reps 200] [--trace] [--device cpu --tiny]
 
 In one child process (killed after --timeout seconds, so a deadlocked kernel ends with a message):
   (a) correctness: over a draft cache the draft itself filled, one draft step both ways from the same cache
@@ -71,10 +71,11 @@ def run(args) -> None:
         drafter.forward(drafter.draft.embed_ids(ids, drafter.embed), hidden, torch.arange(cached, device=dev)[None],
                         slots, torch.zeros(1, dtype=torch.long, device=dev), kv_len)
     programs = torch.cuda.get_device_properties(dev).multi_processor_count if cuda else 1
-    variants = [pd.tiles if t is None else Tiles(*t) for t in args.tiles]
-    steps = [PersistentStep(pd.packed, 1, programs, t, block_l=LM_BLOCK) for t in variants]
-    name = lambda t: ",".join(map(str, (t.qkv, t.o_proj, t.gate_up, t.down, t.lm_head)))  # noqa: E731
-    print(f"target {path}, draft {args.draft} (the engine's tiles {name(pd.tiles)}), {cached} columns cached, "
+    variants = [(pd.tiles if t is None else Tiles(*t), w) for t in args.tiles for w in args.warps]
+    steps = [PersistentStep(pd.packed, 1, programs, t, block_l=LM_BLOCK, num_warps=w) for t, w in variants]
+    tiles_name = lambda t: ",".join(map(str, (t.qkv, t.o_proj, t.gate_up, t.down, t.lm_head)))  # noqa: E731
+    name = lambda v: tiles_name(v[0]) + ("" if args.warps == [8] else f", {v[1]} warps")  # noqa: E731
+    print(f"target {path}, draft {args.draft} (the engine's tiles {tiles_name(pd.tiles)}), {cached} columns cached, "
           f"{programs} programs", flush=True)
 
     ids = torch.randint(0, vocab, (1, 1), generator=g).to(dev)
@@ -96,13 +97,13 @@ def run(args) -> None:
     with torch.no_grad():
         want_ids, want_out = (t.clone() for t in per_op(at))
         k_want, v_want = kv.k.clone(), kv.v.clone()
-        for tiles, step in zip(variants, steps):
+        for v, step in zip(variants, steps):
             kv.k.copy_(k0)
             kv.v.copy_(v0)
             got_ids, got_out = (t.clone() for t in kernel(step, at))
             out_diff = (got_out.float() - want_out.float()).abs().max().item()
             cache_diff = max((kv.k - k_want).abs().max().item(), (kv.v - v_want).abs().max().item())
-            print(f"tiles {name(tiles)}: argmax equal {bool(torch.equal(got_ids, want_ids))}, max |output diff| "
+            print(f"tiles {name(v)}: argmax equal {bool(torch.equal(got_ids, want_ids))}, max |output diff| "
                   f"{out_diff:.3e} (max |output| {want_out.float().abs().max().item():.2f}), cache diff "
                   f"{cache_diff:.3e}, counters complete {step.counters_complete()}", flush=True)
 
@@ -128,25 +129,25 @@ def run(args) -> None:
     print("\n| cached columns | tiles | persistent draft step ms | per-op draft step ms | per-op / persistent |\n"
           "| ---: | --- | ---: | ---: | ---: |")
     for at, ours, theirs in table:
-        for tiles, t in zip(variants, ours):
-            print(f"| {at} | {name(tiles)} | {t:.4f} | {theirs:.4f} | {theirs / t:.2f}x |")
+        for v, t in zip(variants, ours):
+            print(f"| {at} | {name(v)} | {t:.4f} | {theirs:.4f} | {theirs / t:.2f}x |")
 
     if args.trace:  # (c)
         print(f"\n| cached columns | tiles | {OP_HEADER} |\n| ---: | --- | {OP_RULE} |")
         paths = []
-        for tiles in variants:
-            traced = PersistentStep(pd.packed, 1, programs, tiles, block_l=LM_BLOCK, trace=True)
+        for v in variants:
+            traced = PersistentStep(pd.packed, 1, programs, v[0], block_l=LM_BLOCK, num_warps=v[1], trace=True)
             for at in args.context:
                 for _ in range(3):  # the first launch compiles; the last one is read
                     traced(ids[0].to(torch.int32), at, kv.k, kv.v, slot=0, hidden=hidden[0].contiguous())
                     torch.cuda.synchronize()
                 for op in trace_summary(traced.schedule, traced.trace):
-                    print(f"| {at} | {name(tiles)} | {op_cells(op)} |")
-                paths.append((at, tiles, critical_path(traced.schedule, traced.trace, traced.programs)))
+                    print(f"| {at} | {name(v)} | {op_cells(op)} |")
+                paths.append((at, v, critical_path(traced.schedule, traced.trace, traced.programs)))
         print(f"\n| cached columns | tiles | {PATH_HEADER} |\n| ---: | --- | {PATH_RULE} |")
-        for at, tiles, path in paths:
+        for at, v, path in paths:
             for op in path:
-                print(f"| {at} | {name(tiles)} | {path_cells(op)} |")
+                print(f"| {at} | {name(v)} | {path_cells(op)} |")
 
 
 def fail(message: str):
@@ -165,6 +166,7 @@ def main():
                     "comma-separated")
     ap.add_argument("--tiles", default="engine", help="';'-separated tile sets, each the rows per item of qkv, "
                     "o_proj, gate_up, down and lm_head, or 'engine' (persistent_draft.draft_tiles' choice)")
+    ap.add_argument("--warps", default="8", help="warps per program, comma-separated (the engine launches 8)")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--trace", action="store_true", help="time each item's wait and work with %%globaltimer (GPU)")
     ap.add_argument("--timeout", type=float, default=280.0, help="seconds before the child is killed")
@@ -176,6 +178,12 @@ def main():
     longest = 448 if args.tiny else 504  # the kernel's draft steps read at most 512 columns
     if not all(1 <= c <= longest for c in args.context):
         fail(f"--context: 1 to {longest} cached columns")
+    try:
+        args.warps = [int(w) for w in args.warps.split(",")]
+    except ValueError:
+        fail("--warps takes comma-separated integers")
+    if not all(w in (1, 2, 4, 8, 16) for w in args.warps):
+        fail("--warps: powers of two from 1 to 16")
     if args.reps < 1:
         fail("--reps must be at least 1")
     try:
