@@ -38,6 +38,8 @@ class ExecutionPlan:
     persistent_rows: int = 8       # new tokens up to which a one-sequence pass runs as one persistent kernel
     # (engine/persistent.py); 0: never. End to end it won at 1, 4, 6 and 8 rows, level for the widest 8-row
     # tree (docs/kernels.md); 8 is the kernel's limit.
+    persistent_skips_fp32: bool = True  # fp32 targets keep eyas's path: the kernel's fp32 step took 1.67x eyas's
+    # graphed one on an H100 (docs/kernels.md). False: they take the kernel too, for a check of its fp32 tokens.
     persistent_draft: bool = True  # a one-sequence chain's draft steps as one persistent kernel launch each
     # (engine/persistent_draft.py); end to end chain 5/1/6 3.1% faster, 3/1/4 level (docs/kernels.md).
 

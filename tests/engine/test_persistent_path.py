@@ -1,6 +1,6 @@
-"""The engine with batch-1 passes through the persistent kernel (execution_plan's persistent_rows; on the CPU
-through Triton's interpreter, EYAS_KERNELS=force): the same greedy tokens as the torch reference paths,
-plain, chain and tree, and the passes did run there."""
+"""The engine with batch-1 passes through the persistent kernel (execution_plan's persistent_rows, and for these
+fp32 targets persistent_skips_fp32 off; on the CPU through Triton's interpreter, EYAS_KERNELS=force): the same
+greedy tokens as the torch reference paths, plain, chain and tree, and the passes did run there."""
 
 from types import SimpleNamespace
 
@@ -30,10 +30,16 @@ def target_dir(tmp_path_factory):
     return str(path)
 
 
-def _engine(target_dir, kernels: str, monkeypatch, spec=None):
+@pytest.fixture(autouse=True)
+def fp32_through_the_kernel(plan):
+    """These engines are fp32 (exact on the CPU), which the default plan keeps off the kernel."""
+    plan(persistent_skips_fp32=False)
+
+
+def _engine(target_dir, kernels: str, monkeypatch, spec=None, dtype="fp32"):
     monkeypatch.setenv("EYAS_KERNELS", kernels)
     draft = random_draft(64, 32, draft_vocab=24, head_dim=16).requires_grad_(False) if spec else None
-    return Engine(target_dir, dtype="fp32", device="cuda" if CUDA else "cpu", max_batch=1, max_len=64, draft=draft,
+    return Engine(target_dir, dtype=dtype, device="cuda" if CUDA else "cpu", max_batch=1, max_len=64, draft=draft,
                   spec=spec)
 
 
@@ -109,6 +115,19 @@ def test_serves_short_passes_and_only_what_it_was_built_for(target_dir, monkeypa
     served = _engine(target_dir, "force", monkeypatch).runner.persistent.serves
     assert served(1, 4, 64) and not served(1, 5, 64)
     assert _engine(target_dir, "0", monkeypatch).execution_plan_summary["persistent_rows"] == 0
+
+
+def test_the_default_plan_keeps_fp32_targets_off_the_kernel(target_dir, monkeypatch, plan):
+    """Where the kernel is slower (fp32) the engine keeps its own path unless the plan asks; a 16-bit target
+    takes the kernel, at 4 warps a program."""
+    plan(persistent_skips_fp32=True)
+    engine = _engine(target_dir, "force", monkeypatch)
+    assert engine.runner.persistent.tiles is not None and not engine.runner.persistent.eligible
+    assert engine.execution_plan_summary["persistent_rows"] == 0
+    _generate(engine, tokens=2)
+    assert not engine.runner.persistent.steps
+    bf16 = _engine(target_dir, "force", monkeypatch, dtype="bf16").runner.persistent
+    assert bf16.eligible and bf16.serves(1, 8, 64) and bf16.warps == 4
 
 
 def _tree_of_8(device) -> DraftTree:

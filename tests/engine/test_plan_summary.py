@@ -33,7 +33,10 @@ def test_forced_kernels_fuse_the_decode_projections_unless_the_plan_says_no(targ
     summary = Engine(target, dtype="fp32", device="cpu", max_batch=1, max_len=32).execution_plan_summary
     assert summary["kernels"] and not summary["pdl"]  # PDL needs an sm_90 GPU
     assert summary["qkv_rotary_rows"] == 2 and summary["attention"]["merge_in_kernel"]
-    assert summary["persistent_rows"] == execution_plan.DEFAULT.persistent_rows > 0
+    assert summary["persistent_rows"] == 0  # an fp32 target keeps eyas's path: the kernel is slower there
+    with execution_plan.using(persistent_skips_fp32=False):
+        fp32_kernel = Engine(target, dtype="fp32", device="cpu", max_batch=1, max_len=32).execution_plan_summary
+    assert fp32_kernel["persistent_rows"] == execution_plan.DEFAULT.persistent_rows > 0
     assert {name: rows["1"] for name, rows in summary["projections"].items()} == dict.fromkeys(
         ("qkv", "o_proj", "gate_up", "down"), "fused")
     with execution_plan.using(fused_linear=False, fused_o_proj=False, qkv_rotary_rows=0, merge_in_kernel=False):
