@@ -98,16 +98,17 @@ def test_a_draft_step_needs_its_hidden_input_and_a_target_step_none(pair, device
 
 def test_draft_tiles_are_the_largest_that_fit_an_items_registers():
     """The bundled draft's shape: q/k/v read 2H = 1,152 columns and the MLP is 2,816 wide, so q/k/v and down
-    take 8 rows in bf16 (16 would overflow), 4 in fp32; the 8,192-row head is cut into 128 tiles. A draft too
-    wide for 2-row tiles is not taken."""
+    take 8 rows in bf16 (16 would overflow), 4 in fp32, and gate/up, allowed twice the bytes, 32 and 16; the
+    8,192-row head is cut into 128 tiles. A draft too wide for 2-row tiles is not taken."""
     cfg = DraftConfig(hidden_size=576, intermediate_size=2816, num_heads=9, num_kv_heads=3, head_dim=64,
                       vocab_size=49152, draft_vocab_size=8192, target_hidden_size=576)
-    assert draft_tiles(cfg, 2) == Tiles(qkv=8, o_proj=16, gate_up=16, down=8, lm_head=64)
-    assert draft_tiles(cfg, 4) == Tiles(qkv=4, o_proj=16, gate_up=8, down=4, lm_head=64)
+    assert draft_tiles(cfg, 2) == Tiles(qkv=8, o_proj=16, gate_up=32, down=8, lm_head=64)
+    assert draft_tiles(cfg, 4) == Tiles(qkv=4, o_proj=16, gate_up=16, down=4, lm_head=64)
     for e in (2, 4):
         t = draft_tiles(cfg, e)
         assert 4 * t.qkv * 576 * e <= REGISTER_TILE_BYTES < 8 * t.qkv * 576 * e
         assert t.down * 2816 * e <= REGISTER_TILE_BYTES < 2 * t.down * 2816 * e
+        assert 2 * t.gate_up * 576 * e <= 2 * REGISTER_TILE_BYTES  # a gate/up item may hold twice the bytes
     wide = DraftConfig(hidden_size=8192, intermediate_size=28672, num_heads=64, num_kv_heads=8, head_dim=128,
                        vocab_size=128256, draft_vocab_size=32000, target_hidden_size=8192)
     assert draft_tiles(wide, 2) is None

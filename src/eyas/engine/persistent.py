@@ -30,13 +30,13 @@ MAX_COLUMNS = 512  # cache columns up to which a pass runs here (a graph's kv_le
 REGISTER_TILE_BYTES = 48 * 1024  # the largest weight tile an item holds in registers (SmolLM2's down tile)
 
 
-def largest_tile(row_bytes: int, limit: int = 16) -> int:
-    """The most rows, a power of two up to `limit`, whose weights (row_bytes each) fit REGISTER_TILE_BYTES;
+def largest_tile(row_bytes: int, limit: int = 16, budget: int = REGISTER_TILE_BYTES) -> int:
+    """The most rows, a power of two up to `limit`, whose weights (row_bytes each) fit `budget` bytes;
     0 where one row does not."""
     t = limit
-    while t > 1 and t * row_bytes > REGISTER_TILE_BYTES:
+    while t > 1 and t * row_bytes > budget:
         t //= 2
-    return t if t * row_bytes <= REGISTER_TILE_BYTES else 0
+    return t if t * row_bytes <= budget else 0
 
 
 def target_tiles(cfg, element_size: int) -> Tiles | None:
