@@ -71,9 +71,9 @@ class PersistentTarget:
         self.model = runner.model
         probe = torch.empty(0, device=runner.device)
         self.tiles = supported_tiles(self.model) if switched_on(probe) else None  # CUDA, or the interpreter in tests
-        sixteen_bit = next(self.model.parameters()).element_size() == 2
-        self.eligible = self.tiles is not None and (sixteen_bit or not execution_plan.current().persistent_skips_fp32)
-        self.warps = 4 if sixteen_bit else 8  # bf16 1- and 4-row steps 5-8% faster at 4 on an H100; fp32 untimed at 4
+        self.sixteen_bit = next(self.model.parameters()).element_size() == 2
+        self.eligible = self.tiles is not None and (self.sixteen_bit
+                                                    or not execution_plan.current().persistent_skips_fp32)
         self.packed = None
         self.steps = {}
         dev = runner.device
@@ -91,6 +91,11 @@ class PersistentTarget:
         return (self.packed is not None and rows == 1 and kv_len <= MAX_COLUMNS
                 and 1 <= tokens <= min(execution_plan.current().persistent_rows, MAX_ROWS))
 
+    def warps(self, tokens: int) -> int:
+        """Warps a program of the pass of `tokens` rows: 4 where they were timed faster (16-bit, up to 4 rows: 5-8%
+        on an H100), else 8 (fp32, and 5-8 rows, are untimed at 4)."""
+        return 4 if self.sixteen_bit and tokens <= 4 else 8
+
     def _step(self, tokens: int):
         from eyas.kernels.persistent_step import PersistentStep  # imports Triton
 
@@ -99,7 +104,7 @@ class PersistentTarget:
             dev = self.runner.device
             programs = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
             step = self.steps[tokens] = PersistentStep(self.packed, tokens, programs, self.tiles,
-                                                       num_warps=self.warps, capture=self._kernel_capture())
+                                                       num_warps=self.warps(tokens), capture=self._kernel_capture())
         return step
 
     def forward(self, ids: torch.Tensor, starts: torch.Tensor, slots: torch.Tensor, depth: torch.Tensor | None = None,
