@@ -219,7 +219,7 @@ def lossless(model_path, prompts, draft, new_tokens=None, batch=16, dtype="fp32"
     chain and tree also run with its settings one prompt at a time (where batch-1 paths such as the persistent
     step apply), each against the same plain greedy outputs; each twin row also says what the engine made of the
     settings it reports in its plan summary (`in_force`: persistent_rows is 0 where the kernel does not take the
-    target, e.g. SmolLM2 in fp32)."""
+    target, e.g. an fp32 one unless the twin also sets persistent_skips_fp32=0)."""
     params = SamplingParams(max_tokens=new_tokens or NEW_TOKENS)
     plain = Engine(str(model_path), dtype=dtype, device=DEVICE, max_batch=batch, max_len=2048)
     want = [s.output_ids for s in plain.generate(prompts, params)]
