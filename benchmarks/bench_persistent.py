@@ -130,7 +130,7 @@ def run(args) -> None:
     import torch
 
     from eyas.engine.engine import Engine
-    from eyas.engine.persistent import target_tiles
+    from eyas.engine.persistent import target_tiles, target_warps
     from eyas.kernels.persistent_schedule import Tiles
     from eyas.kernels.persistent_step import PersistentStep, pack_llama
     from eyas.kernels.persistent_trace import critical_path, trace_summary
@@ -179,7 +179,8 @@ def run(args) -> None:
             torch.cuda.synchronize()
 
     def build(R, v, trace=False):
-        step = PersistentStep(packed, R, programs, Tiles(*v[0]), block_t=v[2], num_warps=v[1], trace=trace,
+        warps = v[1] or target_warps(packed.embed.element_size(), R)
+        step = PersistentStep(packed, R, programs, Tiles(*v[0]), block_t=v[2], num_warps=warps, trace=trace,
                               pairs=v[3])
         return watch.register(step) if cuda else step
 
@@ -284,7 +285,8 @@ def run(args) -> None:
         bandwidth = 2 * src.numel() / (copy_ms * 1e-3)  # bytes read + written per second
         bound = weights / bandwidth * 1e3
         print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s, weights {weights / 1e6:.1f} MB", flush=True)
-    name = lambda v: (f"tiles {','.join(map(str, v[0]))}, {v[1]} warps, {v[2]}-column blocks"  # noqa: E731
+    name = lambda v: (f"tiles {','.join(map(str, v[0]))}, {v[1] or 'engine'} warps, "  # noqa: E731
+                      f"{v[2]}-column blocks"
                       + {None: "", True: ", pairs", False: ", one value a word"}[v[3]])
     print("\n| cached tokens | rows | variant | persistent ms | eyas forward ms (its CUDA graph where it has one) "
           "| eyas / persistent | weight-read bound ms |\n| ---: | --- | --- | --- | --- | --- | --- |")
@@ -334,7 +336,8 @@ def main():
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--kernel-only", action="store_true", help="time the persistent variants alone: eyas's step "
                     "is not timed, so its graphs are not warmed up (about 70 s on an H100)")
-    ap.add_argument("--warps", default="8", help="warps per program")
+    ap.add_argument("--warps", default="engine", help="warps per program, comma-separated, or 'engine' "
+                    "(engine.persistent.target_warps' choice for each row count)")
     ap.add_argument("--pairs", default="", help="comma-separated 0 / 1: one value a word, or bf16 pairs "
                     "(persistent_decode); default persistent_step.pairs_by_default decides per row count")
     ap.add_argument("--block-t", default="128", help="cache columns per attention block, comma-separated")
@@ -365,7 +368,10 @@ def main():
         args.dtype = "bf16" if args.device == "cuda" else "fp32"
     if args.device == "cpu" and args.dtype != "fp32":
         ap.error("--device cpu runs --dtype fp32 only")
-    args.warps = [int(w) for w in args.warps.split(",")]
+    try:
+        args.warps = [None if w == "engine" else int(w) for w in args.warps.split(",")]
+    except ValueError:
+        ap.error(f"--warps takes 'engine' or comma-separated integers, got {args.warps!r}")
     if args.pairs and not set(args.pairs.split(",")) <= {"0", "1"}:
         ap.error("--pairs takes comma-separated 0 and 1")
     args.pairs = [p == "1" for p in args.pairs.split(",")] if args.pairs else [None]

@@ -10,7 +10,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_persistent.
 def test_bad_arguments_exit_2_with_the_reason():
     cases = {("--device", "cpu", "--dtype", "bf16"): "fp32 only", ("--tiles", "1,2"): "five positive integers",
              ("--tiles", "engine;a"): "'engine' or", ("--rows", "9"): "1 to 8 rows",
-             ("--dtype", "fp16"): "invalid choice"}
+             ("--dtype", "fp16"): "invalid choice", ("--warps", "four"): "'engine' or comma-separated"}
     for args, reason in cases.items():
         p = run_script(SCRIPT, *args)
         assert p.returncode == 2, (args, p.stderr)

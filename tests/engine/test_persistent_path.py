@@ -10,7 +10,7 @@ import torch
 import eyas.engine.ahead as ahead_mod
 from eyas.config import SpecConfig
 from eyas.engine.engine import Engine
-from eyas.engine.persistent import MAX_COLUMNS, REGISTER_TILE_BYTES, target_tiles
+from eyas.engine.persistent import MAX_COLUMNS, REGISTER_TILE_BYTES, target_tiles, target_warps
 from eyas.kernels.persistent_schedule import Tiles
 from eyas.layers.draft_tree import DraftTree, select_tree
 from eyas.layers.sampling import SamplingParams
@@ -128,7 +128,9 @@ def test_the_default_plan_keeps_fp32_targets_off_the_kernel(target_dir, monkeypa
     assert not engine.runner.persistent.steps
     bf16 = _engine(target_dir, "force", monkeypatch, dtype="bf16").runner.persistent
     assert bf16.eligible and bf16.serves(1, 8, 64)
-    assert [bf16.warps(t) for t in (1, 4, 5, 8)] == [4, 4, 8, 8]
+    assert [target_warps(2, t) for t in (1, 4, 5, 8)] == [4, 4, 8, 8] and target_warps(4, 1) == 8
+    assert [bf16._step(t).meta["num_warps"] for t in (4, 5)] == [4, 8]  # built, not launched
+
 
 
 def _tree_of_8(device) -> DraftTree:

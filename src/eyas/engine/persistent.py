@@ -52,6 +52,12 @@ def target_tiles(cfg, element_size: int) -> Tiles | None:
     return Tiles(**{k: largest_tile(row_bytes[k] * element_size, limits[k]) for k in row_bytes})
 
 
+def target_warps(element_size: int, tokens: int) -> int:
+    """Warps a program of a target's pass of `tokens` rows: 4 where they were timed faster (16-bit, up to 4 rows:
+    5-8% on an H100), else 8 (fp32, and 5-8 rows, are untimed at 4)."""
+    return 4 if element_size == 2 and tokens <= 4 else 8
+
+
 def supported_tiles(model) -> Tiles | None:
     """The kernel's tiles for this target (target_tiles), or None where the kernel does not cover it
     (persistent_step.unsupported: dense Llama-family layers on one rank, widths it takes) or no tiles fit.
@@ -71,8 +77,8 @@ class PersistentTarget:
         self.model = runner.model
         probe = torch.empty(0, device=runner.device)
         self.tiles = supported_tiles(self.model) if switched_on(probe) else None  # CUDA, or the interpreter in tests
-        self.sixteen_bit = next(self.model.parameters()).element_size() == 2
-        self.eligible = self.tiles is not None and (self.sixteen_bit
+        self.element_size = next(self.model.parameters()).element_size()
+        self.eligible = self.tiles is not None and (self.element_size == 2
                                                     or not execution_plan.current().persistent_skips_fp32)
         self.packed = None
         self.steps = {}
@@ -91,11 +97,6 @@ class PersistentTarget:
         return (self.packed is not None and rows == 1 and kv_len <= MAX_COLUMNS
                 and 1 <= tokens <= min(execution_plan.current().persistent_rows, MAX_ROWS))
 
-    def warps(self, tokens: int) -> int:
-        """Warps a program of the pass of `tokens` rows: 4 where they were timed faster (16-bit, up to 4 rows: 5-8%
-        on an H100), else 8 (fp32, and 5-8 rows, are untimed at 4)."""
-        return 4 if self.sixteen_bit and tokens <= 4 else 8
-
     def _step(self, tokens: int):
         from eyas.kernels.persistent_step import PersistentStep  # imports Triton
 
@@ -104,7 +105,8 @@ class PersistentTarget:
             dev = self.runner.device
             programs = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
             step = self.steps[tokens] = PersistentStep(self.packed, tokens, programs, self.tiles,
-                                                       num_warps=self.warps(tokens), capture=self._kernel_capture())
+                                                       num_warps=target_warps(self.element_size, tokens),
+                                                       capture=self._kernel_capture())
         return step
 
     def forward(self, ids: torch.Tensor, starts: torch.Tensor, slots: torch.Tensor, depth: torch.Tensor | None = None,
