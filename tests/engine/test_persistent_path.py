@@ -129,8 +129,7 @@ def test_the_default_plan_keeps_fp32_targets_off_the_kernel(target_dir, monkeypa
     bf16 = _engine(target_dir, "force", monkeypatch, dtype="bf16").runner.persistent
     assert bf16.eligible and bf16.serves(1, 8, 64)
     assert [target_warps(2, t) for t in (1, 4, 5, 8)] == [4, 4, 8, 8] and target_warps(4, 1) == 8
-    assert [bf16._step(t).meta["num_warps"] for t in (4, 5)] == [4, 8]  # built, not launched
-
+    assert [bf16.step(t).meta["num_warps"] for t in (4, 5)] == [4, 8]  # built, not launched
 
 
 def _tree_of_8(device) -> DraftTree:

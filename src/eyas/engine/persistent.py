@@ -97,7 +97,8 @@ class PersistentTarget:
         return (self.packed is not None and rows == 1 and kv_len <= MAX_COLUMNS
                 and 1 <= tokens <= min(execution_plan.current().persistent_rows, MAX_ROWS))
 
-    def _step(self, tokens: int):
+    def step(self, tokens: int):
+        """The PersistentStep of passes of `tokens` rows, built (not compiled) on first use."""
         from eyas.kernels.persistent_step import PersistentStep  # imports Triton
 
         step = self.steps.get(tokens)
@@ -116,7 +117,7 @@ class PersistentTarget:
         the EAGLE-3 features [1, T, len(capture_layers) * hidden] or None), as the model and its LM head give
         them. The outputs are the step's own buffers: valid until its next launch."""
         T = ids.shape[1]
-        step = self._step(T)
+        step = self.step(T)
         kv = self.runner.kv
         # A drafted tree's tokens and depths may be views; a contiguous one costs no copy.
         depth = self.depth[:T] if depth is None else depth[0].contiguous()
