@@ -179,7 +179,7 @@ def run(args) -> None:
             torch.cuda.synchronize()
 
     def build(R, v, trace=False):
-        warps = v[1] or target_warps(packed.embed.element_size(), R)
+        warps = v[1] or target_warps(packed.embed.element_size())
         step = PersistentStep(packed, R, programs, Tiles(*v[0]), block_t=v[2], num_warps=warps, trace=trace,
                               pairs=v[3])
         return watch.register(step) if cuda else step
@@ -337,7 +337,7 @@ def main():
     ap.add_argument("--kernel-only", action="store_true", help="time the persistent variants alone: eyas's step "
                     "is not timed, so its graphs are not warmed up (about 70 s on an H100)")
     ap.add_argument("--warps", default="engine", help="warps per program, comma-separated, or 'engine' "
-                    "(engine.persistent.target_warps' choice for each row count)")
+                    "(engine.persistent.target_warps' choice for the weights' dtype)")
     ap.add_argument("--pairs", default="", help="comma-separated 0 / 1: one value a word, or bf16 pairs "
                     "(persistent_decode); default persistent_step.pairs_by_default decides per row count")
     ap.add_argument("--block-t", default="128", help="cache columns per attention block, comma-separated")
