@@ -158,11 +158,13 @@ def run(args) -> None:
     prompt = torch.randint(0, vocab, (1, cached), generator=g).to(dev)
     runner.prefill(prompt, [0])
     packed = pack_llama(model)
-    engine_tiles = target_tiles(model.config, next(model.parameters()).element_size())
+    element_size = next(model.parameters()).element_size()
+    engine_tiles = target_tiles(model.config, element_size)
     if None in args.tiles and engine_tiles is None:
         raise SystemExit(f"bench_persistent: the engine takes no {dtype} pass of {path} through the kernel "
                          "(engine.persistent.target_tiles); name tiles with --tiles")
     args.tiles = [tuple(dataclasses.astuple(engine_tiles)[:5]) if t is None else t for t in args.tiles]
+    args.warps = [target_warps(element_size) if w is None else w for w in args.warps]
     if args.tiny:  # head_dim 16, vocabulary 256
         args.tiles = [(min(t[0], 8), *t[1:4], min(t[4], 64)) for t in args.tiles]
     programs = args.programs or (torch.cuda.get_device_properties(0).multi_processor_count if cuda else 1)
@@ -179,8 +181,7 @@ def run(args) -> None:
             torch.cuda.synchronize()
 
     def build(R, v, trace=False):
-        warps = v[1] or target_warps(packed.embed.element_size())
-        step = PersistentStep(packed, R, programs, Tiles(*v[0]), block_t=v[2], num_warps=warps, trace=trace,
+        step = PersistentStep(packed, R, programs, Tiles(*v[0]), block_t=v[2], num_warps=v[1], trace=trace,
                               pairs=v[3])
         return watch.register(step) if cuda else step
 
@@ -285,8 +286,7 @@ def run(args) -> None:
         bandwidth = 2 * src.numel() / (copy_ms * 1e-3)  # bytes read + written per second
         bound = weights / bandwidth * 1e3
         print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s, weights {weights / 1e6:.1f} MB", flush=True)
-    name = lambda v: (f"tiles {','.join(map(str, v[0]))}, {v[1] or 'engine'} warps, "  # noqa: E731
-                      f"{v[2]}-column blocks"
+    name = lambda v: (f"tiles {','.join(map(str, v[0]))}, {v[1]} warps, {v[2]}-column blocks"  # noqa: E731
                       + {None: "", True: ", pairs", False: ", one value a word"}[v[3]])
     print("\n| cached tokens | rows | variant | persistent ms | eyas forward ms (its CUDA graph where it has one) "
           "| eyas / persistent | weight-read bound ms |\n| ---: | --- | --- | --- | --- | --- | --- |")
